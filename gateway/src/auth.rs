@@ -1,0 +1,155 @@
+//! Bearer tokens: lookup with constant-time comparison, scope expansion, and where a token
+//! may come from (Authorization header, or the `token` query parameter for /ws and SSE).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{TokenConfig, MIN_SECRET_LEN};
+use crate::rpc::generated::methods::Scope;
+use crate::rpc::CallContext;
+
+/// An authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub client_id: String,
+    pub scopes: BTreeSet<Scope>,
+}
+
+impl Principal {
+    pub fn context(&self, connection: Option<u64>) -> CallContext {
+        CallContext {
+            client_id: self.client_id.clone(),
+            scopes: self.scopes.clone(),
+            connection,
+        }
+    }
+
+    /// A token that holds only `mcp-client` (refused on SSE and media routes).
+    pub fn is_mcp_client_only(&self) -> bool {
+        self.scopes.len() == 1 && self.scopes.contains(&Scope::McpClient)
+    }
+}
+
+struct Entry {
+    digest: [u8; 32],
+    principal: Principal,
+}
+
+/// The configured tokens, kept as digests of their secrets.
+pub struct TokenStore {
+    entries: Vec<Entry>,
+}
+
+fn digest(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+fn expand(scopes: &[String]) -> BTreeSet<Scope> {
+    let named: BTreeSet<Scope> = scopes.iter().filter_map(|s| Scope::from_name(s)).collect();
+    if named.is_empty() || named.contains(&Scope::All) {
+        Scope::ALL.into_iter().collect()
+    } else {
+        named
+    }
+}
+
+impl TokenStore {
+    pub fn new(tokens: &[TokenConfig]) -> Self {
+        let entries = tokens
+            .iter()
+            .map(|t| {
+                if t.scopes.is_empty() {
+                    tracing::warn!(token = %t.id, "token has no scopes: it grants every scope");
+                }
+                Entry {
+                    digest: digest(&t.secret),
+                    principal: Principal {
+                        client_id: t.id.clone(),
+                        scopes: expand(&t.scopes),
+                    },
+                }
+            })
+            .collect();
+        Self { entries }
+    }
+
+    /// Finds the token whose secret equals `presented`. Every entry is compared, each in
+    /// constant time over equal-length digests, so timing says nothing about the secrets.
+    pub fn verify(&self, presented: &str) -> Option<&Principal> {
+        let d = digest(presented);
+        let mut found = None;
+        for e in &self.entries {
+            if bool::from(e.digest.ct_eq(&d)) {
+                found = Some(&e.principal);
+            }
+        }
+        found
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Authenticates a request: `Authorization: Bearer <token>`, or `?token=` when allowed.
+    pub fn authenticate(&self, req: &poem::Request, allow_query: bool) -> Option<&Principal> {
+        presented_token(req, allow_query).and_then(|t| self.verify(&t))
+    }
+}
+
+/// The token a request presents, if any.
+pub fn presented_token(req: &poem::Request, allow_query: bool) -> Option<String> {
+    if let Some(h) = req.headers().get(http::header::AUTHORIZATION) {
+        let h = h.to_str().ok()?;
+        let (scheme, token) = h.split_once(' ')?;
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim().to_owned());
+    }
+    if allow_query {
+        let query = req.uri().query()?;
+        return url::form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == "token")
+            .map(|(_, v)| v.into_owned());
+    }
+    None
+}
+
+/// With no tokens configured, the gateway never runs open: it uses (creating on first run) a
+/// local all-scopes token stored in `<dataDir>/local-token` (mode 0600) and logs its path only.
+pub fn local_token(data_dir: &Path) -> std::io::Result<TokenConfig> {
+    let path = data_dir.join("local-token");
+    let secret = match std::fs::read_to_string(&path) {
+        Ok(s) if s.trim().chars().count() >= MIN_SECRET_LEN => s.trim().to_owned(),
+        _ => {
+            let secret = format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            );
+            write_private(&path, &secret)?;
+            secret
+        }
+    };
+    tracing::info!(path = %path.display(), "no gateway.tokens configured: using the local token stored in this file");
+    Ok(TokenConfig {
+        id: "local".to_owned(),
+        secret,
+        scopes: vec!["*".to_owned()],
+    })
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path)?;
+    f.write_all(text.as_bytes())
+}

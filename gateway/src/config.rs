@@ -1,0 +1,368 @@
+//! Gateway configuration: YAML keys and defaults of the spec's "Gateway configuration keys"
+//! table (plus our documented additions), strict (unknown keys are refused with their path),
+//! environment overrides, validation, and secret redaction.
+
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Environment variable naming the configuration file (same as `--config`).
+pub const ENV_CONFIG: &str = "AGENT_GATEWAY_CONFIG";
+/// Environment override of `gateway.port`.
+pub const ENV_PORT: &str = "AGENT_GATEWAY_PORT";
+/// Environment override of `gateway.host`.
+pub const ENV_HOST: &str = "AGENT_GATEWAY_HOST";
+/// Environment override of `gateway.dataDir`.
+pub const ENV_DATA_DIR: &str = "AGENT_GATEWAY_DATA_DIR";
+
+/// Minimum length of every secret (gateway tokens, webhook token).
+pub const MIN_SECRET_LEN: usize = 32;
+/// What redacted values read as.
+pub const REDACTED: &str = "[REDACTED]";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// The HTTP/WebSocket server.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+}
+
+/// `gateway.*`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct GatewayConfig {
+    /// Enables the gateway server.
+    pub enabled: bool,
+    /// Bind address (loopback by default).
+    pub host: String,
+    /// Listen port.
+    pub port: u16,
+    /// Where the gateway keeps its data; created on first run. Default: the user data
+    /// directory (`$XDG_DATA_HOME/agent-gateway`, `~/.local/share/agent-gateway`).
+    pub data_dir: Option<PathBuf>,
+    /// Bearer tokens. When empty, a local token is created in the data directory.
+    pub tokens: Vec<TokenConfig>,
+    /// Global HTTP rate limit (per client address).
+    pub rate_limit: RateLimitConfig,
+    /// Maximum POST body in bytes.
+    pub http_body_limit_bytes: u64,
+    /// Maximum JSON-RPC batch length.
+    pub max_batch_size: usize,
+    /// WebSocket heartbeat interval in ms; 0 disables.
+    pub ws_heartbeat_ms: u64,
+    /// Per-connection WebSocket message rate (sliding window).
+    pub ws_message_rate_limit: WsRateConfig,
+    /// Maximum WebSocket message size, in characters, checked before JSON parsing.
+    pub ws_max_message_bytes: usize,
+    /// REST API and dashboard.
+    pub web: WebConfig,
+    /// TLS settings.
+    pub tls: TlsConfig,
+    /// Browser origins allowed to open /ws besides the gateway's own.
+    pub allowed_origins: Vec<String>,
+    /// API documentation (/docs, /openapi.json).
+    pub docs: DocsConfig,
+    /// A client must finish sending request headers within this many ms.
+    pub header_read_timeout_ms: u64,
+    /// A client must finish sending a request body within this many ms.
+    pub body_read_timeout_ms: u64,
+    /// On shutdown or restart, how long open connections get to close, in ms.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            host: "127.0.0.1".to_owned(),
+            port: 4766,
+            data_dir: None,
+            tokens: Vec::new(),
+            rate_limit: RateLimitConfig::default(),
+            http_body_limit_bytes: 1_048_576,
+            max_batch_size: 50,
+            ws_heartbeat_ms: 30_000,
+            ws_message_rate_limit: WsRateConfig::default(),
+            ws_max_message_bytes: 1_048_576,
+            web: WebConfig::default(),
+            tls: TlsConfig::default(),
+            allowed_origins: Vec::new(),
+            docs: DocsConfig::default(),
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            shutdown_grace_ms: 5_000,
+        }
+    }
+}
+
+/// `gateway.tokens[]`.
+#[derive(Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TokenConfig {
+    /// Token/client identifier.
+    pub id: String,
+    /// The secret, at least 32 characters.
+    pub secret: String,
+    /// Scopes (rpc, admin, *, api, mcp-client); empty means all scopes.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+impl std::fmt::Debug for TokenConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenConfig")
+            .field("id", &self.id)
+            .field("secret", &REDACTED)
+            .field("scopes", &self.scopes)
+            .finish()
+    }
+}
+
+/// `gateway.rateLimit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RateLimitConfig {
+    /// Window length in ms.
+    pub window_ms: u64,
+    /// Requests per window.
+    pub max_requests: u64,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            window_ms: 60_000,
+            max_requests: 100,
+        }
+    }
+}
+
+/// `gateway.wsMessageRateLimit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct WsRateConfig {
+    /// Messages per window per connection.
+    pub max_messages: usize,
+    /// Window length in ms.
+    pub window_ms: u64,
+}
+
+impl Default for WsRateConfig {
+    fn default() -> Self {
+        Self {
+            max_messages: 60,
+            window_ms: 60_000,
+        }
+    }
+}
+
+/// `gateway.web`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct WebConfig {
+    /// Enables the REST API and dashboard.
+    pub enabled: bool,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// `gateway.tls`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TlsConfig {
+    /// Requires a client certificate signed by the configured CA.
+    pub require_client_cert: Option<bool>,
+}
+
+/// `gateway.docs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DocsConfig {
+    /// Serves /docs and /openapi.json (without a token).
+    pub enabled: bool,
+}
+
+impl Default for DocsConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// A configuration that cannot be used; the message says what and where.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The configuration in force and where it came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// Files read, in order (empty on embedded defaults).
+    pub paths: Vec<PathBuf>,
+}
+
+/// Parses YAML text; unknown keys and bad values are refused with their path.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let value: Value = if text.trim().is_empty() {
+        Value::Object(serde_json::Map::new())
+    } else {
+        serde_saphyr::from_str(text).map_err(|e| ConfigError(format!("invalid YAML: {e}")))?
+    };
+    let value = match value {
+        Value::Null => Value::Object(serde_json::Map::new()),
+        v => v,
+    };
+    from_value(value)
+}
+
+/// Decodes a JSON value into a configuration, naming the path of the first bad key.
+pub fn from_value(value: Value) -> Result<Config, ConfigError> {
+    serde_path_to_error::deserialize::<_, Config>(value).map_err(|e| {
+        let path = e.path().to_string();
+        ConfigError(format!("configuration key '{path}': {}", e.into_inner()))
+    })
+}
+
+/// Loads the file (if any), applies environment overrides, and validates.
+pub fn load(path: Option<&Path>) -> Result<Loaded, ConfigError> {
+    let (mut config, paths) = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| ConfigError(format!("cannot read {}: {e}", p.display())))?;
+            let c = parse(&text).map_err(|e| ConfigError(format!("{}: {e}", p.display())))?;
+            (c, vec![p.to_path_buf()])
+        }
+        None => (Config::default(), Vec::new()),
+    };
+    apply_env(&mut config)?;
+    validate(&config)?;
+    Ok(Loaded { config, paths })
+}
+
+fn apply_env(config: &mut Config) -> Result<(), ConfigError> {
+    if let Ok(port) = std::env::var(ENV_PORT) {
+        config.gateway.port = port
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError(format!("{ENV_PORT}={port:?} is not a port number")))?;
+    }
+    if let Ok(host) = std::env::var(ENV_HOST) {
+        config.gateway.host = host;
+    }
+    if let Ok(dir) = std::env::var(ENV_DATA_DIR) {
+        config.gateway.data_dir = Some(PathBuf::from(dir));
+    }
+    Ok(())
+}
+
+/// Rules serde cannot express.
+pub fn validate(config: &Config) -> Result<(), ConfigError> {
+    let g = &config.gateway;
+    let mut ids = std::collections::BTreeSet::new();
+    for (i, t) in g.tokens.iter().enumerate() {
+        if t.id.trim().is_empty() {
+            return Err(ConfigError(format!(
+                "gateway.tokens[{i}].id must not be empty"
+            )));
+        }
+        if !ids.insert(t.id.as_str()) {
+            return Err(ConfigError(format!(
+                "gateway.tokens[{i}].id '{}' repeats",
+                t.id
+            )));
+        }
+        if t.secret.chars().count() < MIN_SECRET_LEN {
+            return Err(ConfigError(format!(
+                "gateway.tokens[{i}].secret (token '{}') is shorter than {MIN_SECRET_LEN} characters",
+                t.id
+            )));
+        }
+        for s in &t.scopes {
+            if crate::rpc::generated::methods::Scope::from_name(s).is_none() {
+                return Err(ConfigError(format!(
+                    "gateway.tokens[{i}].scopes: unknown scope '{s}' (rpc, admin, *, api, mcp-client)"
+                )));
+            }
+        }
+    }
+    if g.tls.require_client_cert == Some(true) {
+        return Err(ConfigError(
+            "gateway.tls.requireClientCert: mutual TLS is not supported by this build; terminate TLS in a proxy".to_owned(),
+        ));
+    }
+    let positive = [
+        ("gateway.rateLimit.windowMs", g.rate_limit.window_ms),
+        ("gateway.rateLimit.maxRequests", g.rate_limit.max_requests),
+        ("gateway.httpBodyLimitBytes", g.http_body_limit_bytes),
+        ("gateway.maxBatchSize", g.max_batch_size as u64),
+        (
+            "gateway.wsMessageRateLimit.maxMessages",
+            g.ws_message_rate_limit.max_messages as u64,
+        ),
+        (
+            "gateway.wsMessageRateLimit.windowMs",
+            g.ws_message_rate_limit.window_ms,
+        ),
+        ("gateway.wsMaxMessageBytes", g.ws_max_message_bytes as u64),
+        ("gateway.headerReadTimeoutMs", g.header_read_timeout_ms),
+        ("gateway.bodyReadTimeoutMs", g.body_read_timeout_ms),
+    ];
+    for (key, v) in positive {
+        if v == 0 {
+            return Err(ConfigError(format!("{key} must be greater than 0")));
+        }
+    }
+    Ok(())
+}
+
+/// Top-level sections, sorted.
+pub fn sections() -> Vec<String> {
+    match serde_json::to_value(Config::default()) {
+        Ok(Value::Object(m)) => {
+            let mut keys: Vec<String> = m.keys().cloned().collect();
+            keys.sort();
+            keys
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The configuration as JSON, secrets replaced by `[REDACTED]`.
+pub fn redacted(config: &Config) -> Value {
+    let mut v = serde_json::to_value(config).unwrap_or(Value::Null);
+    if let Some(Value::Array(tokens)) = v.pointer_mut("/gateway/tokens") {
+        for t in tokens {
+            if let Some(s) = t.get_mut("secret") {
+                *s = Value::String(REDACTED.to_owned());
+            }
+        }
+    }
+    v
+}
+
+/// The configuration as JSON, unredacted.
+pub fn raw(config: &Config) -> Value {
+    serde_json::to_value(config).unwrap_or(Value::Null)
+}
+
+/// JSON Schema of the configuration file, generated from these types.
+pub fn schema() -> Value {
+    serde_json::to_value(schemars::schema_for!(Config)).unwrap_or(Value::Null)
+}
+
+/// The data directory: configured, or the user's data directory, or `./.agent-gateway`.
+pub fn data_dir(config: &Config) -> PathBuf {
+    config.gateway.data_dir.clone().unwrap_or_else(|| {
+        dirs::data_dir()
+            .map(|d| d.join("agent-gateway"))
+            .unwrap_or_else(|| PathBuf::from(".agent-gateway"))
+    })
+}

@@ -1,0 +1,41 @@
+//! The one domain error type, and the only place it is mapped to wire errors.
+
+use crate::rpc::generated::methods::error_codes;
+use crate::rpc::RpcError;
+
+/// What a handler or service can fail with. Internal details are logged, never returned.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The request is well-formed JSON-RPC but its values are unusable.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// The entity named by the request does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The entity exists already or refuses the operation in its current state.
+    #[error("{0}")]
+    Conflict(String),
+    /// A dependency (provider, browser, model) is not configured or not reachable.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else; the text goes to the log only.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<GatewayError> for RpcError {
+    fn from(e: GatewayError) -> Self {
+        match e {
+            GatewayError::InvalidParams(m) => {
+                RpcError::new(error_codes::INVALID_PARAMS, format!("Invalid params: {m}"))
+            }
+            GatewayError::NotFound(m) => RpcError::new(error_codes::NOT_FOUND, m),
+            GatewayError::Conflict(m) => RpcError::new(error_codes::CONFLICT, m),
+            GatewayError::Unavailable(m) => RpcError::new(error_codes::UNAVAILABLE, m),
+            GatewayError::Internal(detail) => {
+                tracing::error!(error = %detail, "handler failed");
+                RpcError::internal()
+            }
+        }
+    }
+}

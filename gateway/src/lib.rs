@@ -1,0 +1,12 @@
+//! agent-gateway: one authenticated, documented front door for a fleet of AI agents.
+//! JSON-RPC over WebSocket (/ws) and HTTP (/rpc), generated from the method catalogue.
+
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod handlers;
+pub mod http;
+pub mod hub;
+pub mod rpc;
+pub mod server;
+pub mod state;

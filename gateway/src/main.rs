@@ -1,0 +1,109 @@
+//! The `agent-gateway` command: `serve` (the default) and `check-config`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "agent-gateway",
+    version,
+    about = "One authenticated front door for a fleet of AI agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the gateway (embedded defaults when no configuration is given).
+    Serve {
+        /// YAML configuration file.
+        #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
+        config: Option<PathBuf>,
+    },
+    /// Validates a configuration file and exits.
+    CheckConfig {
+        /// YAML configuration file.
+        #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_GATEWAY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hyper=warn,poem=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Serve { config: None }) {
+        Command::CheckConfig { config } => match agent_gateway::config::load(config.as_deref()) {
+            Ok(_) => {
+                println!("configuration ok");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve { config } => {
+            let running = match agent_gateway::server::start(config).await {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("agent-gateway: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let shutdown = running.shutdown.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                tracing::info!("shutdown requested");
+                shutdown.cancel();
+                shutdown_signal().await;
+                tracing::warn!("second signal: exiting at once");
+                std::process::exit(130);
+            });
+            match running.done.await {
+                Ok(Ok(())) => ExitCode::SUCCESS,
+                Ok(Err(e)) => {
+                    eprintln!("agent-gateway: {e}");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("agent-gateway: server task failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

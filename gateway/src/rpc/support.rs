@@ -1,0 +1,71 @@
+//! What the generated dispatch calls: scope check, typed params (validated against the
+//! method's JSON Schema), and result encoding.
+
+use std::sync::{LazyLock, OnceLock};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::generated::methods::{MethodInfo, METHODS};
+use super::{CallContext, RpcError};
+
+static VALIDATORS: LazyLock<Vec<OnceLock<Option<jsonschema::Validator>>>> =
+    LazyLock::new(|| METHODS.iter().map(|_| OnceLock::new()).collect());
+
+/// The compiled params validator of a method (compiled on first use).
+fn validator(info: &MethodInfo) -> Option<&'static jsonschema::Validator> {
+    let slot = VALIDATORS.get(info.id as usize)?;
+    slot.get_or_init(|| {
+        let schema: Value = serde_json::from_str(info.params_schema).ok()?;
+        match jsonschema::validator_for(&schema) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::error!(method = info.name, error = %e, "params schema does not compile");
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// -32603 `Insufficient scope` unless the caller holds the method's scope.
+pub fn authorize(ctx: &CallContext, info: &MethodInfo) -> Result<(), RpcError> {
+    if ctx.allows(info.scope) {
+        Ok(())
+    } else {
+        Err(RpcError::insufficient_scope(info.scope))
+    }
+}
+
+/// Validates `params` (absent = `{}`) against the schema, then decodes the typed struct.
+pub fn parse_params<T: DeserializeOwned>(
+    info: &MethodInfo,
+    params: Option<Value>,
+) -> Result<T, RpcError> {
+    let params = params.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+    let Some(validator) = validator(info) else {
+        return Err(RpcError::internal());
+    };
+    if let Some(e) = validator.iter_errors(&params).next() {
+        let path = e.instance_path.to_string();
+        let at = if path.is_empty() {
+            "params".to_owned()
+        } else {
+            format!("'{}'", path.trim_start_matches('/').replace('/', "."))
+        };
+        return Err(RpcError::invalid_params(format!("{at}: {e}")));
+    }
+    serde_path_to_error::deserialize(params).map_err(|e| {
+        let path = e.path().to_string();
+        RpcError::invalid_params(format!("'{path}': {}", e.into_inner()))
+    })
+}
+
+/// Serializes a typed result.
+pub fn encode_result<T: Serialize>(result: &T) -> Result<Value, RpcError> {
+    serde_json::to_value(result).map_err(|e| {
+        tracing::error!(error = %e, "result does not serialize");
+        RpcError::internal()
+    })
+}

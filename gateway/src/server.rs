@@ -1,0 +1,206 @@
+//! The server loop: one listening socket for the life of the process, server generations on
+//! top of it (gateway.restart swaps the generation, never the port), our own accept loop so
+//! that slow header senders are dropped, and bounded shutdown.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use poem::web::{LocalAddr, RemoteAddr};
+use poem::{Endpoint, EndpointExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{self, TokenStore};
+use crate::config::{self, Loaded};
+use crate::state::{AppState, Control};
+
+type HyperBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+/// A gateway running in this process.
+pub struct Running {
+    pub addr: SocketAddr,
+    /// Cancel to shut down (what SIGINT/SIGTERM do).
+    pub shutdown: CancellationToken,
+    pub done: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// Loads the configuration, binds, and serves in a background task.
+pub async fn start(config_path: Option<PathBuf>) -> Result<Running, String> {
+    let loaded = config::load(config_path.as_deref()).map_err(|e| e.to_string())?;
+    let g = &loaded.config.gateway;
+    let listener = TcpListener::bind((g.host.as_str(), g.port))
+        .await
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", g.host, g.port))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let shutdown = CancellationToken::new();
+    let done = tokio::spawn(run(listener, config_path, loaded, shutdown.clone()));
+    Ok(Running {
+        addr,
+        shutdown,
+        done,
+    })
+}
+
+enum Exit {
+    Shutdown,
+    Restart,
+}
+
+fn build_state(loaded: Loaded, generation: u64, control: Arc<Control>) -> Result<AppState, String> {
+    let data_dir = config::data_dir(&loaded.config);
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    let mut tokens = loaded.config.gateway.tokens.clone();
+    if tokens.is_empty() {
+        tokens.push(
+            auth::local_token(&data_dir)
+                .map_err(|e| format!("cannot write the local token: {e}"))?,
+        );
+    }
+    Ok(AppState::new(
+        loaded.config,
+        loaded.paths,
+        data_dir,
+        TokenStore::new(&tokens),
+        generation,
+        control,
+    ))
+}
+
+/// Serves generations until shutdown. A restart re-reads the configuration; when the new one
+/// is invalid the previous one stays in force.
+pub async fn run(
+    listener: TcpListener,
+    config_path: Option<PathBuf>,
+    first: Loaded,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
+    let control = Arc::new(Control::default());
+    let _ = control.process_start.set(Instant::now());
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut loaded = first;
+    let mut generation = 1;
+    loop {
+        let state = Arc::new(build_state(loaded.clone(), generation, control.clone())?);
+        tracing::info!(%addr, generation, "agent-gateway listening");
+        match serve(&listener, state, &shutdown).await {
+            Exit::Shutdown => {
+                tracing::info!("agent-gateway stopped");
+                return Ok(());
+            }
+            Exit::Restart => {
+                match config::load(config_path.as_deref()) {
+                    Ok(next) => {
+                        let (old, new) = (&loaded.config.gateway, &next.config.gateway);
+                        if (old.host.as_str(), old.port) != (new.host.as_str(), new.port) {
+                            tracing::warn!("host/port changes take effect on the next process start; the listening socket is kept");
+                        }
+                        loaded = next;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "restart: configuration invalid, keeping the previous one")
+                    }
+                }
+                generation += 1;
+                tracing::info!(generation, "restarting in-process");
+            }
+        }
+    }
+}
+
+async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &CancellationToken) -> Exit {
+    let ep = Arc::new(crate::http::app(state.clone()).map_to_response().boxed());
+    let tracker = TaskTracker::new();
+    let conn_stop = CancellationToken::new();
+    let g = &state.config.gateway;
+    let header_timeout = Duration::from_millis(g.header_read_timeout_ms);
+    let local = listener.local_addr().ok();
+    let exit = loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break Exit::Shutdown,
+            _ = state.control.restart.notified() => break Exit::Restart,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, remote)) => {
+                    let _ = stream.set_nodelay(true);
+                    let ep = ep.clone();
+                    let stop = conn_stop.clone();
+                    tracker.spawn(connection(stream, local, remote, ep, header_timeout, stop));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    };
+    // WebSockets close with 1001; idle HTTP connections close; requests in flight finish.
+    state.stop.cancel();
+    conn_stop.cancel();
+    tracker.close();
+    let grace = Duration::from_millis(g.shutdown_grace_ms);
+    let drained = tokio::time::timeout(grace, async {
+        tracker.wait().await;
+        while state.hub.count() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            http = tracker.len(),
+            websockets = state.hub.count(),
+            "grace period over: dropping the connections still open"
+        );
+    }
+    exit
+}
+
+async fn connection(
+    stream: tokio::net::TcpStream,
+    local: Option<SocketAddr>,
+    remote: SocketAddr,
+    ep: Arc<poem::endpoint::BoxEndpoint<'static, poem::Response>>,
+    header_timeout: Duration,
+    stop: CancellationToken,
+) {
+    let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+        let ep = ep.clone();
+        async move {
+            let local = LocalAddr(
+                local
+                    .map(poem::Addr::SocketAddr)
+                    .unwrap_or(poem::Addr::Custom("unknown", "".into())),
+            );
+            let req = poem::Request::from((
+                req,
+                local,
+                RemoteAddr(poem::Addr::SocketAddr(remote)),
+                http::uri::Scheme::HTTP,
+            ));
+            let resp = ep.get_response(req).await;
+            Ok::<_, Infallible>(hyper::Response::<HyperBody>::from(resp))
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}

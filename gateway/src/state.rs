@@ -1,0 +1,68 @@
+//! What one server generation shares between its routes and handlers.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::TokenStore;
+use crate::config::Config;
+use crate::http::limits::RateLimiter;
+use crate::hub::Hub;
+
+/// Requests that reach the server loop from handlers (restart) - shared by all generations.
+#[derive(Default)]
+pub struct Control {
+    pub restart: Notify,
+    pub process_start: std::sync::OnceLock<Instant>,
+}
+
+pub struct AppState {
+    pub config: Config,
+    pub config_paths: Vec<PathBuf>,
+    pub data_dir: PathBuf,
+    pub tokens: TokenStore,
+    pub hub: Hub,
+    pub http_limiter: RateLimiter,
+    /// Cancelled when this generation stops (shutdown or restart): WebSockets close with 1001.
+    pub stop: CancellationToken,
+    /// 1 for the first server instance, +1 per in-process restart.
+    pub generation: u64,
+    pub control: Arc<Control>,
+}
+
+impl AppState {
+    pub fn new(
+        config: Config,
+        config_paths: Vec<PathBuf>,
+        data_dir: PathBuf,
+        tokens: TokenStore,
+        generation: u64,
+        control: Arc<Control>,
+    ) -> Self {
+        let rl = &config.gateway.rate_limit;
+        let http_limiter = RateLimiter::new(Duration::from_millis(rl.window_ms), rl.max_requests);
+        Self {
+            config,
+            config_paths,
+            data_dir,
+            tokens,
+            hub: Hub::default(),
+            http_limiter,
+            stop: CancellationToken::new(),
+            generation,
+            control,
+        }
+    }
+
+    /// Seconds since the process started.
+    pub fn uptime(&self) -> f64 {
+        self.control
+            .process_start
+            .get()
+            .map(|t| t.elapsed().as_secs_f64())
+            .unwrap_or_default()
+    }
+}
