@@ -24,7 +24,20 @@ pub const OWNED_FILES: &[&str] = &["openrpc.json", "METHODS.md"];
 
 /// Loads and validates the catalogue; every problem is reported at once.
 pub fn load_catalogue(root: &Path) -> Result<Catalogue, Problems> {
-    lower::lower(load::load(root)?)
+    let (raw, mut problems) = load::load(root);
+    match lower::lower(raw) {
+        Ok(cat) if problems.is_empty() => Ok(cat),
+        Ok(_) => {
+            problems.sort();
+            Err(Problems(problems))
+        }
+        Err(Problems(more)) => {
+            problems.extend(more);
+            problems.sort();
+            problems.dedup();
+            Err(Problems(problems))
+        }
+    }
 }
 
 /// The Rust files for OUT_DIR (and `generated/rust/`).

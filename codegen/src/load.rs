@@ -52,7 +52,9 @@ pub struct RawCatalogue {
     pub methods: Vec<(String, MethodsFile, Vec<RawMethod>)>,
 }
 
-pub fn load(root: &Path) -> Result<RawCatalogue, Problems> {
+/// Parses what can be parsed; the problems of what could not are returned beside it so that
+/// lowering can still report everything else.
+pub fn load(root: &Path) -> (RawCatalogue, Vec<Problem>) {
     let mut problems = Vec::new();
     let scopes = parse_one(root, "scopes.yaml", &mut problems);
     let errors = parse_one(root, "errors.yaml", &mut problems);
@@ -85,17 +87,15 @@ pub fn load(root: &Path) -> Result<RawCatalogue, Problems> {
             (file, f, methods)
         })
         .collect();
-    if problems.is_empty() {
-        Ok(RawCatalogue {
+    (
+        RawCatalogue {
             scopes,
             errors,
             types,
             methods,
-        })
-    } else {
-        problems.sort();
-        Err(Problems(problems))
-    }
+        },
+        problems,
+    )
 }
 
 /// Every YAML file the catalogue consists of, for `rerun-if-changed`.
@@ -166,7 +166,7 @@ fn parse_file<T: DeserializeOwned>(
             return None;
         }
     };
-    match serde_saphyr::from_str::<T>(&text) {
+    match serde_saphyr::from_str_with_options::<T>(&text, yaml_options()) {
         Ok(v) => Some(v),
         Err(e) => {
             problems.push(Problem {
@@ -203,4 +203,11 @@ fn convert<T: DeserializeOwned>(
             None
         }
     }
+}
+
+/// YAML 1.2 core booleans only: `n`, `no`, `off` stay strings (catalogue enums use them).
+pub fn yaml_options() -> serde_saphyr::Options {
+    let mut o = serde_saphyr::Options::default();
+    o.strict_booleans = true;
+    o
 }

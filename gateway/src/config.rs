@@ -209,12 +209,20 @@ pub struct Loaded {
     pub paths: Vec<PathBuf>,
 }
 
+/// YAML 1.2 core booleans only (`on`/`off`/`yes`/`no` are strings, never silently booleans).
+fn yaml_options() -> serde_saphyr::Options {
+    let mut o = serde_saphyr::Options::default();
+    o.strict_booleans = true;
+    o
+}
+
 /// Parses YAML text; unknown keys and bad values are refused with their path.
 pub fn parse(text: &str) -> Result<Config, ConfigError> {
     let value: Value = if text.trim().is_empty() {
         Value::Object(serde_json::Map::new())
     } else {
-        serde_saphyr::from_str(text).map_err(|e| ConfigError(format!("invalid YAML: {e}")))?
+        serde_saphyr::from_str_with_options(text, yaml_options())
+            .map_err(|e| ConfigError(format!("invalid YAML: {e}")))?
     };
     let value = match value {
         Value::Null => Value::Object(serde_json::Map::new()),

@@ -27,6 +27,8 @@ type HyperBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 /// A gateway running in this process.
 pub struct Running {
     pub addr: SocketAddr,
+    /// Shared by every generation: the push hub lives here.
+    pub control: Arc<Control>,
     /// Cancel to shut down (what SIGINT/SIGTERM do).
     pub shutdown: CancellationToken,
     pub done: tokio::task::JoinHandle<Result<(), String>>,
@@ -41,9 +43,17 @@ pub async fn start(config_path: Option<PathBuf>) -> Result<Running, String> {
         .map_err(|e| format!("cannot listen on {}:{}: {e}", g.host, g.port))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let shutdown = CancellationToken::new();
-    let done = tokio::spawn(run(listener, config_path, loaded, shutdown.clone()));
+    let control = Arc::new(Control::default());
+    let done = tokio::spawn(run(
+        listener,
+        config_path,
+        loaded,
+        shutdown.clone(),
+        control.clone(),
+    ));
     Ok(Running {
         addr,
+        control,
         shutdown,
         done,
     })
@@ -82,8 +92,8 @@ pub async fn run(
     config_path: Option<PathBuf>,
     first: Loaded,
     shutdown: CancellationToken,
+    control: Arc<Control>,
 ) -> Result<(), String> {
-    let control = Arc::new(Control::default());
     let _ = control.process_start.set(Instant::now());
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mut loaded = first;
@@ -148,7 +158,7 @@ async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &Cancella
     let grace = Duration::from_millis(g.shutdown_grace_ms);
     let drained = tokio::time::timeout(grace, async {
         tracker.wait().await;
-        while state.hub.count() > 0 {
+        while state.hub().count() > 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -156,7 +166,7 @@ async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &Cancella
     if drained.is_err() {
         tracing::warn!(
             http = tracker.len(),
-            websockets = state.hub.count(),
+            websockets = state.hub().count(),
             "grace period over: dropping the connections still open"
         );
     }

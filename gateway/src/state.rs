@@ -12,11 +12,13 @@ use crate::config::Config;
 use crate::http::limits::RateLimiter;
 use crate::hub::Hub;
 
-/// Requests that reach the server loop from handlers (restart) - shared by all generations.
+/// What outlives a server generation: the restart request, process start, and the push hub
+/// (connections of a stopping generation unregister themselves).
 #[derive(Default)]
 pub struct Control {
     pub restart: Notify,
     pub process_start: std::sync::OnceLock<Instant>,
+    pub hub: Hub,
 }
 
 pub struct AppState {
@@ -24,7 +26,6 @@ pub struct AppState {
     pub config_paths: Vec<PathBuf>,
     pub data_dir: PathBuf,
     pub tokens: TokenStore,
-    pub hub: Hub,
     pub http_limiter: RateLimiter,
     /// Cancelled when this generation stops (shutdown or restart): WebSockets close with 1001.
     pub stop: CancellationToken,
@@ -49,12 +50,16 @@ impl AppState {
             config_paths,
             data_dir,
             tokens,
-            hub: Hub::default(),
             http_limiter,
             stop: CancellationToken::new(),
             generation,
             control,
         }
+    }
+
+    /// Open WebSocket connections and server push.
+    pub fn hub(&self) -> &Hub {
+        &self.control.hub
     }
 
     /// Seconds since the process started.

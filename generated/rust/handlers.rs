@@ -4,7 +4,7 @@
 pub trait ConfigApi: Send + Sync {
     /// `config.get` (scope `admin`): One configuration section without secret redaction, or the whole sanitized configuration.
     ///
-    /// Same shape as config.read: {section, value} with section, {config, sections} without; one object type with optional members so both validate. With a section the value is the raw section, secrets included (spec), so it is marked sensitive and never logged; the whole configuration is always sanitized (secrets redacted). An unknown section is -32001.
+    /// Spec shape: with `section` the raw section object, secrets included (admin scope only, never logged); without it, {config, sections} with secrets redacted. An unknown section is -32001.
     fn get(
         &self,
         ctx: &crate::rpc::CallContext,
@@ -14,7 +14,7 @@ pub trait ConfigApi: Send + Sync {
     > + Send;
     /// `config.read` (scope `admin`): One configuration section, or the whole configuration with its section names; secrets redacted.
     ///
-    /// With section the answer is {section, value}; without it, {config, sections}. One object type with optional members covers both, so either answer validates (the spec returns the bare section; it is wrapped because a section may be a scalar or an array, and a result must be an object). Secret values are replaced by "[REDACTED]". An unknown section is -32001.
+    /// Spec shape: with `section` the answer is that section's object itself; without it, {config, sections}. Both are objects with free members, hence map<any>. Secret values (token secrets, API keys) read as "[REDACTED]". An unknown section is -32001.
     fn read(
         &self,
         ctx: &crate::rpc::CallContext,

@@ -2587,7 +2587,7 @@ pub struct ConfigGcResult {
 }
 /// Parameters of `config.get`.
 ///
-/// Source: designed.
+/// Source: spec.
 #[derive(
     Debug,
     Clone,
@@ -2601,43 +2601,6 @@ pub struct ConfigGetParams {
     /// A top-level section name; the whole sanitized configuration when omitted.
     #[serde(rename = "section", default, skip_serializing_if = "Option::is_none")]
     pub section: Option<String>,
-}
-/// Result of `config.get`.
-///
-/// Source: designed.
-#[derive(
-    Clone,
-    PartialEq,
-    ::serde::Serialize,
-    ::serde::Deserialize,
-    ::schemars::JsonSchema
-)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigGetResult {
-    /// The section read; present only when a section was asked for.
-    #[serde(rename = "section", default, skip_serializing_if = "Option::is_none")]
-    pub section: Option<String>,
-    /// The raw section value, secrets not redacted; present only when a section was asked for.
-    ///
-    /// Sensitive: never logged.
-    #[serde(rename = "value", default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<::serde_json::Value>,
-    /// The whole configuration with secrets redacted; present only when no section was asked for.
-    #[serde(rename = "config", default, skip_serializing_if = "Option::is_none")]
-    pub config: Option<::std::collections::BTreeMap<String, ::serde_json::Value>>,
-    /// The top-level section names, sorted; present only when no section was asked for.
-    #[serde(rename = "sections", default, skip_serializing_if = "Option::is_none")]
-    pub sections: Option<Vec<String>>,
-}
-impl ::core::fmt::Debug for ConfigGetResult {
-    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-        f.debug_struct("ConfigGetResult")
-            .field("section", &self.section)
-            .field("value", &"[REDACTED]")
-            .field("config", &self.config)
-            .field("sections", &self.sections)
-            .finish_non_exhaustive()
-    }
 }
 /// Parameters of `config.history`.
 ///
@@ -2761,7 +2724,7 @@ pub struct ConfigPatchResult {
 }
 /// Parameters of `config.read`.
 ///
-/// Source: designed.
+/// Source: spec.
 #[derive(
     Debug,
     Clone,
@@ -2772,35 +2735,9 @@ pub struct ConfigPatchResult {
 )]
 #[serde(deny_unknown_fields)]
 pub struct ConfigReadParams {
-    /// A top-level section name (gateway, agents, ...); the whole configuration when omitted.
+    /// A top-level section name (gateway, ...); the whole configuration when omitted.
     #[serde(rename = "section", default, skip_serializing_if = "Option::is_none")]
     pub section: Option<String>,
-}
-/// Result of `config.read`.
-///
-/// Source: designed.
-#[derive(
-    Debug,
-    Clone,
-    PartialEq,
-    ::serde::Serialize,
-    ::serde::Deserialize,
-    ::schemars::JsonSchema
-)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigReadResult {
-    /// The section read; present only when a section was asked for.
-    #[serde(rename = "section", default, skip_serializing_if = "Option::is_none")]
-    pub section: Option<String>,
-    /// The section's value with secrets redacted; present only when a section was asked for.
-    #[serde(rename = "value", default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<::serde_json::Value>,
-    /// The whole configuration with secrets redacted; present only when no section was asked for.
-    #[serde(rename = "config", default, skip_serializing_if = "Option::is_none")]
-    pub config: Option<::std::collections::BTreeMap<String, ::serde_json::Value>>,
-    /// The top-level section names, sorted; present only when no section was asked for.
-    #[serde(rename = "sections", default, skip_serializing_if = "Option::is_none")]
-    pub sections: Option<Vec<String>>,
 }
 /// Parameters of `config.rollback`.
 ///
@@ -15291,9 +15228,9 @@ pub struct SessionToolCall {
     #[serde(rename = "arguments")]
     pub arguments: ::serde_json::Value,
 }
-/// A full session transcript as returned by session.delete (the last copy of a deleted session).
+/// A full session transcript as returned by session.delete (the last copy of a deleted session). The spec says only "transcript: object"; members from the reference.
 ///
-/// Source: spec.
+/// Source: reference.
 #[derive(
     Debug,
     Clone,
@@ -17826,6 +17763,10 @@ pub type AgentStreamResult = AgentTurnResult;
 pub type AgentsGetResult = AgentsRecord;
 /// Result of `channels.get`.
 pub type ChannelsGetResult = ChannelsChannel;
+/// Result of `config.get`.
+pub type ConfigGetResult = ::std::collections::BTreeMap<String, ::serde_json::Value>;
+/// Result of `config.read`.
+pub type ConfigReadResult = ::std::collections::BTreeMap<String, ::serde_json::Value>;
 /// Result of `cron.status`.
 pub type CronStatusResult = CronJob;
 /// Result of `graph.load`.

@@ -58,7 +58,7 @@ impl GatewayApi for Rpc {
                 .collect(),
             sections: config::sections(),
             generation: s.generation as i64,
-            connections: s.hub.count() as i64,
+            connections: s.hub().count() as i64,
         })
     }
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::generated::dispatch::dispatch;
+use super::generated::methods::MethodId;
 use super::{CallContext, RpcError};
 use crate::handlers::Rpc;
 
@@ -93,6 +94,10 @@ async fn handle_one(rpc: &Rpc, ctx: &CallContext, item: Value) -> Option<Value> 
     let params = match obj.get("params") {
         None => Ok(None),
         Some(Value::Object(p)) => Ok(Some(Value::Object(p.clone()))),
+        // Lookup still comes first: an unknown method is -32601 whatever its params.
+        Some(Value::Array(_)) if MethodId::from_name(method).is_none() => {
+            Err(RpcError::method_not_found(method))
+        }
         Some(Value::Array(_)) => Err(RpcError::invalid_params(
             "params must be an object (by-name); positional arrays are not supported",
         )),

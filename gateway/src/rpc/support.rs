@@ -10,6 +10,11 @@ use serde_json::Value;
 use super::generated::methods::{MethodInfo, METHODS};
 use super::{CallContext, RpcError};
 
+/// Schema problems named in one -32602 message, at most.
+const MAX_REPORTED: usize = 5;
+/// Each problem's text is cut here so that large values are not echoed back whole.
+const MAX_PROBLEM_LEN: usize = 240;
+
 static VALIDATORS: LazyLock<Vec<OnceLock<Option<jsonschema::Validator>>>> =
     LazyLock::new(|| METHODS.iter().map(|_| OnceLock::new()).collect());
 
@@ -47,14 +52,30 @@ pub fn parse_params<T: DeserializeOwned>(
     let Some(validator) = validator(info) else {
         return Err(RpcError::internal());
     };
-    if let Some(e) = validator.iter_errors(&params).next() {
-        let path = e.instance_path.to_string();
-        let at = if path.is_empty() {
-            "params".to_owned()
-        } else {
-            format!("'{}'", path.trim_start_matches('/').replace('/', "."))
-        };
-        return Err(RpcError::invalid_params(format!("{at}: {e}")));
+    let problems: Vec<String> = validator
+        .iter_errors(&params)
+        .take(MAX_REPORTED)
+        .map(|e| {
+            let path = e.instance_path.to_string();
+            let at = if path.is_empty() {
+                "params".to_owned()
+            } else {
+                format!("'{}'", path.trim_start_matches('/').replace('/', "."))
+            };
+            let mut text = format!("{at}: {e}");
+            if text.len() > MAX_PROBLEM_LEN {
+                let cut = (0..=MAX_PROBLEM_LEN)
+                    .rev()
+                    .find(|i| text.is_char_boundary(*i))
+                    .unwrap_or(0);
+                text.truncate(cut);
+                text.push('…');
+            }
+            text
+        })
+        .collect();
+    if !problems.is_empty() {
+        return Err(RpcError::invalid_params(problems.join("; ")));
     }
     serde_path_to_error::deserialize(params).map_err(|e| {
         let path = e.path().to_string();

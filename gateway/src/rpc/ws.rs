@@ -115,7 +115,7 @@ async fn connection(state: Arc<AppState>, principal: Principal, socket: WebSocke
     let g = &state.config.gateway;
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<Outbound>(OUTBOUND_QUEUE);
-    let conn_id = state.hub.register(&principal.client_id, tx.clone());
+    let conn_id = state.hub().register(&principal.client_id, tx.clone());
     let ctx = principal.context(Some(conn_id));
     tracing::debug!(conn = conn_id, client = %principal.client_id, "websocket open");
 
@@ -216,7 +216,7 @@ async fn connection(state: Arc<AppState>, principal: Principal, socket: WebSocke
     if let Some(h) = heartbeat {
         h.abort();
     }
-    state.hub.unregister(conn_id);
+    state.hub().unregister(conn_id);
     drop(tx);
     // The writer drains what is queued (the close frame last), bounded by the send timeout.
     let mut writer = writer;

@@ -1790,28 +1790,6 @@ export interface ConfigGetParams {
 }
 
 /**
- * Result of `config.get`.
- */
-export interface ConfigGetResult {
-  /**
-   * The section read; present only when a section was asked for.
-   */
-  "section"?: string;
-  /**
-   * The raw section value, secrets not redacted; present only when a section was asked for.
-   */
-  "value"?: unknown;
-  /**
-   * The whole configuration with secrets redacted; present only when no section was asked for.
-   */
-  "config"?: Record<string, unknown>;
-  /**
-   * The top-level section names, sorted; present only when no section was asked for.
-   */
-  "sections"?: string[];
-}
-
-/**
  * Parameters of `config.history`.
  */
 export interface ConfigHistoryParams {
@@ -1906,31 +1884,9 @@ export interface ConfigPatchResult {
  */
 export interface ConfigReadParams {
   /**
-   * A top-level section name (gateway, agents, ...); the whole configuration when omitted.
+   * A top-level section name (gateway, ...); the whole configuration when omitted.
    */
   "section"?: string;
-}
-
-/**
- * Result of `config.read`.
- */
-export interface ConfigReadResult {
-  /**
-   * The section read; present only when a section was asked for.
-   */
-  "section"?: string;
-  /**
-   * The section's value with secrets redacted; present only when a section was asked for.
-   */
-  "value"?: unknown;
-  /**
-   * The whole configuration with secrets redacted; present only when no section was asked for.
-   */
-  "config"?: Record<string, unknown>;
-  /**
-   * The top-level section names, sorted; present only when no section was asked for.
-   */
-  "sections"?: string[];
 }
 
 /**
@@ -10446,7 +10402,7 @@ export interface SessionToolCall {
 }
 
 /**
- * A full session transcript as returned by session.delete (the last copy of a deleted session).
+ * A full session transcript as returned by session.delete (the last copy of a deleted session). The spec says only "transcript: object"; members from the reference.
  */
 export interface SessionTranscript {
   /**
@@ -12050,6 +12006,12 @@ export type AgentsGetResult = AgentsRecord;
 
 /** Result of `channels.get`. */
 export type ChannelsGetResult = ChannelsChannel;
+
+/** Result of `config.get`. */
+export type ConfigGetResult = Record<string, unknown>;
+
+/** Result of `config.read`. */
+export type ConfigReadResult = Record<string, unknown>;
 
 /** Result of `cron.status`. */
 export type CronStatusResult = CronJob;

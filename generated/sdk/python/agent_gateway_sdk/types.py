@@ -795,14 +795,6 @@ ConfigGetParams = TypedDict("ConfigGetParams", {
     "section": "NotRequired[str]",
 }, total=False)
 
-# Result of `config.get`.
-ConfigGetResult = TypedDict("ConfigGetResult", {
-    "section": "NotRequired[str]",
-    "value": "NotRequired[Any]",
-    "config": "NotRequired[Dict[str, Any]]",
-    "sections": "NotRequired[List[str]]",
-}, total=False)
-
 # Parameters of `config.history`.
 ConfigHistoryParams = TypedDict("ConfigHistoryParams", {
     "limit": "NotRequired[int]",
@@ -841,14 +833,6 @@ ConfigPatchResult = TypedDict("ConfigPatchResult", {
 # Parameters of `config.read`.
 ConfigReadParams = TypedDict("ConfigReadParams", {
     "section": "NotRequired[str]",
-}, total=False)
-
-# Result of `config.read`.
-ConfigReadResult = TypedDict("ConfigReadResult", {
-    "section": "NotRequired[str]",
-    "value": "NotRequired[Any]",
-    "config": "NotRequired[Dict[str, Any]]",
-    "sections": "NotRequired[List[str]]",
 }, total=False)
 
 # Parameters of `config.rollback`.
@@ -3844,7 +3828,7 @@ SessionToolCall = TypedDict("SessionToolCall", {
     "arguments": "Required[Any]",
 }, total=False)
 
-# A full session transcript as returned by session.delete (the last copy of a deleted session).
+# A full session transcript as returned by session.delete (the last copy of a deleted session). The spec says only "transcript: object"; members from the reference.
 SessionTranscript = TypedDict("SessionTranscript", {
     "messages": "Required[List[SessionMessage]]",
     "metadata": "Required[Dict[str, Any]]",
@@ -4439,6 +4423,8 @@ AgentExecuteResult = "AgentTurnResult"
 AgentStreamResult = "AgentTurnResult"
 AgentsGetResult = "AgentsRecord"
 ChannelsGetResult = "ChannelsChannel"
+ConfigGetResult = "Dict[str, Any]"
+ConfigReadResult = "Dict[str, Any]"
 CronStatusResult = "CronJob"
 GraphLoadResult = "GraphDefinition"
 MemoryStatsResult = "MemoryStats"

@@ -1,0 +1,149 @@
+//! Shared test harness: a gateway on 127.0.0.1 with a temp data dir, tokens of each scope,
+//! and small HTTP / WebSocket clients.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub const ADMIN: &str = "admin-secret-0123456789abcdefghijklmnopqrstuv";
+pub const RPC: &str = "rpc-secret-0123456789abcdefghijklmnopqrstuvwxy";
+pub const MCP: &str = "mcp-secret-0123456789abcdefghijklmnopqrstuvwxy";
+pub const ADMIN_ONLY: &str = "admin-only-0123456789abcdefghijklmnopqrstuvw";
+
+/// A step that must finish quickly in a healthy gateway; a hang fails the test instead.
+pub const STEP: Duration = Duration::from_secs(10);
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub running: agent_gateway::server::Running,
+    pub dir: tempfile::TempDir,
+}
+
+/// The YAML of a test configuration; `extra` lines are appended under `gateway:`.
+pub fn config_yaml(dir: &std::path::Path, extra: &str) -> String {
+    format!(
+        "gateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {data}\n  tokens:\n    - {{id: admin, secret: {ADMIN}, scopes: ['*']}}\n    - {{id: client, secret: {RPC}, scopes: [rpc]}}\n    - {{id: mcp, secret: {MCP}, scopes: [mcp-client]}}\n    - {{id: ops, secret: {ADMIN_ONLY}, scopes: [admin]}}\n{extra}",
+        data = dir.join("data").display()
+    )
+}
+
+pub async fn start(extra: &str) -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, config_yaml(dir.path(), extra)).unwrap();
+    let running = agent_gateway::server::start(Some(path)).await.unwrap();
+    Gateway {
+        addr: running.addr,
+        running,
+        dir,
+    }
+}
+
+impl Gateway {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn post_rpc(&self, token: &str, body: &str) -> (u16, String) {
+        let r = reqwest::Client::new()
+            .post(self.url("/rpc"))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    /// One call over POST /rpc; the whole response object.
+    pub async fn call(&self, token: &str, method: &str, params: Value) -> Value {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let (status, text) = self.post_rpc(token, &body.to_string()).await;
+        assert_eq!(status, 200, "{method}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    pub async fn ws(&self, token: &str) -> Ws {
+        let url = format!("ws://{}/ws?token={token}", self.addr);
+        let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
+            .await
+            .unwrap()
+            .unwrap();
+        ws
+    }
+
+    pub async fn ws_with_header(&self, token: &str) -> Ws {
+        let mut req = format!("ws://{}/ws", self.addr).into_client_request().unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        ws
+    }
+
+    pub async fn stop(self) {
+        self.running.shutdown.cancel();
+        tokio::time::timeout(STEP, self.running.done).await.unwrap().unwrap().unwrap();
+    }
+}
+
+pub async fn send(ws: &mut Ws, text: &str) {
+    ws.send(Message::text(text)).await.unwrap();
+}
+
+/// The next JSON text frame that is not a heartbeat.
+pub async fn recv(ws: &mut Ws) -> Value {
+    loop {
+        let msg = tokio::time::timeout(STEP, ws.next()).await.expect("no frame in time");
+        match msg.expect("stream ended").expect("ws error") {
+            Message::Text(t) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v.get("method").and_then(Value::as_str) == Some("heartbeat") {
+                    continue;
+                }
+                return v;
+            }
+            Message::Ping(_) | Message::Pong(_) => continue,
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+}
+
+/// Waits for the close frame and returns (code, reason).
+pub async fn closed(ws: &mut Ws) -> (u16, String) {
+    loop {
+        let msg = tokio::time::timeout(STEP, ws.next()).await.expect("no close in time");
+        match msg {
+            Some(Ok(Message::Close(Some(frame)))) => return (u16::from(frame.code), frame.reason.to_string()),
+            Some(Ok(Message::Close(None))) => return (1005, String::new()),
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => panic!("error before close frame: {e}"),
+            None => return (1006, String::new()),
+        }
+    }
+}
+
+/// Asserts no frame (other than heartbeats) arrives within `wait`.
+pub async fn silent(ws: &mut Ws, wait: Duration) {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
+            Err(_) => return,
+            Ok(Some(Ok(Message::Text(t)))) if t.contains("\"heartbeat\"") => continue,
+            Ok(other) => panic!("expected silence, got {other:?}"),
+        }
+    }
+}
+
+pub fn code(v: &Value) -> i64 {
+    v["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {v}"))
+}
