@@ -245,9 +245,7 @@ fn a_malformed_catalogue_lists_every_problem() {
         "namespace: demo\ndescription: d\nmethods:\n  - name: demo.one\n    scope: root\n    summary: s\n    source: spec\n    result: {type: object, fields: [{name: a, type: strin, description: x}]}\n  - name: other.two\n    scope: rpc\n    summary: s\n    source: designed\n    colour: red\n    result: {type: Missing}\n  - name: demo.three\n    scope: rpc\n    summary: s\n    source: spec\n    params: {fields: [{name: n, type: integer, minLength: 2, description: d}, {name: m, type: string, required: true, default: x, description: d}]}\n    result: {type: boolean}\n",
     )
     .unwrap();
-    let err = gateway_codegen::load_catalogue(dir.path())
-        .err()
-        .expect("must fail");
+    let err = gateway_codegen::load_catalogue(dir.path()).expect_err("must fail");
     let text = err.to_string();
     for needle in [
         "[demo.one]: scope `root`",

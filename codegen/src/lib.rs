@@ -86,7 +86,9 @@ fn owned_on_disk(out_dir: &Path) -> Vec<PathBuf> {
             let Ok(ft) = e.file_type() else { continue };
             if ft.is_dir() {
                 // Tool caches inside the SDK folders are not ours to judge.
-                if e.file_name() == "node_modules" || e.file_name() == "__pycache__" {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if name == "node_modules" || name == "__pycache__" || name.ends_with(".egg-info") {
                     continue;
                 }
                 stack.push(child);

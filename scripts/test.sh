@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what the tests need (a Python virtualenv
+# with the SDK and tools, npm packages, Debian packages when run as root), then runs lints,
+# the generated-files check, the Rust tests, the TypeScript SDK type-check and the Python tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if ! command -v npm >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    step "installing nodejs and npm (apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+  else
+    echo "npm is required (install Node.js), or run as root so apt-get can install it" >&2
+    exit 1
+  fi
+fi
+
+step "Python virtualenv (.venv)"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+
+
+step "npm packages (tests/node)"
+(cd tests/node && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+node -e "process.stdout.write(JSON.stringify(require('./tests/node/node_modules/@open-rpc/meta-schema').openrpcDocument))" > target-openrpc-meta.json.tmp
+mkdir -p target && mv target-openrpc-meta.json.tmp target/openrpc-meta-schema.json
+
+step "formatting and generated files"
+cargo fmt --all -- --check
+cargo run -q -p gateway-codegen -- check
+
+step "clippy"
+cargo clippy -q --all-targets -- -D warnings
+
+step "Rust tests"
+cargo test -q --all 2>&1 | tee target/cargo-test.log | grep -vE '^\s*$' | grep -E 'test result|FAILED|panicked|error' || true
+if grep -qE 'FAILED|error(\[|:)' target/cargo-test.log || ! grep -q 'test result' target/cargo-test.log; then
+  cat target/cargo-test.log
+  exit 1
+fi
+
+step "TypeScript SDK type-check (tsc)"
+tests/node/node_modules/.bin/tsc -p generated/sdk/typescript
+
+step "Python tests (SDK against a live gateway)"
+AGENT_GATEWAY_BIN="$ROOT/target/debug/agent-gateway" OPENRPC_META_SCHEMA="$ROOT/target/openrpc-meta-schema.json" \
+  JSON_SCHEMA_META_SCHEMA="$ROOT/tests/node/node_modules/@json-schema-tools/meta-schema/schema.json" \
+  PYTHONPATH="$ROOT/generated/sdk/python" .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
