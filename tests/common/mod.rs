@@ -67,7 +67,8 @@ impl Gateway {
 
     /// One call over POST /rpc; the whole response object.
     pub async fn call(&self, token: &str, method: &str, params: Value) -> Value {
-        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let body =
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
         let (status, text) = self.post_rpc(token, &body.to_string()).await;
         assert_eq!(status, 200, "{method}: {text}");
         serde_json::from_str(&text).unwrap()
@@ -83,7 +84,9 @@ impl Gateway {
     }
 
     pub async fn ws_with_header(&self, token: &str) -> Ws {
-        let mut req = format!("ws://{}/ws", self.addr).into_client_request().unwrap();
+        let mut req = format!("ws://{}/ws", self.addr)
+            .into_client_request()
+            .unwrap();
         req.headers_mut()
             .insert("authorization", format!("Bearer {token}").parse().unwrap());
         let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
@@ -92,7 +95,11 @@ impl Gateway {
 
     pub async fn stop(self) {
         self.running.shutdown.cancel();
-        tokio::time::timeout(STEP, self.running.done).await.unwrap().unwrap().unwrap();
+        tokio::time::timeout(STEP, self.running.done)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 }
 
@@ -103,7 +110,9 @@ pub async fn send(ws: &mut Ws, text: &str) {
 /// The next JSON text frame that is not a heartbeat.
 pub async fn recv(ws: &mut Ws) -> Value {
     loop {
-        let msg = tokio::time::timeout(STEP, ws.next()).await.expect("no frame in time");
+        let msg = tokio::time::timeout(STEP, ws.next())
+            .await
+            .expect("no frame in time");
         match msg.expect("stream ended").expect("ws error") {
             Message::Text(t) => {
                 let v: Value = serde_json::from_str(&t).unwrap();
@@ -121,9 +130,13 @@ pub async fn recv(ws: &mut Ws) -> Value {
 /// Waits for the close frame and returns (code, reason).
 pub async fn closed(ws: &mut Ws) -> (u16, String) {
     loop {
-        let msg = tokio::time::timeout(STEP, ws.next()).await.expect("no close in time");
+        let msg = tokio::time::timeout(STEP, ws.next())
+            .await
+            .expect("no close in time");
         match msg {
-            Some(Ok(Message::Close(Some(frame)))) => return (u16::from(frame.code), frame.reason.to_string()),
+            Some(Ok(Message::Close(Some(frame)))) => {
+                return (u16::from(frame.code), frame.reason.to_string())
+            }
             Some(Ok(Message::Close(None))) => return (1005, String::new()),
             Some(Ok(_)) => continue,
             Some(Err(e)) => panic!("error before close frame: {e}"),
@@ -145,5 +158,7 @@ pub async fn silent(ws: &mut Ws, wait: Duration) {
 }
 
 pub fn code(v: &Value) -> i64 {
-    v["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {v}"))
+    v["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("not an error: {v}"))
 }
