@@ -20,6 +20,8 @@ use crate::http::json_error;
 use crate::hub::Outbound;
 use crate::state::AppState;
 
+/// Close code of a normal closure.
+pub const CLOSE_NORMAL: u16 = 1000;
 /// Close code for a failed authentication.
 pub const CLOSE_UNAUTHORIZED: u16 = 4001;
 /// Close code and reason when the server stops or restarts.
@@ -128,8 +130,15 @@ async fn connection(state: Arc<AppState>, principal: Principal, socket: WebSocke
                     }
                 }
                 Outbound::Close(code, reason) => {
+                    // After a peer's close, tungstenite has queued its own reply: the send is
+                    // refused and the flush delivers that reply instead.
                     let frame = Message::Close(Some((CloseCode::from(code), reason)));
-                    let _ = tokio::time::timeout(CLOSE_SEND_TIMEOUT, sink.send(frame)).await;
+                    let _ = tokio::time::timeout(CLOSE_SEND_TIMEOUT, async {
+                        let _ = sink.send(frame).await;
+                        let _ = sink.flush().await;
+                        let _ = sink.close().await;
+                    })
+                    .await;
                     break;
                 }
             }
@@ -210,7 +219,12 @@ async fn connection(state: Arc<AppState>, principal: Principal, socket: WebSocke
                 reply_now(v.response(Value::Null)).await;
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+            Some(Ok(Message::Close(_))) => {
+                // Complete the closing handshake: a normal close is answered with 1000.
+                let _ = tx.send(Outbound::Close(CLOSE_NORMAL, String::new())).await;
+                break;
+            }
+            Some(Err(_)) | None => break,
         }
     }
     if let Some(h) = heartbeat {
