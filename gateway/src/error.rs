@@ -39,3 +39,31 @@ impl From<GatewayError> for RpcError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_failures_hide_their_details() {
+        let e = RpcError::from(GatewayError::Internal("db at /secret/path failed".into()));
+        assert_eq!(e, RpcError::new(-32603, "Internal error"));
+        assert_eq!(
+            RpcError::from(GatewayError::NotFound("no such agent".into())).code,
+            -32001
+        );
+        assert_eq!(
+            RpcError::from(GatewayError::Conflict("suspended".into())).code,
+            -32002
+        );
+        assert_eq!(
+            RpcError::from(GatewayError::Unavailable("no provider".into())).code,
+            -32003
+        );
+        let p = RpcError::from(GatewayError::InvalidParams("'limit' too large".into()));
+        assert_eq!(
+            (p.code, p.message.as_str()),
+            (-32602, "Invalid params: 'limit' too large")
+        );
+    }
+}

@@ -139,8 +139,8 @@ pub async fn closed(ws: &mut Ws) -> (u16, String) {
             }
             Some(Ok(Message::Close(None))) => return (1005, String::new()),
             Some(Ok(_)) => continue,
-            Some(Err(e)) => panic!("error before close frame: {e}"),
-            None => return (1006, String::new()),
+            // The stream ended without a close frame: an abnormal closure.
+            Some(Err(_)) | None => return (1006, String::new()),
         }
     }
 }

@@ -1,0 +1,311 @@
+//! The real binary: embedded defaults, refusing bad configuration, SIGTERM (1001), kill -9
+//! (1006), and no secret in any log line.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(dir: &Path, config: Option<&Path>, port: u16) -> Child {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .env_remove("AGENT_GATEWAY_CONFIG")
+        .env("AGENT_GATEWAY_PORT", port.to_string())
+        .env("AGENT_GATEWAY_DATA_DIR", dir.join("data"))
+        .env("AGENT_GATEWAY_LOG", "debug")
+        .stdout(std::fs::File::create(dir.join("out.log")).unwrap())
+        .stderr(std::fs::File::create(dir.join("err.log")).unwrap());
+    if let Some(c) = config {
+        cmd.arg("--config").arg(c);
+    }
+    cmd.spawn().unwrap()
+}
+
+async fn wait_healthy(port: u16) {
+    let deadline = Instant::now() + STEP;
+    while Instant::now() < deadline {
+        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gateway did not become healthy");
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + STEP;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "process did not exit in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+fn logs(dir: &Path) -> String {
+    let mut s = String::new();
+    for f in ["out.log", "err.log"] {
+        std::fs::File::open(dir.join(f))
+            .unwrap()
+            .read_to_string(&mut s)
+            .unwrap();
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_defaults_create_the_data_dir_and_a_private_local_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = spawn(dir.path(), None, port);
+    wait_healthy(port).await;
+    let token_file = dir.path().join("data/local-token");
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    assert!(token.len() >= 32);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+    let r: Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/rpc"))
+        .bearer_auth(token.trim())
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"gateway.status"}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["pid"], child.id());
+    assert_eq!(r["result"]["configPaths"], serde_json::json!([]));
+    signal(&child, "-INT");
+    assert!(wait_exit(&mut child).success());
+    assert!(
+        !logs(dir.path()).contains(token.trim()),
+        "the local token never reaches the log"
+    );
+}
+
+fn refuses(yaml: &str, needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("AGENT_GATEWAY_PORT", free_port().to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{yaml}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "expected {needle:?} in {err}");
+}
+
+#[test]
+fn bad_configuration_refuses_to_start_with_the_key_named() {
+    refuses(
+        "gateway:\n  tokens:\n    - {id: a, secret: 'only-31-characters-long-secret!', scopes: [rpc]}\n",
+        "gateway.tokens[0].secret (token 'a') is shorter than 32 characters",
+    );
+    // Exactly 32 characters is accepted.
+    let dir = tempfile::tempdir().unwrap();
+    let ok = dir.path().join("ok.yaml");
+    std::fs::write(&ok, "gateway:\n  tokens:\n    - {id: a, secret: 'exactly-32-characters-long-sec!!', scopes: [rpc]}\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&ok)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let missing = Command::new(BIN)
+        .args(["check-config", "--config", "/nonexistent/gateway.yaml"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    refuses(
+        "gateway:\n  rateLimit:\n    windowMS: 10\n",
+        "gateway.rateLimit.windowMS",
+    );
+    refuses("gatewy:\n  port: 1\n", "gatewy");
+    refuses("gateway:\n  port: 'x'\n", "gateway.port");
+    refuses(
+        &format!("gateway:\n  tokens:\n    - {{id: a, secret: {ADMIN}, scopes: [root]}}\n"),
+        "unknown scope 'root'",
+    );
+    refuses(
+        "gateway:\n  tls:\n    requireClientCert: true\n",
+        "gateway.tls.requireClientCert",
+    );
+    // The secret itself is never echoed.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.yaml");
+    std::fs::write(
+        &path,
+        "gateway:\n  tokens:\n    - {id: a, secret: 'short-secret-value-xyz', scopes: []}\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("short-secret-value-xyz"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_websockets_with_1001_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &config,
+        config_yaml(dir.path(), "  shutdownGraceMs: 1000\n")
+            .replace("port: 0", &format!("port: {port}")),
+    )
+    .unwrap();
+    let mut child = spawn(dir.path(), Some(&config), port);
+    wait_healthy(port).await;
+    let gw_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{gw_addr}/ws?token={RPC}"))
+        .await
+        .unwrap();
+    send(
+        &mut ws,
+        r#"{"jsonrpc":"2.0","id":1,"method":"system.ping"}"#,
+    )
+    .await;
+    recv(&mut ws).await;
+    signal(&child, "-TERM");
+    assert_eq!(
+        closed(&mut ws).await,
+        (1001, "Server shutting down".to_owned())
+    );
+    assert!(wait_exit(&mut child).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateway_leaves_clients_with_an_abnormal_closure() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &config,
+        config_yaml(dir.path(), "").replace("port: 0", &format!("port: {port}")),
+    )
+    .unwrap();
+    let mut child = spawn(dir.path(), Some(&config), port);
+    wait_healthy(port).await;
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port}/ws?token={RPC}"))
+            .await
+            .unwrap();
+    send(
+        &mut ws,
+        r#"{"jsonrpc":"2.0","id":1,"method":"system.ping"}"#,
+    )
+    .await;
+    recv(&mut ws).await;
+    signal(&child, "-KILL");
+    wait_exit(&mut child);
+    assert_eq!(closed(&mut ws).await.0, 1006);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_or_secret_reaches_a_log_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &config,
+        config_yaml(dir.path(), "").replace("port: 0", &format!("port: {port}")),
+    )
+    .unwrap();
+    let mut child = spawn(dir.path(), Some(&config), port);
+    wait_healthy(port).await;
+    let base = format!("127.0.0.1:{port}");
+    // Query token, header token, wrong token, admin reading raw config, failures.
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{base}/ws?token={RPC}"))
+        .await
+        .unwrap();
+    send(
+        &mut ws,
+        r#"{"jsonrpc":"2.0","id":1,"method":"gateway.status"}"#,
+    )
+    .await;
+    recv(&mut ws).await;
+    let client = reqwest::Client::new();
+    for (token, body) in [
+        (
+            ADMIN,
+            r#"{"jsonrpc":"2.0","id":1,"method":"config.get","params":{"section":"gateway"}}"#,
+        ),
+        (
+            ADMIN,
+            r#"{"jsonrpc":"2.0","id":2,"method":"env.set","params":{"key":"K","value":"sekrit-value-that-must-not-be-logged"}}"#,
+        ),
+        (
+            "wrong-token-0123456789-0123456789-0123",
+            r#"{"jsonrpc":"2.0","id":3,"method":"system.ping"}"#,
+        ),
+    ] {
+        client
+            .post(format!("http://{base}/rpc"))
+            .bearer_auth(token)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+    }
+    signal(&child, "-TERM");
+    wait_exit(&mut child);
+    let log = logs(dir.path());
+    assert!(
+        log.contains("agent-gateway listening"),
+        "the log was captured: {log}"
+    );
+    for secret in [
+        ADMIN,
+        RPC,
+        MCP,
+        ADMIN_ONLY,
+        "sekrit-value-that-must-not-be-logged",
+        "wrong-token-0123456789",
+    ] {
+        assert!(!log.contains(secret), "a secret reached the log");
+    }
+}
