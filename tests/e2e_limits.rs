@@ -107,12 +107,7 @@ async fn binary_frames_get_a_parse_error_and_the_connection_stays_open() {
         r,
         json!({"jsonrpc": "2.0", "error": {"code": -32700, "message": "Parse error"}, "id": null})
     );
-    send(
-        &mut ws,
-        r#"{"jsonrpc":"2.0","id":2,"method":"system.ping"}"#,
-    )
-    .await;
-    assert_eq!(recv(&mut ws).await["result"]["pong"], true);
+    assert_ping(&mut ws, 2).await;
     gw.stop().await;
 }
 
@@ -166,12 +161,7 @@ async fn failed_ws_auth_is_accepted_then_closed_with_4001() {
     }
     // The bearer header works as well as the query parameter.
     let mut ws = gw.ws_with_header(RPC).await;
-    send(
-        &mut ws,
-        r#"{"jsonrpc":"2.0","id":1,"method":"system.ping"}"#,
-    )
-    .await;
-    assert_eq!(recv(&mut ws).await["result"]["pong"], true);
+    assert_ping(&mut ws, 1).await;
     gw.stop().await;
 }
 
@@ -255,12 +245,7 @@ async fn restart_answers_then_closes_with_1001_and_keeps_the_port() {
     let status = status.expect("the restarted gateway answers on the same port");
     assert_eq!(status["result"]["pid"], i64::from(std::process::id()));
     let mut ws = gw.ws(RPC).await;
-    send(
-        &mut ws,
-        r#"{"jsonrpc":"2.0","id":2,"method":"system.ping"}"#,
-    )
-    .await;
-    assert_eq!(recv(&mut ws).await["result"]["pong"], true);
+    assert_ping(&mut ws, 2).await;
     gw.stop().await;
 }
 

@@ -22,6 +22,20 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The test configuration on a fixed free port, spawned and healthy.
+async fn spawn_configured(dir: &Path, extra: &str) -> (Child, u16) {
+    let port = free_port();
+    let config = dir.join("gateway.yaml");
+    std::fs::write(
+        &config,
+        config_yaml(dir, extra).replace("port: 0", &format!("port: {port}")),
+    )
+    .unwrap();
+    let child = spawn(dir, Some(&config), port);
+    wait_healthy(port).await;
+    (child, port)
+}
+
 fn spawn(dir: &Path, config: Option<&Path>, port: u16) -> Child {
     let mut cmd = Command::new(BIN);
     cmd.arg("serve")
@@ -204,12 +218,7 @@ async fn sigterm_closes_websockets_with_1001_and_exits() {
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{gw_addr}/ws?token={RPC}"))
         .await
         .unwrap();
-    send(
-        &mut ws,
-        r#"{"jsonrpc":"2.0","id":1,"method":"system.ping"}"#,
-    )
-    .await;
-    recv(&mut ws).await;
+    assert_ping(&mut ws, 1).await;
     signal(&child, "-TERM");
     assert_eq!(
         closed(&mut ws).await,
@@ -221,25 +230,12 @@ async fn sigterm_closes_websockets_with_1001_and_exits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_gateway_leaves_clients_with_an_abnormal_closure() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = dir.path().join("gateway.yaml");
-    std::fs::write(
-        &config,
-        config_yaml(dir.path(), "").replace("port: 0", &format!("port: {port}")),
-    )
-    .unwrap();
-    let mut child = spawn(dir.path(), Some(&config), port);
-    wait_healthy(port).await;
+    let (mut child, port) = spawn_configured(dir.path(), "").await;
     let (mut ws, _) =
         tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port}/ws?token={RPC}"))
             .await
             .unwrap();
-    send(
-        &mut ws,
-        r#"{"jsonrpc":"2.0","id":1,"method":"system.ping"}"#,
-    )
-    .await;
-    recv(&mut ws).await;
+    assert_ping(&mut ws, 1).await;
     signal(&child, "-KILL");
     wait_exit(&mut child);
     assert_eq!(closed(&mut ws).await.0, 1006);
@@ -248,15 +244,7 @@ async fn a_killed_gateway_leaves_clients_with_an_abnormal_closure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_token_or_secret_reaches_a_log_line() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = dir.path().join("gateway.yaml");
-    std::fs::write(
-        &config,
-        config_yaml(dir.path(), "").replace("port: 0", &format!("port: {port}")),
-    )
-    .unwrap();
-    let mut child = spawn(dir.path(), Some(&config), port);
-    wait_healthy(port).await;
+    let (mut child, port) = spawn_configured(dir.path(), "").await;
     let base = format!("127.0.0.1:{port}");
     // Query token, header token, wrong token, admin reading raw config, failures.
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{base}/ws?token={RPC}"))

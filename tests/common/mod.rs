@@ -162,3 +162,18 @@ pub fn code(v: &Value) -> i64 {
         .as_i64()
         .unwrap_or_else(|| panic!("not an error: {v}"))
 }
+
+/// Sends `system.ping` with `id` and asserts the pong: the connection is alive and served.
+pub async fn assert_ping(ws: &mut Ws, id: u64) {
+    send(
+        ws,
+        &format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"system.ping"}}"#),
+    )
+    .await;
+    let r = recv(ws).await;
+    assert_eq!(
+        (r["id"].as_u64(), r["result"]["pong"].as_bool()),
+        (Some(id), Some(true)),
+        "{r}"
+    );
+}
