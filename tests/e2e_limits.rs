@@ -452,3 +452,19 @@ async fn notifications_are_pushed_to_one_client_id_or_broadcast_when_unknown() {
     assert_eq!(recv(&mut admin).await["params"]["sessionKey"], "k2");
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stalls_in_its_body_gets_408() {
+    let gw = start("  bodyReadTimeoutMs: 300\n").await;
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!("POST /rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {RPC}\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\"");
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(STEP, tcp.read(&mut buf))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    gw.stop().await;
+}
