@@ -261,3 +261,15 @@ fn a_malformed_catalogue_lists_every_problem() {
     }
     assert!(Path::new(&dir.path().join("methods/demo.yaml")).exists());
 }
+
+#[test]
+fn rendering_is_deterministic() {
+    let a = gateway_codegen::render_all(&catalogue()).unwrap();
+    let b = gateway_codegen::render_all(&catalogue()).unwrap();
+    assert_eq!(a, b);
+    let text: String = a.values().cloned().collect();
+    assert!(
+        !text.contains(env!("CARGO_MANIFEST_DIR")),
+        "no absolute paths in generated files"
+    );
+}

@@ -94,3 +94,35 @@ pub fn python_method(method: &str) -> String {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_minted_from_the_declared_namespace() {
+        assert_eq!(method_type_stem("obs.billing.total"), "ObsBillingTotal");
+        assert_eq!(handler_fn("obs", "obs.billing.total"), "billing_total");
+        assert_eq!(
+            handler_fn("agent", "agent.getOperationModels"),
+            "get_operation_models"
+        );
+        assert_eq!(handler_fn("session", "session.run_status"), "run_status");
+        assert_eq!(namespace_trait("session"), "SessionApi");
+    }
+
+    #[test]
+    fn wire_names_become_valid_identifiers() {
+        assert_eq!(field_ident("sessionKey"), "session_key");
+        assert_eq!(field_ident("session_key"), "session_key");
+        assert_eq!(field_ident("type"), "type_");
+        assert_eq!(field_ident("24h"), "f_24h");
+        assert_eq!(enum_variant("next-heartbeat"), "NextHeartbeat");
+        assert_eq!(enum_variant("*"), "All");
+        assert_eq!(enum_variant("1m"), "V1m");
+        assert_eq!(
+            python_method("agent.getOperationModels"),
+            "agent_get_operation_models"
+        );
+    }
+}
