@@ -26,11 +26,6 @@ impl Principal {
             connection,
         }
     }
-
-    /// A token that holds only `mcp-client` (refused on SSE and media routes).
-    pub fn is_mcp_client_only(&self) -> bool {
-        self.scopes.len() == 1 && self.scopes.contains(&Scope::McpClient)
-    }
 }
 
 struct Entry {
@@ -87,10 +82,6 @@ impl TokenStore {
             }
         }
         found
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// Authenticates a request: `Authorization: Bearer <token>`, or `?token=` when allowed.

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -43,7 +43,7 @@ pub async fn start(config_path: Option<PathBuf>) -> Result<Running, String> {
         .map_err(|e| format!("cannot listen on {}:{}: {e}", g.host, g.port))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let shutdown = CancellationToken::new();
-    let control = Arc::new(Control::default());
+    let control = Arc::new(Control::new());
     let done = tokio::spawn(run(
         listener,
         config_path,
@@ -94,7 +94,6 @@ pub async fn run(
     shutdown: CancellationToken,
     control: Arc<Control>,
 ) -> Result<(), String> {
-    let _ = control.process_start.set(Instant::now());
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mut loaded = first;
     let mut generation = 1;

@@ -14,11 +14,26 @@ use crate::hub::Hub;
 
 /// What outlives a server generation: the restart request, process start, and the push hub
 /// (connections of a stopping generation unregister themselves).
-#[derive(Default)]
 pub struct Control {
     pub restart: Notify,
-    pub process_start: std::sync::OnceLock<Instant>,
+    pub process_start: Instant,
     pub hub: Hub,
+}
+
+impl Control {
+    pub fn new() -> Self {
+        Self {
+            restart: Notify::new(),
+            process_start: Instant::now(),
+            hub: Hub::default(),
+        }
+    }
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 pub struct AppState {
@@ -64,10 +79,6 @@ impl AppState {
 
     /// Seconds since the process started.
     pub fn uptime(&self) -> f64 {
-        self.control
-            .process_start
-            .get()
-            .map(|t| t.elapsed().as_secs_f64())
-            .unwrap_or_default()
+        self.control.process_start.elapsed().as_secs_f64()
     }
 }

@@ -149,14 +149,7 @@ impl<'a> SchemaBuilder<'a> {
 
     /// The result schema without `$defs` (for OpenRPC, where shared types are components).
     pub fn result(&mut self, m: &Method) -> Value {
-        let s = match &m.result {
-            // A shared type as the whole result is inlined at the root for readability.
-            Ty::Named(n) if n == &m.result_type => match self.cat.type_def(n) {
-                Some(def) => self.type_body(def),
-                None => json!({}),
-            },
-            other => self.ty(other),
-        };
+        let s = self.ty(&m.result);
         if m.result_nullable {
             nullable(s)
         } else {
