@@ -8,5 +8,6 @@ pub mod handlers;
 pub mod http;
 pub mod hub;
 pub mod rpc;
+pub mod runtime;
 pub mod server;
 pub mod state;

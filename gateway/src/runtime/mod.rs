@@ -1,0 +1,3 @@
+//! The agent engine: providers, the model catalogue, agents, tools and the agent turn.
+
+pub mod providers;

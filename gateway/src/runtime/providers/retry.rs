@@ -1,0 +1,1 @@
+//! Retries with backoff and per-attempt timeouts around single provider attempts.

@@ -1,0 +1,1 @@
+//! The scripted provider: deterministic replies, tool calls and errors from configuration.
