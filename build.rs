@@ -7,6 +7,11 @@ fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into()));
     let catalogue = root.join("catalogue");
     println!("cargo:rerun-if-changed={}", catalogue.display());
+    // sqlx::migrate! embeds these at compile time.
+    println!(
+        "cargo:rerun-if-changed={}",
+        root.join("gateway/migrations").display()
+    );
     for f in gateway_codegen::load::files(&catalogue) {
         println!("cargo:rerun-if-changed={}", f.display());
     }

@@ -2,11 +2,15 @@
 //! table (plus our documented additions), strict (unknown keys are refused with their path),
 //! environment overrides, validation, and secret redaction.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::rpc::generated::types::{AgentsConfig, ProvidersConfig};
+use crate::runtime::settings::{AgentDefaults, LocalConfig, ModelConfig};
 
 /// Environment variable naming the configuration file (same as `--config`).
 pub const ENV_CONFIG: &str = "AGENT_GATEWAY_CONFIG";
@@ -29,6 +33,25 @@ pub struct Config {
     /// The HTTP/WebSocket server.
     #[serde(default)]
     pub gateway: GatewayConfig,
+    /// In-process models (the `local` provider).
+    #[serde(default)]
+    pub local: LocalConfig,
+    /// Model providers by id. When none is configured, a `local` provider is defined.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProvidersConfig>,
+    /// Model catalogue entries added or overridden.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// Agents by id. When none is configured, an agent `default` is defined on the first chat
+    /// model.
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentsConfig>,
+    /// The agent serving calls that name none: this id, else `default`, else the first agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_agent: Option<String>,
+    /// Settings every agent shares.
+    #[serde(default)]
+    pub agent_defaults: AgentDefaults,
 }
 
 /// `gateway.*`.

@@ -23,6 +23,12 @@ pub enum GatewayError {
     Internal(String),
 }
 
+impl From<sqlx::Error> for GatewayError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Internal(format!("storage: {e}"))
+    }
+}
+
 impl From<GatewayError> for RpcError {
     fn from(e: GatewayError) -> Self {
         match e {

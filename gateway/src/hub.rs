@@ -73,4 +73,18 @@ impl Hub {
             .filter(|c| c.tx.try_send(Outbound::Text(text.clone())).is_ok())
             .count()
     }
+
+    /// Sends a notification only to the connections of `client_id` (never broadcast: for
+    /// payloads that belong to one client, such as run results). Returns how many.
+    pub fn notify_client(&self, client_id: &str, method: &str, params: Value) -> usize {
+        let text = json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string();
+        let Ok(conns) = self.conns.lock() else {
+            return 0;
+        };
+        conns
+            .values()
+            .filter(|c| c.client_id == client_id)
+            .filter(|c| c.tx.try_send(Outbound::Text(text.clone())).is_ok())
+            .count()
+    }
 }

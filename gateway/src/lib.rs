@@ -11,3 +11,4 @@ pub mod rpc;
 pub mod runtime;
 pub mod server;
 pub mod state;
+pub mod store;

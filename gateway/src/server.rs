@@ -20,6 +20,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::{self, TokenStore};
 use crate::config::{self, Loaded};
+use crate::error::GatewayError;
+use crate::runtime::engine::Engine;
 use crate::state::{AppState, Control};
 
 type HyperBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
@@ -64,7 +66,11 @@ enum Exit {
     Restart,
 }
 
-fn build_state(loaded: Loaded, generation: u64, control: Arc<Control>) -> Result<AppState, String> {
+async fn build_state(
+    loaded: Loaded,
+    generation: u64,
+    control: Arc<Control>,
+) -> Result<AppState, String> {
     let data_dir = config::data_dir(&loaded.config);
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
@@ -75,6 +81,12 @@ fn build_state(loaded: Loaded, generation: u64, control: Arc<Control>) -> Result
                 .map_err(|e| format!("cannot write the local token: {e}"))?,
         );
     }
+    let engine = Engine::open(&loaded.config, data_dir.clone(), control.clone())
+        .await
+        .map_err(|e| match e {
+            GatewayError::Internal(m) => m,
+            other => other.to_string(),
+        })?;
     Ok(AppState::new(
         loaded.config,
         loaded.paths,
@@ -82,6 +94,7 @@ fn build_state(loaded: Loaded, generation: u64, control: Arc<Control>) -> Result
         TokenStore::new(&tokens),
         generation,
         control,
+        Arc::new(engine),
     ))
 }
 
@@ -98,7 +111,7 @@ pub async fn run(
     let mut loaded = first;
     let mut generation = 1;
     loop {
-        let state = Arc::new(build_state(loaded.clone(), generation, control.clone())?);
+        let state = Arc::new(build_state(loaded.clone(), generation, control.clone()).await?);
         tracing::info!(%addr, generation, "agent-gateway listening");
         match serve(&listener, state, &shutdown).await {
             Exit::Shutdown => {

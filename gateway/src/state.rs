@@ -1,7 +1,7 @@
 //! What one server generation shares between its routes and handlers.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -11,6 +11,8 @@ use crate::auth::TokenStore;
 use crate::config::Config;
 use crate::http::limits::RateLimiter;
 use crate::hub::Hub;
+use crate::runtime::engine::Engine;
+use crate::runtime::providers::local::LocalProvider;
 
 /// What outlives a server generation: the restart request, process start, and the push hub
 /// (connections of a stopping generation unregister themselves).
@@ -18,6 +20,8 @@ pub struct Control {
     pub restart: Notify,
     pub process_start: Instant,
     pub hub: Hub,
+    /// The in-process model provider: loaded once per process, shared by every generation.
+    pub local: OnceLock<Arc<LocalProvider>>,
 }
 
 impl Control {
@@ -26,6 +30,7 @@ impl Control {
             restart: Notify::new(),
             process_start: Instant::now(),
             hub: Hub::default(),
+            local: OnceLock::new(),
         }
     }
 }
@@ -47,6 +52,8 @@ pub struct AppState {
     /// 1 for the first server instance, +1 per in-process restart.
     pub generation: u64,
     pub control: Arc<Control>,
+    /// The agent engine (storage, providers, agents).
+    pub engine: Arc<Engine>,
 }
 
 impl AppState {
@@ -57,6 +64,7 @@ impl AppState {
         tokens: TokenStore,
         generation: u64,
         control: Arc<Control>,
+        engine: Arc<Engine>,
     ) -> Self {
         let rl = &config.gateway.rate_limit;
         let http_limiter = RateLimiter::new(Duration::from_millis(rl.window_ms), rl.max_requests);
@@ -69,6 +77,7 @@ impl AppState {
             stop: CancellationToken::new(),
             generation,
             control,
+            engine,
         }
     }
 

@@ -43,50 +43,104 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AgentCacheStats => {
-            support::parse_params::<super::types::AgentCacheStatsParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentCacheStatsParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentApi>::cache_stats(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentExecute => {
-            support::parse_params::<super::types::AgentExecuteParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentExecuteParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentApi>::execute(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentGetOperationModels => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::AgentGetOperationModelsParams,
             >(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AgentApi>::get_operation_models(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentStream => {
-            support::parse_params::<super::types::AgentStreamParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentStreamParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentApi>::stream(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentsCreate => {
-            support::parse_params::<super::types::AgentsCreateParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentsCreateParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentsApi>::create(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentsDelete => {
-            support::parse_params::<super::types::AgentsDeleteParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentsDeleteParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentsApi>::delete(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentsGet => {
-            support::parse_params::<super::types::AgentsGetParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentsGetParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentsApi>::get(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentsList => {
-            support::parse_params::<super::types::AgentsListParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentsListParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentsApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentsResume => {
-            support::parse_params::<super::types::AgentsResumeParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentsResumeParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentsApi>::resume(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentsSuspend => {
-            support::parse_params::<super::types::AgentsSuspendParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentsSuspendParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentsApi>::suspend(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AgentsUpdate => {
-            support::parse_params::<super::types::AgentsUpdateParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::AgentsUpdateParams,
+            >(info, params)?;
+            let result = <H as super::handlers::AgentsApi>::update(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AudioTranscribe => {
             support::parse_params::<super::types::AudioTranscribeParams>(info, params)?;
@@ -625,18 +679,32 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ModelsList => {
-            support::parse_params::<super::types::ModelsListParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ModelsListParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ModelsApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ModelsListProviders => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ModelsListProvidersParams,
             >(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ModelsApi>::list_providers(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ModelsTest => {
-            support::parse_params::<super::types::ModelsTestParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ModelsTestParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ModelsApi>::test(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::NotificationSend => {
             support::parse_params::<super::types::NotificationSendParams>(info, params)?;
@@ -757,32 +825,84 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ProvidersCreate => {
-            support::parse_params::<super::types::ProvidersCreateParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ProvidersCreateParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ProvidersApi>::create(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ProvidersDelete => {
-            support::parse_params::<super::types::ProvidersDeleteParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ProvidersDeleteParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ProvidersApi>::delete(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ProvidersDisable => {
-            support::parse_params::<super::types::ProvidersDisableParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ProvidersDisableParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ProvidersApi>::disable(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ProvidersEnable => {
-            support::parse_params::<super::types::ProvidersEnableParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ProvidersEnableParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ProvidersApi>::enable(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ProvidersGet => {
-            support::parse_params::<super::types::ProvidersGetParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ProvidersGetParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ProvidersApi>::get(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ProvidersList => {
-            support::parse_params::<super::types::ProvidersListParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ProvidersListParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ProvidersApi>::list(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ProvidersUpdate => {
-            support::parse_params::<super::types::ProvidersUpdateParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::ProvidersUpdateParams,
+            >(info, params)?;
+            let result = <H as super::handlers::ProvidersApi>::update(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::RunKill => {
             support::parse_params::<super::types::RunKillParams>(info, params)?;
@@ -809,54 +929,132 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SessionCompact => {
-            support::parse_params::<super::types::SessionCompactParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionCompactParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::compact(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionDelete => {
-            support::parse_params::<super::types::SessionDeleteParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionDeleteParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::delete(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionExport => {
-            support::parse_params::<super::types::SessionExportParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionExportParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::export(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionHistory => {
-            support::parse_params::<super::types::SessionHistoryParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionHistoryParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::history(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionList => {
-            support::parse_params::<super::types::SessionListParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionListParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionReset => {
-            support::parse_params::<super::types::SessionResetParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionResetParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::reset(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionResetConversation => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::SessionResetConversationParams,
             >(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SessionApi>::reset_conversation(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionRunStatus => {
-            support::parse_params::<super::types::SessionRunStatusParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionRunStatusParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::run_status(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionSearch => {
-            support::parse_params::<super::types::SessionSearchParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionSearchParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::search(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionSend => {
-            support::parse_params::<super::types::SessionSendParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionSendParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::send(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionSpawn => {
-            support::parse_params::<super::types::SessionSpawnParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionSpawnParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::spawn(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionStatus => {
-            support::parse_params::<super::types::SessionStatusParams>(info, params)?;
-            Err(RpcError::not_implemented(info.name))
+            let params = support::parse_params::<
+                super::types::SessionStatusParams,
+            >(info, params)?;
+            let result = <H as super::handlers::SessionApi>::status(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SkillsCreate => {
             support::parse_params::<super::types::SkillsCreateParams>(info, params)?;

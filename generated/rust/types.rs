@@ -527,6 +527,16 @@ pub struct AgentsConfig {
     /// Names of the tools the agent may call; ["*"] allows every registered tool and [] none. Absent on create means ["*"]. The tools of a turn are further narrowed by the caller's scopes.
     #[serde(rename = "tools", default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// Models (<provider>/<modelId>) tried in order when the primary model fails after its retries (network, timeout, 429, 5xx, disabled provider); replaced whole on update.
+    #[serde(rename = "fallbackModels", default, skip_serializing_if = "Option::is_none")]
+    pub fallback_models: Option<Vec<String>>,
+    /// Model (<provider>/<modelId>) per operation other than chat - summarize (session.compact) and embed (memory search); an operation not listed uses the default. Replaced whole on update.
+    #[serde(
+        rename = "operationModels",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub operation_models: Option<::std::collections::BTreeMap<String, String>>,
 }
 /// Parameters of `agents.create`.
 ///
@@ -695,6 +705,12 @@ pub struct AgentsRecord {
     /// Tools the agent may call; ["*"] means every registered tool.
     #[serde(rename = "tools")]
     pub tools: Vec<String>,
+    /// Models tried in order when the primary fails; empty when none.
+    #[serde(rename = "fallbackModels")]
+    pub fallback_models: Vec<String>,
+    /// Model per operation configured explicitly; empty when every operation uses its default.
+    #[serde(rename = "operationModels")]
+    pub operation_models: ::std::collections::BTreeMap<String, String>,
     /// True while the agent is suspended (agents.suspend); its turns are refused with -32002.
     #[serde(rename = "suspended")]
     pub suspended: bool,
@@ -13537,6 +13553,9 @@ pub struct ProvidersConfig {
     /// Model ids offered by this provider, without the provider prefix (gpt-4o-mini, not openai/gpt-4o-mini); replaced whole on update.
     #[serde(rename = "models", default, skip_serializing_if = "Option::is_none")]
     pub models: Option<Vec<String>>,
+    /// Only for type scripted - the rules that decide its replies; the first rule whose match is found in the latest user message answers. Replaced whole on update.
+    #[serde(rename = "script", default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<Vec<ScriptedRule>>,
 }
 /// Parameters of `providers.create`.
 ///
@@ -13797,6 +13816,9 @@ pub struct ProvidersRecord {
     /// Ids of the agents whose primary or per-operation model is served by this provider.
     #[serde(rename = "agentsUsing")]
     pub agents_using: Vec<String>,
+    /// The rules of a scripted provider; absent for other types.
+    #[serde(rename = "script", default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<Vec<ScriptedRule>>,
 }
 /// The provider implementation - openai (any OpenAI-compatible endpoint), anthropic, local (in-process candle models) or scripted (deterministic replies for tests and demos).
 ///
@@ -13954,6 +13976,121 @@ pub struct SchedulerWakeResult {
     /// The source label applied.
     #[serde(rename = "source")]
     pub source: String,
+}
+/// A scripted provider failure, as an HTTP status would report it.
+///
+/// Source: designed.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedError {
+    /// The HTTP status to imitate (429 and 5xx are retried, 401 is an auth failure, ...).
+    #[serde(rename = "status")]
+    pub status: i64,
+    /// Error text; a generic one when absent.
+    #[serde(rename = "message", default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+/// One rule of a scripted provider. A turn's model calls are answered from the steps of the first rule whose match occurs in the latest user message - the first call by steps[0], the second by steps[1], and so on; the last step answers every further call.
+///
+/// Source: designed.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedRule {
+    /// Text that must occur in the latest user message (case-sensitive); absent matches every message.
+    #[serde(rename = "match", default, skip_serializing_if = "Option::is_none")]
+    pub match_: Option<String>,
+    /// The answers of successive model calls of one turn.
+    #[serde(rename = "steps")]
+    pub steps: Vec<ScriptedStep>,
+}
+/// One scripted model answer - text, tool calls, or a provider error. With failTimes, the error is answered that many times (counted per provider, rule and step over the process's life) before the step succeeds, which exercises retries.
+///
+/// Source: designed.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedStep {
+    /// Answer text (streamed word by word); empty when absent.
+    #[serde(rename = "reply", default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+    /// Tool calls the model asks for.
+    #[serde(rename = "toolCalls", default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ScriptedToolCall>>,
+    /// Fail the call with this error instead of answering.
+    #[serde(rename = "error", default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ScriptedError>,
+    /// With error - fail only this many times, then answer with reply and toolCalls.
+    #[serde(rename = "failTimes", default, skip_serializing_if = "Option::is_none")]
+    pub fail_times: Option<i64>,
+    /// Wait this long before answering (tests of timeouts and cancellation).
+    #[serde(rename = "delayMs", default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<i64>,
+    /// Token counts to report; estimated from the text (4 characters a token) when absent.
+    #[serde(rename = "usage", default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ScriptedUsage>,
+}
+/// A tool call of a scripted answer.
+///
+/// Source: designed.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedToolCall {
+    /// The tool to call.
+    #[serde(rename = "name")]
+    pub name: String,
+    /// The arguments (any JSON value; {} when absent).
+    #[serde(rename = "arguments", default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<::serde_json::Value>,
+}
+/// Token counts a scripted answer reports.
+///
+/// Source: designed.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedUsage {
+    /// Input tokens.
+    #[serde(rename = "input")]
+    pub input: i64,
+    /// Output tokens.
+    #[serde(rename = "output")]
+    pub output: i64,
+    /// Input tokens served from the prompt cache (0 when absent).
+    #[serde(rename = "cached", default, skip_serializing_if = "Option::is_none")]
+    pub cached: Option<i64>,
 }
 /// Parameters of `secrets.delete`.
 ///

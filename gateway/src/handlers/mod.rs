@@ -1,11 +1,17 @@
 //! One module per namespace, each implementing its generated trait on [`Rpc`].
 
+mod agent;
+mod agents;
 mod config;
 mod gateway;
+mod models;
+mod providers;
+mod session;
 mod system;
 
 use std::sync::Arc;
 
+use crate::runtime::engine::Engine;
 use crate::state::AppState;
 
 /// The handler set the generated dispatch calls.
@@ -17,5 +23,10 @@ pub struct Rpc {
 impl Rpc {
     pub fn new(state: Arc<AppState>) -> Self {
         Self { state }
+    }
+
+    /// The agent engine of this server generation.
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.state.engine
     }
 }

@@ -1,3 +1,13 @@
 //! The agent engine: providers, the model catalogue, agents, tools and the agent turn.
 
+pub mod agents;
+pub mod catalog;
+pub mod compact;
+pub mod engine;
 pub mod providers;
+pub mod providers_registry;
+pub mod runs;
+pub mod sessions;
+pub mod settings;
+pub mod tools;
+pub mod turn;

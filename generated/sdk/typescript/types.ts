@@ -406,6 +406,14 @@ export interface AgentsConfig {
    * Names of the tools the agent may call; ["*"] allows every registered tool and [] none. Absent on create means ["*"]. The tools of a turn are further narrowed by the caller's scopes.
    */
   "tools"?: string[];
+  /**
+   * Models (<provider>/<modelId>) tried in order when the primary model fails after its retries (network, timeout, 429, 5xx, disabled provider); replaced whole on update.
+   */
+  "fallbackModels"?: string[];
+  /**
+   * Model (<provider>/<modelId>) per operation other than chat - summarize (session.compact) and embed (memory search); an operation not listed uses the default. Replaced whole on update.
+   */
+  "operationModels"?: Record<string, string>;
 }
 
 /**
@@ -530,6 +538,14 @@ export interface AgentsRecord {
    * Tools the agent may call; ["*"] means every registered tool.
    */
   "tools": string[];
+  /**
+   * Models tried in order when the primary fails; empty when none.
+   */
+  "fallbackModels": string[];
+  /**
+   * Model per operation configured explicitly; empty when every operation uses its default.
+   */
+  "operationModels": Record<string, string>;
   /**
    * True while the agent is suspended (agents.suspend); its turns are refused with -32002.
    */
@@ -9211,6 +9227,10 @@ export interface ProvidersConfig {
    * Model ids offered by this provider, without the provider prefix (gpt-4o-mini, not openai/gpt-4o-mini); replaced whole on update.
    */
   "models"?: string[];
+  /**
+   * Only for type scripted - the rules that decide its replies; the first rule whose match is found in the latest user message answers. Replaced whole on update.
+   */
+  "script"?: ScriptedRule[];
 }
 
 /**
@@ -9407,6 +9427,10 @@ export interface ProvidersRecord {
    * Ids of the agents whose primary or per-operation model is served by this provider.
    */
   "agentsUsing": string[];
+  /**
+   * The rules of a scripted provider; absent for other types.
+   */
+  "script"?: ScriptedRule[];
 }
 
 /**
@@ -9492,6 +9516,96 @@ export interface SchedulerWakeResult {
    * The source label applied.
    */
   "source": string;
+}
+
+/**
+ * A scripted provider failure, as an HTTP status would report it.
+ */
+export interface ScriptedError {
+  /**
+   * The HTTP status to imitate (429 and 5xx are retried, 401 is an auth failure, ...).
+   */
+  "status": number;
+  /**
+   * Error text; a generic one when absent.
+   */
+  "message"?: string;
+}
+
+/**
+ * One rule of a scripted provider. A turn's model calls are answered from the steps of the first rule whose match occurs in the latest user message - the first call by steps[0], the second by steps[1], and so on; the last step answers every further call.
+ */
+export interface ScriptedRule {
+  /**
+   * Text that must occur in the latest user message (case-sensitive); absent matches every message.
+   */
+  "match"?: string;
+  /**
+   * The answers of successive model calls of one turn.
+   */
+  "steps": ScriptedStep[];
+}
+
+/**
+ * One scripted model answer - text, tool calls, or a provider error. With failTimes, the error is answered that many times (counted per provider, rule and step over the process's life) before the step succeeds, which exercises retries.
+ */
+export interface ScriptedStep {
+  /**
+   * Answer text (streamed word by word); empty when absent.
+   */
+  "reply"?: string;
+  /**
+   * Tool calls the model asks for.
+   */
+  "toolCalls"?: ScriptedToolCall[];
+  /**
+   * Fail the call with this error instead of answering.
+   */
+  "error"?: ScriptedError;
+  /**
+   * With error - fail only this many times, then answer with reply and toolCalls.
+   */
+  "failTimes"?: number;
+  /**
+   * Wait this long before answering (tests of timeouts and cancellation).
+   */
+  "delayMs"?: number;
+  /**
+   * Token counts to report; estimated from the text (4 characters a token) when absent.
+   */
+  "usage"?: ScriptedUsage;
+}
+
+/**
+ * A tool call of a scripted answer.
+ */
+export interface ScriptedToolCall {
+  /**
+   * The tool to call.
+   */
+  "name": string;
+  /**
+   * The arguments (any JSON value; {} when absent).
+   */
+  "arguments"?: unknown;
+}
+
+/**
+ * Token counts a scripted answer reports.
+ */
+export interface ScriptedUsage {
+  /**
+   * Input tokens.
+   */
+  "input": number;
+  /**
+   * Output tokens.
+   */
+  "output": number;
+  /**
+   * Input tokens served from the prompt cache (0 when absent).
+   */
+  "cached"?: number;
 }
 
 /**

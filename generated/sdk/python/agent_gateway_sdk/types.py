@@ -239,6 +239,8 @@ AgentsConfig = TypedDict("AgentsConfig", {
     "maxSteps": "NotRequired[int]",
     "budget": "NotRequired[AgentsBudget]",
     "tools": "NotRequired[List[str]]",
+    "fallbackModels": "NotRequired[List[str]]",
+    "operationModels": "NotRequired[Dict[str, str]]",
 }, total=False)
 
 # Parameters of `agents.create`.
@@ -290,6 +292,8 @@ AgentsRecord = TypedDict("AgentsRecord", {
     "maxSteps": "Required[int]",
     "budget": "Required[AgentsBudget]",
     "tools": "Required[List[str]]",
+    "fallbackModels": "Required[List[str]]",
+    "operationModels": "Required[Dict[str, str]]",
     "suspended": "Required[bool]",
     "isDefault": "Required[bool]",
     "workspaceDir": "Required[str]",
@@ -3399,6 +3403,7 @@ ProvidersConfig = TypedDict("ProvidersConfig", {
     "maxRetries": "NotRequired[int]",
     "enabled": "NotRequired[bool]",
     "models": "NotRequired[List[str]]",
+    "script": "NotRequired[List[ScriptedRule]]",
 }, total=False)
 
 # Parameters of `providers.create`.
@@ -3478,6 +3483,7 @@ ProvidersRecord = TypedDict("ProvidersRecord", {
     "enabled": "Required[bool]",
     "models": "Required[List[str]]",
     "agentsUsing": "Required[List[str]]",
+    "script": "NotRequired[List[ScriptedRule]]",
 }, total=False)
 
 # Parameters of `providers.update`.
@@ -3513,6 +3519,41 @@ SchedulerWakeParams = TypedDict("SchedulerWakeParams", {
 SchedulerWakeResult = TypedDict("SchedulerWakeResult", {
     "woke": "Required[bool]",
     "source": "Required[str]",
+}, total=False)
+
+# A scripted provider failure, as an HTTP status would report it.
+ScriptedError = TypedDict("ScriptedError", {
+    "status": "Required[int]",
+    "message": "NotRequired[str]",
+}, total=False)
+
+# One rule of a scripted provider. A turn's model calls are answered from the steps of the first rule whose match occurs in the latest user message - the first call by steps[0], the second by steps[1], and so on; the last step answers every further call.
+ScriptedRule = TypedDict("ScriptedRule", {
+    "match": "NotRequired[str]",
+    "steps": "Required[List[ScriptedStep]]",
+}, total=False)
+
+# One scripted model answer - text, tool calls, or a provider error. With failTimes, the error is answered that many times (counted per provider, rule and step over the process's life) before the step succeeds, which exercises retries.
+ScriptedStep = TypedDict("ScriptedStep", {
+    "reply": "NotRequired[str]",
+    "toolCalls": "NotRequired[List[ScriptedToolCall]]",
+    "error": "NotRequired[ScriptedError]",
+    "failTimes": "NotRequired[int]",
+    "delayMs": "NotRequired[int]",
+    "usage": "NotRequired[ScriptedUsage]",
+}, total=False)
+
+# A tool call of a scripted answer.
+ScriptedToolCall = TypedDict("ScriptedToolCall", {
+    "name": "Required[str]",
+    "arguments": "NotRequired[Any]",
+}, total=False)
+
+# Token counts a scripted answer reports.
+ScriptedUsage = TypedDict("ScriptedUsage", {
+    "input": "Required[int]",
+    "output": "Required[int]",
+    "cached": "NotRequired[int]",
 }, total=False)
 
 # Parameters of `secrets.delete`.

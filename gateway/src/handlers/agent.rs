@@ -1,0 +1,250 @@
+//! `agent.*`: running a turn, and reading per-agent routing and prompt-cache figures.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Rpc;
+use crate::error::GatewayError;
+use crate::rpc::generated::handlers::AgentApi;
+use crate::rpc::generated::methods::Scope;
+use crate::rpc::generated::types::{
+    AgentCacheStatsParams, AgentCacheStatsResult, AgentCacheStatsResultProvidersItem,
+    AgentExecuteParams, AgentGetOperationModelsParams, AgentGetOperationModelsResult,
+    AgentGetOperationModelsResultOperationsItem as Operation,
+    AgentGetOperationModelsResultOperationsItemSource as Source, AgentStreamParams,
+    AgentTurnResult, ModelsCapability, SessionKeyParts,
+};
+use crate::rpc::CallContext;
+use crate::runtime::agents::Agent;
+use crate::runtime::catalog::CACHED_INPUT_PRICE_SHARE;
+use crate::runtime::sessions::{SessionIdent, DEFAULT_CHANNEL, DEFAULT_USER};
+use crate::runtime::turn::TurnRequest;
+
+impl Rpc {
+    /// The named agent, or the default agent.
+    pub(super) fn agent_or_default(&self, id: Option<&str>) -> Result<Arc<Agent>, GatewayError> {
+        let engine = self.engine();
+        match id {
+            Some(id) => engine.agents.require(id),
+            None => {
+                let id = engine
+                    .agents
+                    .default_id()
+                    .ok_or_else(|| GatewayError::Unavailable("No agent is configured".into()))?;
+                engine.agents.require(&id)
+            }
+        }
+    }
+
+    /// The stored session a key object names. A caller without admin may only use its own
+    /// tenant (its token's client id).
+    pub(super) fn session_ident(
+        &self,
+        ctx: &CallContext,
+        agent: &Agent,
+        parts: &SessionKeyParts,
+    ) -> Result<SessionIdent, GatewayError> {
+        let tenant = parts
+            .tenant_id
+            .clone()
+            .unwrap_or_else(|| ctx.client_id.clone());
+        if tenant != ctx.client_id && !ctx.allows(Scope::Admin) {
+            return Err(GatewayError::InvalidParams(
+                "'sessionKey.tenantId' must be your own client id (only admin tokens address other tenants)".into(),
+            ));
+        }
+        Ok(SessionIdent::new(
+            &agent.id,
+            parts.channel_id.as_deref().unwrap_or(DEFAULT_CHANNEL),
+            &tenant,
+            parts.user_id.as_deref().unwrap_or(DEFAULT_USER),
+        ))
+    }
+
+    /// The caller's scopes, narrowed to `requested` when given (never widened).
+    pub(super) fn turn_scopes(
+        ctx: &CallContext,
+        requested: Option<&[String]>,
+    ) -> Result<BTreeSet<Scope>, GatewayError> {
+        let Some(requested) = requested else {
+            return Ok(ctx.scopes.clone());
+        };
+        let mut out = BTreeSet::new();
+        for name in requested {
+            let scope = Scope::from_name(name).ok_or_else(|| {
+                GatewayError::InvalidParams(format!("'scopes': unknown scope '{name}'"))
+            })?;
+            if ctx.allows(scope) {
+                out.insert(scope);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn turn(
+        &self,
+        ctx: &CallContext,
+        message: String,
+        agent_id: Option<String>,
+        session_key: Option<SessionKeyParts>,
+        scopes: Option<Vec<String>>,
+    ) -> Result<AgentTurnResult, GatewayError> {
+        let agent = self.agent_or_default(agent_id.as_deref())?;
+        let session = session_key
+            .map(|p| self.session_ident(ctx, &agent, &p))
+            .transpose()?;
+        let scopes = Self::turn_scopes(ctx, scopes.as_deref())?;
+        let outcome = self
+            .engine()
+            .run_turn(TurnRequest {
+                agent,
+                session,
+                message,
+                scopes,
+                sink: None,
+                cancel: CancellationToken::new(),
+                max_steps: None,
+                model: None,
+                only_tools: None,
+            })
+            .await?;
+        Ok(outcome.result())
+    }
+}
+
+impl AgentApi for Rpc {
+    async fn execute(
+        &self,
+        ctx: &CallContext,
+        p: AgentExecuteParams,
+    ) -> Result<AgentTurnResult, GatewayError> {
+        self.turn(ctx, p.message, p.agent_id, p.session_key, p.scopes)
+            .await
+    }
+
+    async fn stream(
+        &self,
+        ctx: &CallContext,
+        p: AgentStreamParams,
+    ) -> Result<AgentTurnResult, GatewayError> {
+        tracing::warn!(
+            client = %ctx.client_id,
+            "agent.stream cannot stream over JSON-RPC; answering once (use /api/chat/stream for tokens)"
+        );
+        self.turn(ctx, p.message, p.agent_id, p.session_key, p.scopes)
+            .await
+    }
+
+    async fn cache_stats(
+        &self,
+        _ctx: &CallContext,
+        p: AgentCacheStatsParams,
+    ) -> Result<AgentCacheStatsResult, GatewayError> {
+        let engine = self.engine();
+        if let Some(id) = &p.agent_id {
+            engine.agents.require(id)?;
+        }
+        let figures = engine
+            .store
+            .usage_cache_figures(p.agent_id.as_deref(), p.since_ms)
+            .await?;
+        let snap = engine.providers.snapshot();
+        let saved: f64 = engine
+            .store
+            .usage_cached_by_model(p.agent_id.as_deref(), p.since_ms)
+            .await?
+            .into_iter()
+            .filter_map(|(model, cached)| {
+                snap.model(&model).map(|m| {
+                    cached as f64 * m.input_price * (1.0 - CACHED_INPUT_PRICE_SHARE) / 1_000_000.0
+                })
+            })
+            .sum();
+        let hits: i64 = figures.iter().map(|f| f.hits).sum();
+        let misses: i64 = figures.iter().map(|f| f.misses).sum();
+        Ok(AgentCacheStatsResult {
+            hits,
+            misses,
+            hit_rate: if hits + misses > 0 {
+                hits as f64 / (hits + misses) as f64
+            } else {
+                0.0
+            },
+            cached_tokens: figures.iter().map(|f| f.cached_tokens).sum(),
+            total_cache_saved: saved,
+            providers: figures
+                .into_iter()
+                .map(|f| AgentCacheStatsResultProvidersItem {
+                    provider: f.provider,
+                    hits: f.hits,
+                    misses: f.misses,
+                    cached_tokens: f.cached_tokens,
+                })
+                .collect(),
+        })
+    }
+
+    async fn get_operation_models(
+        &self,
+        _ctx: &CallContext,
+        p: AgentGetOperationModelsParams,
+    ) -> Result<AgentGetOperationModelsResult, GatewayError> {
+        let engine = self.engine();
+        let agent = engine.agents.require(&p.agent_id)?;
+        let snap = engine.providers.snapshot();
+        let primary = agent.model().to_owned();
+        let (primary_provider, _) = primary.split_once('/').unwrap_or((primary.as_str(), ""));
+        let family = |provider: &str| {
+            snap.providers
+                .get(provider)
+                .map_or("unknown", |p| p.kind.as_str())
+                .to_owned()
+        };
+        let default_embed = snap
+            .models
+            .iter()
+            .find(|m| m.can(ModelsCapability::Embeddings))
+            .map(|m| m.id());
+        let mut ops = vec![("chat", Some(primary.clone()), false)];
+        for op in crate::runtime::agents::OPERATIONS {
+            match agent.operation_model(op) {
+                Some(m) => ops.push((op, Some(m.to_owned()), true)),
+                None if *op == "embed" => ops.push((op, default_embed.clone(), false)),
+                None => ops.push((op, Some(primary.clone()), false)),
+            }
+        }
+        let operations: Vec<Operation> = ops
+            .into_iter()
+            .filter_map(|(op, model, configured)| {
+                let model = model?;
+                let (provider, model_id) = model.split_once('/')?;
+                let entry = snap.providers.get(provider);
+                Some(Operation {
+                    operation_type: op.to_owned(),
+                    model: model.clone(),
+                    provider: provider.to_owned(),
+                    model_id: model_id.to_owned(),
+                    source: if configured {
+                        Source::Config
+                    } else {
+                        Source::Default
+                    },
+                    timeout_ms: entry.map_or(0, |e| e.timeout().as_millis() as i64),
+                    tiering_active: model != primary,
+                    cross_provider: provider != primary_provider,
+                    api_key_configured: entry.is_some_and(|e| e.key_configured),
+                })
+            })
+            .collect();
+        Ok(AgentGetOperationModelsResult {
+            agent_id: agent.id.clone(),
+            primary_model: primary.clone(),
+            primary_provider: primary_provider.to_owned(),
+            provider_family: family(primary_provider),
+            tiering_active: operations.iter().any(|o| o.tiering_active),
+            operations,
+        })
+    }
+}

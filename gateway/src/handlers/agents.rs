@@ -1,0 +1,135 @@
+//! `agents.*`: listing, creating, reading, updating, deleting, suspending and resuming agents.
+
+use super::Rpc;
+use crate::error::GatewayError;
+use crate::rpc::generated::handlers::AgentsApi;
+use crate::rpc::generated::types::{
+    AgentsCreateParams, AgentsCreateResult, AgentsDeleteParams, AgentsDeleteResult,
+    AgentsGetParams, AgentsListParams, AgentsListResult, AgentsRecord, AgentsResumeParams,
+    AgentsResumeResult, AgentsSuspendParams, AgentsSuspendResult, AgentsUpdateParams,
+    AgentsUpdateResult,
+};
+use crate::rpc::CallContext;
+use crate::runtime::agents::Agent;
+
+impl Rpc {
+    fn agent_record(&self, agent: &Agent) -> AgentsRecord {
+        let engine = self.engine();
+        let is_default = engine.agents.default_id().as_deref() == Some(agent.id.as_str());
+        agent.record(is_default, &engine.data_dir)
+    }
+}
+
+impl AgentsApi for Rpc {
+    async fn list(
+        &self,
+        _ctx: &CallContext,
+        _p: AgentsListParams,
+    ) -> Result<AgentsListResult, GatewayError> {
+        let agents = &self.engine().agents;
+        Ok(AgentsListResult {
+            agents: agents.ids(),
+            default_agent_id: agents.default_id(),
+        })
+    }
+
+    async fn get(
+        &self,
+        _ctx: &CallContext,
+        p: AgentsGetParams,
+    ) -> Result<AgentsRecord, GatewayError> {
+        let agent = self.engine().agents.require(&p.agent_id)?;
+        Ok(self.agent_record(&agent))
+    }
+
+    async fn create(
+        &self,
+        _ctx: &CallContext,
+        p: AgentsCreateParams,
+    ) -> Result<AgentsCreateResult, GatewayError> {
+        let engine = self.engine();
+        let snap = engine.providers.snapshot();
+        let config = p
+            .config
+            .unwrap_or_else(crate::runtime::agents::empty_config);
+        let default_model = engine.default_chat_model();
+        let agent = engine
+            .agents
+            .create(&p.agent_id, config, &snap, default_model.as_deref())
+            .await?;
+        let dir = crate::runtime::agents::workspace_dir(&engine.data_dir, &agent.id);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(agent = %agent.id, error = %e, "workspace directory not created");
+        }
+        Ok(AgentsCreateResult {
+            agent_id: agent.id.clone(),
+            created: true,
+            agent: self.agent_record(&agent),
+        })
+    }
+
+    async fn update(
+        &self,
+        _ctx: &CallContext,
+        p: AgentsUpdateParams,
+    ) -> Result<AgentsUpdateResult, GatewayError> {
+        let engine = self.engine();
+        let snap = engine.providers.snapshot();
+        let agent = engine
+            .agents
+            .update(&p.agent_id, p.config, &snap, p.dry_run)
+            .await?;
+        Ok(AgentsUpdateResult {
+            agent_id: p.agent_id,
+            updated: !p.dry_run,
+            dry_run: p.dry_run,
+            agent: self.agent_record(&agent),
+        })
+    }
+
+    async fn delete(
+        &self,
+        _ctx: &CallContext,
+        p: AgentsDeleteParams,
+    ) -> Result<AgentsDeleteResult, GatewayError> {
+        self.engine().agents.delete(&p.agent_id).await?;
+        Ok(AgentsDeleteResult {
+            agent_id: p.agent_id,
+            deleted: true,
+        })
+    }
+
+    async fn suspend(
+        &self,
+        _ctx: &CallContext,
+        p: AgentsSuspendParams,
+    ) -> Result<AgentsSuspendResult, GatewayError> {
+        let changed = self
+            .engine()
+            .agents
+            .set_suspended(&p.agent_id, true)
+            .await?;
+        Ok(AgentsSuspendResult {
+            agent_id: p.agent_id,
+            suspended: true,
+            changed,
+        })
+    }
+
+    async fn resume(
+        &self,
+        _ctx: &CallContext,
+        p: AgentsResumeParams,
+    ) -> Result<AgentsResumeResult, GatewayError> {
+        let changed = self
+            .engine()
+            .agents
+            .set_suspended(&p.agent_id, false)
+            .await?;
+        Ok(AgentsResumeResult {
+            agent_id: p.agent_id,
+            resumed: true,
+            changed,
+        })
+    }
+}

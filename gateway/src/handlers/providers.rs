@@ -1,0 +1,169 @@
+//! `providers.*`: the model providers, persisted and applied without a restart.
+
+use super::Rpc;
+use crate::error::GatewayError;
+use crate::rpc::generated::handlers::ProvidersApi;
+use crate::rpc::generated::types::{
+    ProvidersCreateParams, ProvidersCreateResult, ProvidersDeleteParams, ProvidersDeleteResult,
+    ProvidersDisableParams, ProvidersDisableResult, ProvidersEnableParams, ProvidersEnableResult,
+    ProvidersGetParams, ProvidersListParams, ProvidersListResult, ProvidersRecord,
+    ProvidersUpdateParams, ProvidersUpdateResult,
+};
+use crate::rpc::CallContext;
+
+impl Rpc {
+    /// Agents whose primary, fallback or per-operation model is served by `provider`.
+    fn agents_using(&self, provider: &str) -> Vec<String> {
+        let prefix = format!("{provider}/");
+        self.engine()
+            .agents
+            .all()
+            .into_iter()
+            .filter(|a| {
+                let c = &a.config;
+                a.model().starts_with(&prefix)
+                    || c.fallback_models
+                        .iter()
+                        .flatten()
+                        .any(|m| m.starts_with(&prefix))
+                    || c.operation_models
+                        .iter()
+                        .flat_map(|m| m.values())
+                        .any(|m| m.starts_with(&prefix))
+            })
+            .map(|a| a.id.clone())
+            .collect()
+    }
+
+    fn provider_record(&self, id: &str) -> Result<ProvidersRecord, GatewayError> {
+        let snap = self.engine().providers.snapshot();
+        let entry = snap
+            .providers
+            .get(id)
+            .ok_or_else(|| GatewayError::NotFound(format!("Provider not found: {id}")))?;
+        Ok(entry.record(self.agents_using(id)))
+    }
+}
+
+impl ProvidersApi for Rpc {
+    async fn list(
+        &self,
+        _ctx: &CallContext,
+        _p: ProvidersListParams,
+    ) -> Result<ProvidersListResult, GatewayError> {
+        let snap = self.engine().providers.snapshot();
+        Ok(ProvidersListResult {
+            providers: snap
+                .providers
+                .values()
+                .map(|e| e.record(self.agents_using(&e.id)))
+                .collect(),
+        })
+    }
+
+    async fn get(
+        &self,
+        _ctx: &CallContext,
+        p: ProvidersGetParams,
+    ) -> Result<ProvidersRecord, GatewayError> {
+        self.provider_record(&p.provider_id)
+    }
+
+    async fn create(
+        &self,
+        _ctx: &CallContext,
+        p: ProvidersCreateParams,
+    ) -> Result<ProvidersCreateResult, GatewayError> {
+        self.engine()
+            .providers
+            .create(&p.provider_id, p.config)
+            .await?;
+        Ok(ProvidersCreateResult {
+            provider: self.provider_record(&p.provider_id)?,
+            provider_id: p.provider_id,
+            created: true,
+        })
+    }
+
+    async fn update(
+        &self,
+        _ctx: &CallContext,
+        p: ProvidersUpdateParams,
+    ) -> Result<ProvidersUpdateResult, GatewayError> {
+        let engine = self.engine();
+        let models_before = engine.providers.snapshot().models.len();
+        engine.providers.update(&p.provider_id, p.config).await?;
+        if engine.providers.snapshot().models.len() != models_before {
+            tracing::info!(provider = %p.provider_id, "provider models changed");
+        }
+        Ok(ProvidersUpdateResult {
+            provider: self.provider_record(&p.provider_id)?,
+            provider_id: p.provider_id,
+            updated: true,
+        })
+    }
+
+    async fn delete(
+        &self,
+        _ctx: &CallContext,
+        p: ProvidersDeleteParams,
+    ) -> Result<ProvidersDeleteResult, GatewayError> {
+        self.provider_record(&p.provider_id)?;
+        let using = self.agents_using(&p.provider_id);
+        if !using.is_empty() {
+            return Err(GatewayError::Conflict(format!(
+                "Provider {} is used by agents: {}",
+                p.provider_id,
+                using.join(", ")
+            )));
+        }
+        self.engine().providers.delete(&p.provider_id).await?;
+        Ok(ProvidersDeleteResult {
+            provider_id: p.provider_id,
+            deleted: true,
+        })
+    }
+
+    async fn enable(
+        &self,
+        _ctx: &CallContext,
+        p: ProvidersEnableParams,
+    ) -> Result<ProvidersEnableResult, GatewayError> {
+        let changed = self
+            .engine()
+            .providers
+            .set_enabled(&p.provider_id, true)
+            .await?;
+        Ok(ProvidersEnableResult {
+            provider_id: p.provider_id,
+            enabled: true,
+            changed,
+        })
+    }
+
+    async fn disable(
+        &self,
+        _ctx: &CallContext,
+        p: ProvidersDisableParams,
+    ) -> Result<ProvidersDisableResult, GatewayError> {
+        let changed = self
+            .engine()
+            .providers
+            .set_enabled(&p.provider_id, false)
+            .await?;
+        let agents_using = self.agents_using(&p.provider_id);
+        let warning = (!agents_using.is_empty()).then(|| {
+            format!(
+                "These agents cannot use this provider until it is enabled again: {}",
+                agents_using.join(", ")
+            )
+        });
+        Ok(ProvidersDisableResult {
+            provider_id: p.provider_id,
+            enabled: false,
+            changed,
+            agents_using,
+            warning,
+        })
+    }
+}

@@ -1,0 +1,568 @@
+//! `session.*`: conversations - listing, reading, searching, exporting, compacting, resetting
+//! and deleting them, and runs started in them (send, spawn, run_status, status). A caller
+//! without admin sees only its own tenant's sessions and runs.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Rpc;
+use crate::error::GatewayError;
+use crate::rpc::generated::handlers::SessionApi;
+use crate::rpc::generated::methods::Scope;
+use crate::rpc::generated::types::{
+    SessionCompactParams, SessionCompactResult, SessionDeleteParams, SessionDeleteResult,
+    SessionExportParams, SessionExportResult, SessionHistoryParams, SessionHistoryResult,
+    SessionListParams, SessionListResult, SessionResetConversationParams,
+    SessionResetConversationResult, SessionResetParams, SessionResetResult, SessionRunStatusParams,
+    SessionRunStatusResult, SessionSearchHit, SessionSearchParams, SessionSendParams,
+    SessionSendParamsMode, SessionSendResult, SessionSendResultStatus, SessionSpawnParams,
+    SessionSpawnParamsIncludeParentHistory, SessionSpawnResult, SessionStatusParams,
+    SessionStatusResult, SessionSummary, SessionTranscript, SubagentRunStatus, TokensUsed,
+};
+use crate::rpc::CallContext;
+use crate::runtime::runs::RunSpec;
+use crate::runtime::sessions::{self, SessionIdent, DEFAULT_USER};
+use crate::store::runs::RunRow;
+use crate::store::sessions::{SessionFilter, SessionRow};
+
+/// Tool groups session.spawn can narrow a run to.
+const TOOL_GROUPS: &[(&str, &[&str])] = &[
+    ("time", &["current_time"]),
+    ("memory", &["memory_store", "memory_search"]),
+    ("notes", &["session_note_add", "session_notes"]),
+];
+
+fn summary(s: &SessionRow) -> SessionSummary {
+    SessionSummary {
+        session_key: s.key.clone(),
+        agent_id: s.agent_id.clone(),
+        channel: s.channel.clone(),
+        tenant_id: s.tenant_id.clone(),
+        user_id: s.user_id.clone(),
+        label: s.label.clone(),
+        message_count: s.message_count,
+        total_tokens: s.input_tokens + s.output_tokens,
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    }
+}
+
+fn metadata(s: &SessionRow) -> std::collections::BTreeMap<String, serde_json::Value> {
+    serde_json::from_str(&s.metadata).unwrap_or_default()
+}
+
+fn tokens(input: Option<i64>, output: Option<i64>) -> Option<TokensUsed> {
+    match (input, output) {
+        (Some(i), Some(o)) => Some(TokensUsed {
+            input: i,
+            output: o,
+            total: i + o,
+        }),
+        _ => None,
+    }
+}
+
+fn run_status(s: &str) -> SubagentRunStatus {
+    match s {
+        "queued" => SubagentRunStatus::Queued,
+        "running" => SubagentRunStatus::Running,
+        "completed" => SubagentRunStatus::Completed,
+        "timeout" => SubagentRunStatus::Timeout,
+        "killed" => SubagentRunStatus::Killed,
+        "revoked" => SubagentRunStatus::Revoked,
+        "orphaned" => SubagentRunStatus::Orphaned,
+        _ => SubagentRunStatus::Failed,
+    }
+}
+
+/// The tenant a caller is restricted to; None for admin.
+fn tenant_of(ctx: &CallContext) -> Option<&str> {
+    (!ctx.allows(Scope::Admin)).then_some(ctx.client_id.as_str())
+}
+
+impl Rpc {
+    /// A session the caller may see; NotFound otherwise (others' sessions are not revealed).
+    async fn visible_session(
+        &self,
+        ctx: &CallContext,
+        key: &str,
+    ) -> Result<SessionRow, GatewayError> {
+        let row = self.engine().store.session_get(key).await?;
+        match row {
+            Some(s) if tenant_of(ctx).is_none_or(|t| s.tenant_id.as_deref() == Some(t)) => Ok(s),
+            _ => Err(GatewayError::NotFound(format!("Session not found: {key}"))),
+        }
+    }
+
+    async fn visible_run(&self, ctx: &CallContext, run_id: &str) -> Result<RunRow, GatewayError> {
+        match self.engine().store.run_get(run_id).await? {
+            Some(r) if tenant_of(ctx).is_none_or(|t| r.client_id == t) => Ok(r),
+            _ => Err(GatewayError::NotFound(format!("Run not found: {run_id}"))),
+        }
+    }
+}
+
+impl SessionApi for Rpc {
+    async fn list(
+        &self,
+        ctx: &CallContext,
+        p: SessionListParams,
+    ) -> Result<SessionListResult, GatewayError> {
+        let filter = SessionFilter {
+            agent_id: p.agent_id,
+            channel: p.channel,
+            updated_since: p.since_minutes.map(|m| crate::store::now_ms() - m * 60_000),
+            tenant_id: tenant_of(ctx).map(str::to_owned),
+        };
+        let (rows, total) = self
+            .engine()
+            .store
+            .session_list(&filter, p.limit, p.offset)
+            .await?;
+        let sessions: Vec<SessionSummary> = rows.iter().map(summary).collect();
+        Ok(SessionListResult {
+            has_more: p.offset + (sessions.len() as i64) < total,
+            sessions,
+            total,
+            offset: p.offset,
+        })
+    }
+
+    async fn history(
+        &self,
+        ctx: &CallContext,
+        p: SessionHistoryParams,
+    ) -> Result<SessionHistoryResult, GatewayError> {
+        let s = self.visible_session(ctx, &p.session_key).await?;
+        let (rows, has_more) = self
+            .engine()
+            .store
+            .session_messages(&s.key, p.before, p.limit)
+            .await?;
+        Ok(SessionHistoryResult {
+            total: s.message_count,
+            session: summary(&s),
+            messages: rows.iter().map(sessions::to_wire).collect(),
+            has_more,
+        })
+    }
+
+    async fn delete(
+        &self,
+        ctx: &CallContext,
+        p: SessionDeleteParams,
+    ) -> Result<SessionDeleteResult, GatewayError> {
+        let s = self.visible_session(ctx, &p.session_key).await?;
+        let store = &self.engine().store;
+        let rows = store.session_all_messages(&s.key).await?;
+        if !store.session_delete(&s.key).await? {
+            return Err(GatewayError::NotFound(format!(
+                "Session not found: {}",
+                s.key
+            )));
+        }
+        Ok(SessionDeleteResult {
+            session_key: s.key.clone(),
+            deleted: true,
+            transcript: SessionTranscript {
+                message_count: rows.len() as i64,
+                messages: rows.iter().map(sessions::to_wire).collect(),
+                metadata: metadata(&s),
+            },
+        })
+    }
+
+    async fn reset(
+        &self,
+        ctx: &CallContext,
+        p: SessionResetParams,
+    ) -> Result<SessionResetResult, GatewayError> {
+        let s = self.visible_session(ctx, &p.session_key).await?;
+        let lock = self.engine().locks.lock_for(&s.key);
+        let _turns = lock.lock().await;
+        let previous = self
+            .engine()
+            .store
+            .session_clear(&s.key)
+            .await?
+            .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {}", s.key)))?;
+        Ok(SessionResetResult {
+            session_key: s.key,
+            reset: true,
+            previous_message_count: previous,
+        })
+    }
+
+    async fn export(
+        &self,
+        ctx: &CallContext,
+        p: SessionExportParams,
+    ) -> Result<SessionExportResult, GatewayError> {
+        let s = self.visible_session(ctx, &p.session_key).await?;
+        let rows = self.engine().store.session_all_messages(&s.key).await?;
+        Ok(SessionExportResult {
+            session_key: s.key.clone(),
+            message_count: rows.len() as i64,
+            messages: rows.iter().map(sessions::to_wire).collect(),
+            metadata: metadata(&s),
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+        })
+    }
+
+    async fn run_status(
+        &self,
+        ctx: &CallContext,
+        p: SessionRunStatusParams,
+    ) -> Result<SessionRunStatusResult, GatewayError> {
+        let r = self.visible_run(ctx, &p.run_id).await?;
+        let end = r.completed_at.unwrap_or_else(crate::store::now_ms);
+        Ok(SessionRunStatusResult {
+            status: run_status(&r.status),
+            runtime_ms: (end - r.started_at).max(0),
+            tokens_used: tokens(r.input_tokens, r.output_tokens),
+            run_id: r.run_id,
+            agent_id: r.agent_id,
+            task: r.task,
+            session_key: r.session_key,
+            started_at: r.started_at,
+            completed_at: r.completed_at,
+            response: r.response,
+            cost: r.cost_usd,
+            error: r.error,
+        })
+    }
+
+    async fn search(
+        &self,
+        ctx: &CallContext,
+        p: SessionSearchParams,
+    ) -> Result<Vec<SessionSearchHit>, GatewayError> {
+        let hits = self
+            .engine()
+            .store
+            .search_messages(&p.query, p.limit, tenant_of(ctx))
+            .await?;
+        Ok(hits
+            .into_iter()
+            .map(|h| SessionSearchHit {
+                session_key: h.session_key,
+                agent_id: h.agent_id,
+                channel_type: h.channel,
+                snippet: h.snippet,
+                score: h.score,
+                timestamp: h.timestamp,
+            })
+            .collect())
+    }
+
+    async fn compact(
+        &self,
+        ctx: &CallContext,
+        p: SessionCompactParams,
+    ) -> Result<SessionCompactResult, GatewayError> {
+        let s = self.visible_session(ctx, &p.key).await?;
+        let engine = self.engine();
+        let agent = engine.agents.require(&s.agent_id)?;
+        let c = engine
+            .compact(&agent, &s.key, p.instructions.as_deref())
+            .await?;
+        Ok(SessionCompactResult {
+            session_key: s.key,
+            compaction_triggered: c.triggered,
+            previous_message_count: c.previous_count as i64,
+            message_count: c.count as i64,
+            previous_estimated_tokens: c.previous_tokens as i64,
+            estimated_tokens: c.tokens as i64,
+            instructions: p.instructions,
+        })
+    }
+
+    async fn reset_conversation(
+        &self,
+        ctx: &CallContext,
+        p: SessionResetConversationParams,
+    ) -> Result<SessionResetConversationResult, GatewayError> {
+        if p.purge_derived && !p.memory {
+            return Err(GatewayError::InvalidParams(
+                "'purge_derived' is only allowed with 'memory': true".into(),
+            ));
+        }
+        let engine = self.engine();
+        let store = &engine.store;
+        // Best effort per layer: an absent session is not an error.
+        let exists = self.visible_session(ctx, &p.session_key).await.is_ok();
+        let (cleared, notes) = if exists {
+            let lock = engine.locks.lock_for(&p.session_key);
+            let _turns = lock.lock().await;
+            let notes = store.notes_list(&p.session_key).await?.len() as i64;
+            let cleared = store.session_clear(&p.session_key).await?.unwrap_or(0);
+            store.session_delete(&p.session_key).await?;
+            (cleared, notes)
+        } else {
+            (0, 0)
+        };
+        let memories_deleted = if p.memory && exists {
+            Some(match store.memory_delete_by_session(&p.session_key).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, "memory delete failed during reset_conversation");
+                    0
+                }
+            })
+        } else {
+            None
+        };
+        Ok(SessionResetConversationResult {
+            session_key: p.session_key,
+            lcd_rows_deleted: cleared + notes,
+            session_messages_cleared: cleared,
+            memories_deleted,
+            runtime_session_destroyed: None,
+        })
+    }
+
+    async fn send(
+        &self,
+        ctx: &CallContext,
+        p: SessionSendParams,
+    ) -> Result<SessionSendResult, GatewayError> {
+        let engine = self.engine().clone();
+        let existing = self.visible_session(ctx, &p.session_key).await;
+        let (agent, session) = match existing {
+            Ok(s) => {
+                let agent = engine
+                    .agents
+                    .require(p.agent_id.as_deref().unwrap_or(&s.agent_id))?;
+                let ident = SessionIdent {
+                    key: s.key.clone(),
+                    agent_id: agent.id.clone(),
+                    channel: s.channel.clone(),
+                    tenant_id: s.tenant_id.clone().unwrap_or_else(|| ctx.client_id.clone()),
+                    user_id: s.user_id.clone().unwrap_or_else(|| DEFAULT_USER.to_owned()),
+                };
+                (agent, ident)
+            }
+            Err(_) => {
+                let Some(agent_id) = &p.agent_id else {
+                    return Err(GatewayError::NotFound(format!(
+                        "Session not found: {} (give agent_id to create it)",
+                        p.session_key
+                    )));
+                };
+                let agent = engine.agents.require(agent_id)?;
+                let ident = SessionIdent {
+                    key: p.session_key.clone(),
+                    agent_id: agent.id.clone(),
+                    channel: "session".to_owned(),
+                    tenant_id: ctx.client_id.clone(),
+                    user_id: DEFAULT_USER.to_owned(),
+                };
+                (agent, ident)
+            }
+        };
+        let started = engine
+            .start_run(RunSpec {
+                agent,
+                session,
+                task: p.text,
+                client_id: ctx.client_id.clone(),
+                scopes: ctx.scopes.clone(),
+                parent_run_id: None,
+                max_steps: None,
+                model: None,
+                only_tools: None,
+            })
+            .await?;
+        let base = SessionSendResult {
+            session_key: p.session_key.clone(),
+            run_id: started.row.run_id.clone(),
+            status: SessionSendResultStatus::Accepted,
+            response: None,
+            tokens_used: None,
+            finish_reason: None,
+            error: None,
+        };
+        if p.mode == SessionSendParamsMode::Async {
+            return Ok(base);
+        }
+        let wait = Duration::from_millis(p.timeout_ms.max(0) as u64);
+        Ok(match tokio::time::timeout(wait, started.done).await {
+            Err(_) => SessionSendResult {
+                status: SessionSendResultStatus::Timeout,
+                ..base
+            },
+            Ok(Ok((_, Some(o)))) => SessionSendResult {
+                status: SessionSendResultStatus::Completed,
+                response: Some(o.response.clone()),
+                tokens_used: Some(o.tokens()),
+                finish_reason: Some(o.finish),
+                ..base
+            },
+            Ok(Ok((row, None))) => SessionSendResult {
+                status: SessionSendResultStatus::Error,
+                error: row.error,
+                ..base
+            },
+            Ok(Err(_)) => SessionSendResult {
+                status: SessionSendResultStatus::Error,
+                error: Some("the run stopped unexpectedly".to_owned()),
+                ..base
+            },
+        })
+    }
+
+    async fn spawn(
+        &self,
+        ctx: &CallContext,
+        p: SessionSpawnParams,
+    ) -> Result<SessionSpawnResult, GatewayError> {
+        if p.include_parent_history != SessionSpawnParamsIncludeParentHistory::None {
+            return Err(GatewayError::InvalidParams(
+                "'include_parent_history': a JSON-RPC caller has no parent conversation; use none"
+                    .into(),
+            ));
+        }
+        if p.announce_channel_type.is_some() || p.announce_channel_id.is_some() {
+            return Err(GatewayError::Unavailable(
+                "No chat channel is configured to announce the result to".into(),
+            ));
+        }
+        let engine: Arc<_> = self.engine().clone();
+        let agent = self.agent_or_default(p.agent.as_deref())?;
+        if let Some(m) = &p.model {
+            if engine.providers.snapshot().model(m).is_none() {
+                return Err(GatewayError::InvalidParams(format!(
+                    "'model': unknown model {m}"
+                )));
+            }
+        }
+        let mut only: Option<BTreeSet<String>> = None;
+        if let Some(groups) = &p.tool_groups {
+            let mut set = BTreeSet::new();
+            for g in groups {
+                let (_, tools) = TOOL_GROUPS.iter().find(|(n, _)| n == g).ok_or_else(|| {
+                    GatewayError::InvalidParams(format!(
+                        "'tool_groups': unknown group '{g}' (time, memory, notes)"
+                    ))
+                })?;
+                set.extend(tools.iter().map(|t| (*t).to_owned()));
+            }
+            only = Some(set);
+        }
+        for t in p.required_tools.iter().flatten() {
+            let offered = engine.tools.names().contains(&t.as_str())
+                && agent.allows_tool(t)
+                && only.as_ref().is_none_or(|o| o.contains(t));
+            if !offered {
+                return Err(GatewayError::InvalidParams(format!(
+                    "'required_tools': {t} is not available to this run"
+                )));
+            }
+        }
+        let mut task = p.task.clone();
+        if let Some(o) = &p.objective {
+            task.push_str(&format!("\n\nObjective: {o}"));
+        }
+        for (title, items) in [
+            ("Expected outputs", &p.expected_outputs),
+            ("Artifacts", &p.artifact_refs),
+            ("Facts", &p.domain_knowledge),
+        ] {
+            if let Some(items) = items.as_ref().filter(|i| !i.is_empty()) {
+                task.push_str(&format!("\n\n{title}:"));
+                for i in items {
+                    task.push_str(&format!("\n- {i}"));
+                }
+            }
+        }
+        let child = format!("spawn-{}", uuid::Uuid::new_v4().simple());
+        let session = SessionIdent::new(&agent.id, "subagent", &ctx.client_id, &child);
+        let started = engine
+            .start_run(RunSpec {
+                agent: agent.clone(),
+                session,
+                task,
+                client_id: ctx.client_id.clone(),
+                scopes: ctx.scopes.clone(),
+                parent_run_id: None,
+                max_steps: p.max_steps.map(|m| m.clamp(1, 1000) as u32),
+                model: p.model.clone(),
+                only_tools: only,
+            })
+            .await?;
+        let row = started.row.clone();
+        let base = SessionSpawnResult {
+            run_id: row.run_id.clone(),
+            root_run_id: row.root_run_id.clone(),
+            session_key: row.session_key.clone(),
+            agent_id: row.agent_id.clone(),
+            status: SubagentRunStatus::Running,
+            response: None,
+            tokens_used: None,
+            finish_reason: None,
+            cost: None,
+            error: None,
+        };
+        if p.async_ {
+            return Ok(base);
+        }
+        Ok(match started.done.await {
+            Ok((row, Some(o))) => SessionSpawnResult {
+                status: run_status(&row.status),
+                response: Some(o.response.clone()),
+                tokens_used: Some(o.tokens()),
+                finish_reason: Some(o.finish),
+                cost: Some(o.cost_usd),
+                ..base
+            },
+            Ok((row, None)) => SessionSpawnResult {
+                status: run_status(&row.status),
+                error: row.error,
+                ..base
+            },
+            Err(_) => SessionSpawnResult {
+                status: SubagentRunStatus::Failed,
+                error: Some("the run stopped unexpectedly".to_owned()),
+                ..base
+            },
+        })
+    }
+
+    async fn status(
+        &self,
+        ctx: &CallContext,
+        p: SessionStatusParams,
+    ) -> Result<SessionStatusResult, GatewayError> {
+        let Some(key) = p.session_key else {
+            return Err(GatewayError::InvalidParams(
+                "'session_key' is required: a JSON-RPC caller has no session of its own".into(),
+            ));
+        };
+        let s = self.visible_session(ctx, &key).await?;
+        let engine = self.engine();
+        let agent = engine.agents.require(&s.agent_id)?;
+        Ok(SessionStatusResult {
+            session_key: s.key.clone(),
+            agent_id: agent.id.clone(),
+            agent_name: agent
+                .config
+                .name
+                .clone()
+                .unwrap_or_else(|| agent.id.clone()),
+            model: s
+                .last_model
+                .clone()
+                .unwrap_or_else(|| agent.model().to_owned()),
+            tokens_used: TokensUsed {
+                input: s.input_tokens,
+                output: s.output_tokens,
+                total: s.input_tokens + s.output_tokens,
+            },
+            cost_usd: s.cost_usd,
+            steps_executed: s.last_steps,
+            max_steps: i64::from(agent.max_steps()),
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! The agent engine of one server generation: storage, providers and catalogue, agents,
+//! tools, session locks and background runs, seeded from the configuration file.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::rpc::generated::methods::MethodId;
+use crate::rpc::generated::types::{
+    AgentsConfig, ModelsCapability, ProvidersConfig, ProvidersType,
+};
+use crate::rpc::support;
+use crate::runtime::agents::Agents;
+use crate::runtime::providers::local::{self, LocalOptions, LocalProvider};
+use crate::runtime::providers_registry::Providers;
+use crate::runtime::sessions::SessionLocks;
+use crate::runtime::tools::Tools;
+use crate::state::Control;
+use crate::store::{Store, DB_FILE};
+
+/// Id of the provider defined when the configuration names none.
+pub const EMBEDDED_PROVIDER: &str = "local";
+/// Id of the agent defined when the configuration names none.
+pub const EMBEDDED_AGENT: &str = "default";
+
+pub struct Engine {
+    pub store: Store,
+    pub providers: Providers,
+    pub agents: Agents,
+    pub tools: Tools,
+    pub locks: SessionLocks,
+    pub data_dir: PathBuf,
+    pub control: Arc<Control>,
+}
+
+/// The process-wide local provider (model loading outlives server generations).
+pub fn local_provider(config: &Config, control: &Control) -> Arc<LocalProvider> {
+    control
+        .local
+        .get_or_init(|| {
+            let l = &config.local;
+            let cache_dir = std::env::var_os(local::ENV_MODEL_CACHE)
+                .map(PathBuf::from)
+                .or_else(|| l.cache_dir.clone())
+                .unwrap_or_else(local::default_cache_dir);
+            LocalProvider::new(LocalOptions {
+                cache_dir,
+                auto_fetch: l.auto_fetch,
+                python: l.python.clone(),
+                threads: l.threads,
+            })
+        })
+        .clone()
+}
+
+/// Validates a configuration-file entry with the same schema as the RPC method taking it.
+fn check_entry<T: serde::de::DeserializeOwned>(
+    method: MethodId,
+    value: serde_json::Value,
+    what: &str,
+) -> Result<T, GatewayError> {
+    support::parse_params(method.info(), Some(value))
+        .map_err(|e| GatewayError::InvalidParams(format!("{what}: {}", e.message)))
+}
+
+impl Engine {
+    /// Opens the database and seeds providers and agents from the configuration.
+    pub async fn open(
+        config: &Config,
+        data_dir: PathBuf,
+        control: Arc<Control>,
+    ) -> Result<Self, GatewayError> {
+        let store = Store::open(&data_dir.join(DB_FILE)).await?;
+        let orphaned = store.runs_orphan_unfinished(crate::store::now_ms()).await?;
+        if orphaned > 0 {
+            tracing::warn!(
+                orphaned,
+                "runs left unfinished by the previous process are marked orphaned"
+            );
+        }
+        let local = local_provider(config, &control);
+        let engine = Self {
+            providers: Providers::new(store.clone(), config.models.clone(), local),
+            agents: Agents::new(
+                store.clone(),
+                config.agent_defaults.clone(),
+                config.default_agent.clone(),
+            ),
+            tools: Tools::builtin(),
+            locks: SessionLocks::default(),
+            store,
+            data_dir,
+            control,
+        };
+        engine.seed(config).await?;
+        Ok(engine)
+    }
+
+    async fn seed(&self, config: &Config) -> Result<(), GatewayError> {
+        let mut providers = config.providers.clone();
+        if providers.is_empty() {
+            providers.insert(
+                EMBEDDED_PROVIDER.to_owned(),
+                ProvidersConfig {
+                    type_: Some(ProvidersType::Local),
+                    name: Some("In-process models (candle)".to_owned()),
+                    base_url: None,
+                    api_key_env: None,
+                    timeout_ms: Some(300_000),
+                    max_retries: Some(0),
+                    enabled: None,
+                    models: None,
+                    script: None,
+                },
+            );
+        }
+        for (id, cfg) in &providers {
+            let checked: ProvidersConfig =
+                check_entry::<crate::rpc::generated::types::ProvidersCreateParams>(
+                    MethodId::ProvidersCreate,
+                    serde_json::json!({"providerId": id, "config": cfg}),
+                    &format!("providers.{id}"),
+                )?
+                .config;
+            self.providers.seed(id, &checked).await?;
+        }
+        self.providers.reload().await?;
+        let snap = self.providers.snapshot();
+        let default_model = self.default_chat_model();
+        let mut agents = config.agents.clone();
+        if agents.is_empty() {
+            agents.insert(
+                EMBEDDED_AGENT.to_owned(),
+                AgentsConfig {
+                    name: Some("Default agent".to_owned()),
+                    provider: None,
+                    model: None,
+                    system_prompt: Some("You are a helpful assistant. Answer briefly.".to_owned()),
+                    max_steps: None,
+                    budget: None,
+                    tools: None,
+                    fallback_models: None,
+                    operation_models: None,
+                },
+            );
+        }
+        for (id, cfg) in &agents {
+            let params: crate::rpc::generated::types::AgentsCreateParams = check_entry(
+                MethodId::AgentsCreate,
+                serde_json::json!({"agentId": id, "config": cfg}),
+                &format!("agents.{id}"),
+            )?;
+            let cfg = params.config.unwrap_or(cfg.clone());
+            self.agents
+                .seed(id, &cfg, &snap, default_model.as_deref())
+                .await?;
+        }
+        self.agents.reload().await?;
+        if let Some(d) = &config.default_agent {
+            if self.agents.get(d).is_none() {
+                return Err(GatewayError::InvalidParams(format!(
+                    "defaultAgent: no agent {d}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first chat model of the catalogue: the embedded local model when present.
+    pub fn default_chat_model(&self) -> Option<String> {
+        let snap = self.providers.snapshot();
+        let local = format!("{EMBEDDED_PROVIDER}/{}", local::CHAT_MODEL_ID);
+        if snap.model(&local).is_some() {
+            return Some(local);
+        }
+        snap.models
+            .iter()
+            .find(|m| m.can(ModelsCapability::Chat))
+            .map(|m| m.id())
+    }
+
+    /// Closes the database.
+    pub async fn close(&self) {
+        self.store.close().await;
+    }
+}

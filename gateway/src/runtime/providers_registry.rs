@@ -1,0 +1,395 @@
+//! The providers in force: their stored settings, live instances and the model catalogue
+//! derived from them. Changes persist first, then swap in a new snapshot, so they take effect
+//! for the next model call without a restart.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::error::GatewayError;
+use crate::rpc::generated::types::{ProvidersConfig, ProvidersRecord, ProvidersType};
+use crate::runtime::catalog::{self, ModelInfo};
+use crate::runtime::providers::local::{LocalProvider, LocalStatus};
+use crate::runtime::providers::{
+    anthropic::AnthropicProvider, openai::OpenAiProvider, scripted::ScriptedProvider, Provider,
+    ProviderKind, ProviderSettings,
+};
+use crate::runtime::settings::ModelConfig;
+use crate::store::registry::{RegistryRow, Table};
+use crate::store::Store;
+
+pub const DEFAULT_TIMEOUT_MS: i64 = 60_000;
+pub const DEFAULT_MAX_RETRIES: i64 = 2;
+
+impl From<ProvidersType> for ProviderKind {
+    fn from(t: ProvidersType) -> Self {
+        match t {
+            ProvidersType::Openai => Self::Openai,
+            ProvidersType::Anthropic => Self::Anthropic,
+            ProvidersType::Local => Self::Local,
+            ProvidersType::Scripted => Self::Scripted,
+        }
+    }
+}
+
+/// One provider in force.
+pub struct ProviderEntry {
+    pub id: String,
+    pub kind: ProviderKind,
+    /// Stored settings with every default filled in.
+    pub config: ProvidersConfig,
+    /// The live instance, or why it could not be built.
+    pub instance: Result<Arc<dyn Provider>, String>,
+    pub key_configured: bool,
+}
+
+impl ProviderEntry {
+    pub fn enabled(&self) -> bool {
+        self.config.enabled.unwrap_or(true)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS).max(1) as u64)
+    }
+
+    pub fn max_retries(&self) -> u32 {
+        self.config
+            .max_retries
+            .unwrap_or(DEFAULT_MAX_RETRIES)
+            .max(0) as u32
+    }
+
+    pub fn record(&self, agents_using: Vec<String>) -> ProvidersRecord {
+        let c = &self.config;
+        ProvidersRecord {
+            provider_id: self.id.clone(),
+            type_: c.type_.unwrap_or(ProvidersType::Openai),
+            name: c.name.clone().unwrap_or_else(|| self.id.clone()),
+            base_url: c.base_url.clone(),
+            api_key_env: c.api_key_env.clone(),
+            api_key_configured: self.key_configured,
+            timeout_ms: c.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+            max_retries: c.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+            enabled: self.enabled(),
+            models: c.models.clone().unwrap_or_default(),
+            agents_using,
+            script: c.script.clone(),
+        }
+    }
+}
+
+/// Providers and catalogue at one moment.
+#[derive(Default)]
+pub struct Snapshot {
+    pub providers: BTreeMap<String, Arc<ProviderEntry>>,
+    pub models: Vec<ModelInfo>,
+}
+
+impl Snapshot {
+    pub fn model(&self, name: &str) -> Option<&ModelInfo> {
+        catalog::resolve(&self.models, name)
+    }
+}
+
+/// Default model ids of a provider type that lists none.
+fn default_models(kind: ProviderKind) -> Vec<String> {
+    let ids: &[&str] = match kind {
+        ProviderKind::Local => &[
+            crate::runtime::providers::local::CHAT_MODEL_ID,
+            crate::runtime::providers::local::EMBED_MODEL_ID,
+        ],
+        ProviderKind::Scripted => &["echo"],
+        ProviderKind::Openai => &["gpt-4o-mini"],
+        ProviderKind::Anthropic => &["claude-sonnet-4-5"],
+    };
+    ids.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Fills in every default of a provider's settings and checks rules the schema cannot.
+pub fn complete(id: &str, mut c: ProvidersConfig) -> Result<ProvidersConfig, GatewayError> {
+    let Some(t) = c.type_ else {
+        return Err(GatewayError::InvalidParams(
+            "'config.type' is required (openai, anthropic, local, scripted)".into(),
+        ));
+    };
+    let kind = ProviderKind::from(t);
+    if c.script.is_some() && kind != ProviderKind::Scripted {
+        return Err(GatewayError::InvalidParams(
+            "'config.script' is only for providers of type scripted".into(),
+        ));
+    }
+    if let Some(u) = &c.base_url {
+        let ok = url::Url::parse(u).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+        if !ok {
+            return Err(GatewayError::InvalidParams(format!(
+                "'config.baseUrl' must be an http or https URL, got {u:?}"
+            )));
+        }
+    }
+    c.name.get_or_insert_with(|| id.to_owned());
+    c.timeout_ms.get_or_insert(DEFAULT_TIMEOUT_MS);
+    c.max_retries.get_or_insert(DEFAULT_MAX_RETRIES);
+    c.enabled.get_or_insert(true);
+    if c.models.as_ref().is_none_or(Vec::is_empty) {
+        c.models = Some(default_models(kind));
+    }
+    if kind == ProviderKind::Anthropic && c.api_key_env.is_none() {
+        c.api_key_env = Some("ANTHROPIC_API_KEY".into());
+    }
+    if kind == ProviderKind::Openai && c.api_key_env.is_none() && c.base_url.is_none() {
+        c.api_key_env = Some("OPENAI_API_KEY".into());
+    }
+    Ok(c)
+}
+
+fn build_entry(id: &str, config: ProvidersConfig, local: &Arc<LocalProvider>) -> ProviderEntry {
+    let kind = ProviderKind::from(config.type_.unwrap_or(ProvidersType::Openai));
+    let api_key = config
+        .api_key_env
+        .as_deref()
+        .and_then(|v| std::env::var(v).ok())
+        .filter(|k| !k.trim().is_empty());
+    let key_configured = config.api_key_env.is_none() || api_key.is_some();
+    let settings = ProviderSettings {
+        id: id.to_owned(),
+        kind,
+        base_url: config.base_url.clone(),
+        api_key,
+        api_key_env: config.api_key_env.clone(),
+        timeout: Duration::from_millis(config.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS) as u64),
+    };
+    let instance: Result<Arc<dyn Provider>, String> = match kind {
+        ProviderKind::Scripted => Ok(Arc::new(ScriptedProvider::new(
+            config.script.clone().unwrap_or_default(),
+        ))),
+        ProviderKind::Local => Ok(local.clone() as Arc<dyn Provider>),
+        ProviderKind::Openai => OpenAiProvider::new(settings)
+            .map(|p| Arc::new(p) as Arc<dyn Provider>)
+            .map_err(|e| e.message),
+        ProviderKind::Anthropic => AnthropicProvider::new(settings)
+            .map(|p| Arc::new(p) as Arc<dyn Provider>)
+            .map_err(|e| e.message),
+    };
+    ProviderEntry {
+        id: id.to_owned(),
+        kind,
+        config,
+        instance,
+        key_configured,
+    }
+}
+
+/// The provider set, its persistence and its catalogue.
+pub struct Providers {
+    store: Store,
+    overrides: Vec<ModelConfig>,
+    local: Arc<LocalProvider>,
+    snapshot: RwLock<Arc<Snapshot>>,
+    /// Serialises changes (persist, then swap).
+    write: tokio::sync::Mutex<()>,
+}
+
+impl Providers {
+    pub fn new(store: Store, overrides: Vec<ModelConfig>, local: Arc<LocalProvider>) -> Self {
+        Self {
+            store,
+            overrides,
+            local,
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            write: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Whether a model can be called now (provider enabled, key present, instance built, and
+    /// for the local provider: loaded).
+    pub fn available(&self, snap: &Snapshot, m: &ModelInfo) -> bool {
+        snap.providers.get(&m.provider).is_some_and(|p| {
+            p.enabled()
+                && p.key_configured
+                && p.instance.is_ok()
+                && (p.kind != ProviderKind::Local || self.local.status() == LocalStatus::Ready)
+        })
+    }
+
+    /// The shared in-process model provider.
+    pub fn local(&self) -> &Arc<LocalProvider> {
+        &self.local
+    }
+
+    /// Rebuilds the snapshot from the database.
+    pub async fn reload(&self) -> Result<(), GatewayError> {
+        let rows = self.store.registry_list(Table::Providers).await?;
+        let mut providers = BTreeMap::new();
+        let mut models = Vec::new();
+        for RegistryRow { id, config, .. } in rows {
+            let cfg: ProvidersConfig = match serde_json::from_str(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(provider = %id, error = %e, "stored provider settings unreadable; skipped");
+                    continue;
+                }
+            };
+            let entry = build_entry(&id, cfg, &self.local);
+            models.extend(catalog::models_of(
+                &id,
+                entry.kind,
+                entry.config.models.as_deref().unwrap_or_default(),
+                &self.overrides,
+            ));
+            providers.insert(id, Arc::new(entry));
+        }
+        models.sort_by_key(|m| m.id());
+        if providers
+            .values()
+            .any(|p| p.kind == ProviderKind::Local && p.enabled())
+            && self.local.status() == LocalStatus::NotStarted
+        {
+            self.local.start();
+        }
+        let snap = Arc::new(Snapshot { providers, models });
+        match self.snapshot.write() {
+            Ok(mut s) => *s = snap,
+            Err(p) => *p.into_inner() = snap,
+        }
+        Ok(())
+    }
+
+    /// Adds a provider; Conflict when the id exists.
+    pub async fn create(&self, id: &str, config: ProvidersConfig) -> Result<(), GatewayError> {
+        let config = complete(id, config)?;
+        let _w = self.write.lock().await;
+        let text = to_json(&config)?;
+        if !self
+            .store
+            .registry_insert(Table::Providers, id, &text, None)
+            .await?
+        {
+            return Err(GatewayError::Conflict(format!(
+                "Provider already exists: {id}"
+            )));
+        }
+        self.reload().await
+    }
+
+    /// Merges a change into a provider's settings.
+    pub async fn update(&self, id: &str, change: ProvidersConfig) -> Result<(), GatewayError> {
+        let _w = self.write.lock().await;
+        let current = self
+            .snapshot()
+            .providers
+            .get(id)
+            .map(|p| p.config.clone())
+            .ok_or_else(|| GatewayError::NotFound(format!("Provider not found: {id}")))?;
+        if change.type_.is_some_and(|t| Some(t) != current.type_) {
+            return Err(GatewayError::Conflict(format!(
+                "The type of provider {id} cannot change; delete it and create a new one"
+            )));
+        }
+        let merged = complete(id, merge_provider(current, change))?;
+        self.store
+            .registry_update(Table::Providers, id, &to_json(&merged)?, None)
+            .await?;
+        self.reload().await
+    }
+
+    /// Sets `enabled`; None when unknown, Some(changed).
+    pub async fn set_enabled(&self, id: &str, enabled: bool) -> Result<bool, GatewayError> {
+        let _w = self.write.lock().await;
+        let mut current = self
+            .snapshot()
+            .providers
+            .get(id)
+            .map(|p| p.config.clone())
+            .ok_or_else(|| GatewayError::NotFound(format!("Provider not found: {id}")))?;
+        if current.enabled == Some(enabled) {
+            return Ok(false);
+        }
+        current.enabled = Some(enabled);
+        self.store
+            .registry_update(Table::Providers, id, &to_json(&current)?, None)
+            .await?;
+        self.reload().await?;
+        Ok(true)
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<(), GatewayError> {
+        let _w = self.write.lock().await;
+        if !self.store.registry_delete(Table::Providers, id).await? {
+            return Err(GatewayError::NotFound(format!("Provider not found: {id}")));
+        }
+        self.reload().await
+    }
+
+    /// Writes a configuration-file entry: inserted when new, replaced when the file's entry
+    /// changed since it was last seeded, kept (with changes made through the API) otherwise.
+    pub async fn seed(&self, id: &str, config: &ProvidersConfig) -> Result<(), GatewayError> {
+        let hash = seed_hash(config);
+        let completed = complete(id, config.clone())
+            .map_err(|e| GatewayError::InvalidParams(format!("providers.{id}: {e}")))?;
+        let text = to_json(&completed)?;
+        let rows = self.store.registry_list(Table::Providers).await?;
+        match rows.iter().find(|r| r.id == id) {
+            None => {
+                self.store
+                    .registry_insert(Table::Providers, id, &text, Some(&hash))
+                    .await?;
+            }
+            Some(r) if r.seed_hash.as_deref() != Some(hash.as_str()) => {
+                self.store
+                    .registry_update(Table::Providers, id, &text, Some(&hash))
+                    .await?;
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+}
+
+fn merge_provider(mut c: ProvidersConfig, d: ProvidersConfig) -> ProvidersConfig {
+    if d.name.is_some() {
+        c.name = d.name;
+    }
+    if d.base_url.is_some() {
+        c.base_url = d.base_url;
+    }
+    if d.api_key_env.is_some() {
+        c.api_key_env = d.api_key_env;
+    }
+    if d.timeout_ms.is_some() {
+        c.timeout_ms = d.timeout_ms;
+    }
+    if d.max_retries.is_some() {
+        c.max_retries = d.max_retries;
+    }
+    if d.enabled.is_some() {
+        c.enabled = d.enabled;
+    }
+    if d.models.is_some() {
+        c.models = d.models;
+    }
+    if d.script.is_some() {
+        c.script = d.script;
+    }
+    c
+}
+
+pub fn to_json<T: serde::Serialize>(v: &T) -> Result<String, GatewayError> {
+    serde_json::to_string(v).map_err(|e| GatewayError::Internal(format!("encode settings: {e}")))
+}
+
+/// SHA-256 of an entry's canonical JSON.
+pub fn seed_hash<T: serde::Serialize>(v: &T) -> String {
+    use sha2::{Digest, Sha256};
+    let text = serde_json::to_string(v).unwrap_or_default();
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -1,0 +1,117 @@
+//! Runs in the background (session.spawn, session.send): a row in `runs` while it runs, its
+//! outcome when it ends, and `session.completed` pushed to the client that started it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::GatewayError;
+use crate::rpc::generated::methods::Scope;
+use crate::rpc::generated::types::SubagentRunStatus;
+use crate::runtime::agents::Agent;
+use crate::runtime::engine::Engine;
+use crate::runtime::sessions::SessionIdent;
+use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use crate::store::runs::RunRow;
+
+/// A run to start.
+pub struct RunSpec {
+    pub agent: Arc<Agent>,
+    pub session: SessionIdent,
+    pub task: String,
+    pub client_id: String,
+    pub scopes: BTreeSet<Scope>,
+    pub parent_run_id: Option<String>,
+    pub max_steps: Option<u32>,
+    pub model: Option<String>,
+    pub only_tools: Option<BTreeSet<String>>,
+}
+
+/// A started run: its row as inserted, and the task finishing it.
+pub struct Started {
+    pub row: RunRow,
+    pub done: tokio::task::JoinHandle<(RunRow, Option<TurnOutcome>)>,
+}
+
+impl Engine {
+    /// Records the run as running and starts it on its own task (it keeps running when the
+    /// caller stops waiting).
+    pub async fn start_run(self: &Arc<Self>, spec: RunSpec) -> Result<Started, GatewayError> {
+        if spec.agent.suspended {
+            return Err(GatewayError::Conflict(format!(
+                "Agent {} is suspended; agents.resume lets it run again",
+                spec.agent.id
+            )));
+        }
+        let run_id = format!("run_{}", uuid::Uuid::new_v4().simple());
+        let row = RunRow {
+            run_id: run_id.clone(),
+            root_run_id: spec.parent_run_id.clone().unwrap_or_else(|| run_id.clone()),
+            parent_run_id: spec.parent_run_id.clone(),
+            agent_id: spec.agent.id.clone(),
+            session_key: spec.session.key.clone(),
+            task: spec.task.clone(),
+            status: SubagentRunStatus::Running.as_str().to_owned(),
+            depth: i64::from(spec.parent_run_id.is_some()),
+            client_id: spec.client_id.clone(),
+            started_at: crate::store::now_ms(),
+            ..RunRow::default()
+        };
+        self.store.run_insert(&row).await?;
+        let engine = self.clone();
+        let mut finished = row.clone();
+        let done = tokio::spawn(async move {
+            let outcome = engine
+                .run_turn(TurnRequest {
+                    agent: spec.agent,
+                    session: Some(spec.session.clone()),
+                    message: spec.task,
+                    scopes: spec.scopes,
+                    sink: None,
+                    cancel: CancellationToken::new(),
+                    max_steps: spec.max_steps,
+                    model: spec.model,
+                    only_tools: spec.only_tools,
+                })
+                .await;
+            finished.completed_at = Some(crate::store::now_ms());
+            let result = match &outcome {
+                Ok(o) => {
+                    finished.status = SubagentRunStatus::Completed.as_str().to_owned();
+                    finished.response = Some(o.response.clone());
+                    finished.input_tokens = Some(o.input_tokens as i64);
+                    finished.output_tokens = Some(o.output_tokens as i64);
+                    finished.cost_usd = Some(o.cost_usd);
+                    finished.finish_reason = Some(o.finish.as_str().to_owned());
+                    json!(o.result())
+                }
+                Err(e) => {
+                    finished.status = SubagentRunStatus::Failed.as_str().to_owned();
+                    let msg = match e {
+                        GatewayError::Internal(_) => "internal error".to_owned(),
+                        other => other.to_string(),
+                    };
+                    finished.error = Some(msg.clone());
+                    json!({"error": msg})
+                }
+            };
+            if let Err(e) = engine.store.run_finish(&finished).await {
+                tracing::error!(run = %finished.run_id, error = %e, "run outcome not recorded");
+            }
+            engine.control.hub.notify_client(
+                &finished.client_id,
+                "session.completed",
+                json!({
+                    "sessionKey": finished.session_key,
+                    "runId": finished.run_id,
+                    "status": finished.status,
+                    "result": result,
+                }),
+            );
+            (finished, outcome.ok())
+        });
+        Ok(Started { row, done })
+    }
+}

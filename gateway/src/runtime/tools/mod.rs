@@ -1,0 +1,108 @@
+//! Built-in tools the model can call: the registry, argument validation against each tool's
+//! JSON Schema, and the context a tool runs in. One module per tool.
+
+mod memory;
+mod notes;
+mod time;
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::rpc::generated::methods::Scope;
+use crate::runtime::providers::{BoxFuture, ToolSpec};
+use crate::store::Store;
+
+/// What a tool call may touch.
+pub struct ToolContext<'a> {
+    pub store: &'a Store,
+    pub agent_id: &'a str,
+    /// The conversation, when the turn has a stored session.
+    pub session_key: Option<&'a str>,
+}
+
+/// A tool's outcome: text for the model, or an error text (counted by the circuit breaker).
+pub type ToolResult = Result<String, String>;
+
+/// One built-in tool.
+pub trait Tool: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn description(&self) -> &'static str;
+    /// JSON Schema of the arguments.
+    fn parameters(&self) -> Value;
+    /// The scope a caller must hold for a turn to offer this tool.
+    fn scope(&self) -> Scope {
+        Scope::Rpc
+    }
+    fn call<'a>(&'a self, ctx: &'a ToolContext<'a>, args: &'a Value) -> BoxFuture<'a, ToolResult>;
+}
+
+struct Registered {
+    tool: Arc<dyn Tool>,
+    validator: Option<jsonschema::Validator>,
+}
+
+/// Every registered tool.
+pub struct Tools {
+    list: Vec<Registered>,
+}
+
+impl Tools {
+    /// The built-in set.
+    pub fn builtin() -> Self {
+        let tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(time::CurrentTime),
+            Arc::new(memory::MemoryStore),
+            Arc::new(memory::MemorySearch),
+            Arc::new(notes::NoteAdd),
+            Arc::new(notes::NotesList),
+        ];
+        let list = tools
+            .into_iter()
+            .map(|tool| {
+                let validator = jsonschema::validator_for(&tool.parameters())
+                    .map_err(|e| tracing::error!(tool = tool.name(), error = %e, "tool schema does not compile"))
+                    .ok();
+                Registered { tool, validator }
+            })
+            .collect();
+        Self { list }
+    }
+
+    /// Names of every tool.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.list.iter().map(|r| r.tool.name()).collect()
+    }
+
+    /// Specs of the tools `allowed` accepts.
+    pub fn specs(&self, allowed: impl Fn(&str, Scope) -> bool) -> Vec<ToolSpec> {
+        self.list
+            .iter()
+            .filter(|r| allowed(r.tool.name(), r.tool.scope()))
+            .map(|r| ToolSpec {
+                name: r.tool.name().to_owned(),
+                description: r.tool.description().to_owned(),
+                parameters: r.tool.parameters(),
+            })
+            .collect()
+    }
+
+    /// Runs a tool by name after validating its arguments. Unknown tools and invalid
+    /// arguments are errors the model sees (and the breaker counts).
+    pub async fn call(&self, ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {
+        let Some(r) = self.list.iter().find(|r| r.tool.name() == name) else {
+            return Err(format!("unknown tool: {name}"));
+        };
+        if let Some(v) = &r.validator {
+            let problems: Vec<String> = v
+                .iter_errors(args)
+                .take(3)
+                .map(|e| format!("{}: {e}", e.instance_path))
+                .collect();
+            if !problems.is_empty() {
+                return Err(format!("invalid arguments: {}", problems.join("; ")));
+            }
+        }
+        r.tool.call(ctx, args).await
+    }
+}

@@ -1,0 +1,415 @@
+//! The agent turn: system prompt + trimmed session history + the user's message -> model ->
+//! tool calls -> results -> ... until a final answer, a step or budget limit, the tool
+//! circuit breaker, a repeated tool call, or a provider failure. Usage is recorded per model
+//! call; the transcript is written in one transaction before the answer is returned.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::GatewayError;
+use crate::rpc::generated::methods::Scope;
+use crate::rpc::generated::types::{AgentTurnResult, FinishReason, TokensUsed};
+use crate::runtime::agents::Agent;
+use crate::runtime::catalog::ModelInfo;
+use crate::runtime::engine::Engine;
+use crate::runtime::providers::retry::{chat_with_retry, RetryPolicy};
+use crate::runtime::providers::{
+    ChatMessage, ChatRequest, ChatResponse, DeltaSink, ErrorKind, ProviderError, Usage,
+};
+use crate::runtime::sessions::{self, SessionIdent};
+use crate::runtime::tools::ToolContext;
+use crate::store::sessions::{NewSession, TurnTotals};
+use crate::store::usage::UsageRow;
+
+/// One turn to run.
+pub struct TurnRequest {
+    pub agent: Arc<Agent>,
+    /// The stored conversation; None runs an ephemeral turn (no history, nothing stored).
+    pub session: Option<SessionIdent>,
+    pub message: String,
+    /// Scopes the turn's tools may require (the caller's, possibly narrowed).
+    pub scopes: BTreeSet<Scope>,
+    /// Receives text deltas as they are produced.
+    pub sink: Option<DeltaSink>,
+    /// Cancelled when the caller goes away.
+    pub cancel: CancellationToken,
+    pub max_steps: Option<u32>,
+    /// Overrides the agent's primary model (`<provider>/<modelId>`).
+    pub model: Option<String>,
+    /// Narrows the agent's tools to these names.
+    pub only_tools: Option<BTreeSet<String>>,
+}
+
+/// What a turn produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnOutcome {
+    pub response: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub finish: FinishReason,
+    pub cost_usd: f64,
+    pub steps: u32,
+    /// The model that produced the last answer.
+    pub model: String,
+}
+
+impl TurnOutcome {
+    pub fn tokens(&self) -> TokensUsed {
+        TokensUsed {
+            input: self.input_tokens as i64,
+            output: self.output_tokens as i64,
+            total: (self.input_tokens + self.output_tokens) as i64,
+        }
+    }
+
+    pub fn result(&self) -> AgentTurnResult {
+        AgentTurnResult {
+            response: self.response.clone(),
+            tokens_used: self.tokens(),
+            finish_reason: self.finish,
+        }
+    }
+}
+
+/// Key order does not make two tool calls different.
+fn canonical(v: &Value) -> String {
+    fn sort(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                Value::Object(keys.into_iter().map(|k| (k.clone(), sort(&m[k]))).collect())
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sort).collect()),
+            other => other.clone(),
+        }
+    }
+    sort(v).to_string()
+}
+
+pub(crate) struct Called {
+    pub response: ChatResponse,
+    pub model: ModelInfo,
+}
+
+impl Engine {
+    /// Runs one turn. Errors are for turns that could not start (suspended agent, no usable
+    /// provider); a provider failure during the turn ends it with finishReason error.
+    pub async fn run_turn(&self, req: TurnRequest) -> Result<TurnOutcome, GatewayError> {
+        let agent = req.agent.clone();
+        if agent.suspended {
+            return Err(GatewayError::Conflict(format!(
+                "Agent {} is suspended; agents.resume lets it run again",
+                agent.id
+            )));
+        }
+        let _guard = match &req.session {
+            Some(s) => Some(self.locks.lock_for(&s.key).lock_owned().await),
+            None => None,
+        };
+        let snap = self.providers.snapshot();
+        let primary = req
+            .model
+            .clone()
+            .unwrap_or_else(|| agent.model().to_owned());
+        let mut chain = vec![primary.clone()];
+        chain.extend(agent.config.fallback_models.iter().flatten().cloned());
+        let context_model = snap
+            .model(&primary)
+            .cloned()
+            .ok_or_else(|| GatewayError::Unavailable(format!("Model not found: {primary}")))?;
+
+        let system = agent.config.system_prompt.clone().unwrap_or_default();
+        let mut history = Vec::new();
+        let mut summary = None;
+        if let Some(s) = &req.session {
+            let limit = i64::from(self.agents.defaults().max_history_messages.max(1));
+            let (rows, _) = self.store.session_messages(&s.key, None, limit).await?;
+            for r in &rows {
+                match sessions::to_chat(r) {
+                    Some(m) => history.push(m),
+                    None => summary = Some(r.content.clone()),
+                }
+            }
+        }
+        let system = match summary {
+            Some(sum) if system.is_empty() => {
+                format!("Summary of the earlier conversation:\n{sum}")
+            }
+            Some(sum) => format!("{system}\n\nSummary of the earlier conversation:\n{sum}"),
+            None => system,
+        };
+        let user = ChatMessage::user(req.message.clone());
+        let reserve = context_model
+            .max_output_tokens
+            .unwrap_or(1024)
+            .min(context_model.context_window / 4);
+        let fixed = crate::runtime::providers::scripted::estimate_tokens(&system)
+            + sessions::message_tokens(&user);
+        let budget = context_model
+            .context_window
+            .saturating_sub(reserve)
+            .saturating_sub(fixed);
+        let mut messages = sessions::trim_history(history, budget);
+        let first_new = messages.len();
+        messages.push(user);
+
+        let tools = self.tools.specs(|name, scope| {
+            agent.allows_tool(name)
+                && req.only_tools.as_ref().is_none_or(|o| o.contains(name))
+                && (req.scopes.contains(&scope)
+                    || (scope == Scope::Rpc && req.scopes.contains(&Scope::Admin)))
+        });
+        let max_steps = req.max_steps.unwrap_or_else(|| agent.max_steps()).max(1);
+        let limits = agent.budget();
+        let breaker = self.agents.defaults().circuit_breaker_threshold.max(1);
+        let ctx = ToolContext {
+            store: &self.store,
+            agent_id: &agent.id,
+            session_key: req.session.as_ref().map(|s| s.key.as_str()),
+        };
+
+        let mut out = TurnOutcome {
+            response: String::new(),
+            input_tokens: 0,
+            output_tokens: 0,
+            finish: FinishReason::Stop,
+            cost_usd: 0.0,
+            steps: 0,
+            model: context_model.id(),
+        };
+        let mut stored = Vec::new();
+        let mut seen_calls = HashSet::new();
+        let mut failures = 0u32;
+        let mut step_usage = Vec::new();
+        'steps: loop {
+            if out.steps >= max_steps {
+                out.finish = FinishReason::MaxSteps;
+                break;
+            }
+            out.steps += 1;
+            let request = ChatRequest {
+                model: String::new(),
+                system: (!system.is_empty()).then(|| system.clone()),
+                messages: messages.clone(),
+                tools: tools.clone(),
+                max_tokens: None,
+                temperature: None,
+            };
+            let called = match self
+                .call_chain(
+                    &chain,
+                    request,
+                    req.sink.as_ref(),
+                    &req.cancel,
+                    &agent.id,
+                    req.session.as_ref(),
+                    "chat",
+                )
+                .await
+            {
+                Ok(c) => c,
+                Err(e)
+                    if out.steps == 1
+                        && matches!(e.kind, ErrorKind::Unavailable | ErrorKind::MissingKey) =>
+                {
+                    return Err(GatewayError::Unavailable(e.message));
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %agent.id, kind = e.kind.as_str(), error = %e.message, "turn ended by a provider failure");
+                    out.finish = FinishReason::Error;
+                    out.response =
+                        format!("The model call failed ({}): {}", e.kind.as_str(), e.message);
+                    break;
+                }
+            };
+            let Called { response, model } = called;
+            out.input_tokens += response.usage.input;
+            out.output_tokens += response.usage.output;
+            out.cost_usd += model.cost(&response.usage);
+            out.model = model.id();
+            out.response = response.content.clone();
+            let assistant =
+                ChatMessage::assistant(response.content.clone(), response.tool_calls.clone());
+            messages.push(assistant);
+            step_usage.push((messages.len() - 1, model.id(), response.usage));
+            let over_budget = limits
+                .tokens
+                .is_some_and(|t| out.input_tokens + out.output_tokens > t.max(0) as u64)
+                || limits.cost_usd.is_some_and(|c| out.cost_usd > c);
+            if over_budget {
+                out.finish = FinishReason::BudgetExceeded;
+                break;
+            }
+            if response.tool_calls.is_empty() {
+                out.finish = FinishReason::Stop;
+                break;
+            }
+            for call in &response.tool_calls {
+                if !seen_calls.insert((call.name.clone(), canonical(&call.arguments))) {
+                    out.finish = FinishReason::ContextLoop;
+                    // The repeated call gets no result; close it so the transcript stays valid.
+                    messages.push(ChatMessage::tool(
+                        call,
+                        "not run: the same call was already made in this turn",
+                        true,
+                    ));
+                    break 'steps;
+                }
+                let result = if tools.iter().any(|t| t.name == call.name) {
+                    self.tools.call(&ctx, &call.name, &call.arguments).await
+                } else {
+                    Err(format!("tool not available to this agent: {}", call.name))
+                };
+                let (text, is_error) = match result {
+                    Ok(t) => {
+                        failures = 0;
+                        (t, false)
+                    }
+                    Err(t) => {
+                        failures += 1;
+                        (t, true)
+                    }
+                };
+                messages.push(ChatMessage::tool(call, text, is_error));
+                if failures >= breaker {
+                    out.finish = FinishReason::CircuitOpen;
+                    break 'steps;
+                }
+            }
+            if req.cancel.is_cancelled() {
+                out.finish = FinishReason::Error;
+                out.response = "The caller went away".to_owned();
+                break;
+            }
+        }
+        stored.extend(messages[first_new..].iter().enumerate().map(|(i, m)| {
+            let at = first_new + i;
+            let usage = step_usage.iter().find(|(idx, _, _)| *idx == at);
+            sessions::to_row(
+                m,
+                usage.map(|(_, id, _)| id.as_str()),
+                usage.map(|(_, _, u)| (u.input, u.output)),
+            )
+        }));
+        if let Some(s) = &req.session {
+            self.store
+                .session_ensure(&NewSession {
+                    key: &s.key,
+                    agent_id: &s.agent_id,
+                    channel: &s.channel,
+                    tenant_id: Some(&s.tenant_id),
+                    user_id: Some(&s.user_id),
+                })
+                .await?;
+            self.store
+                .session_append(
+                    &s.key,
+                    &stored,
+                    &TurnTotals {
+                        input_tokens: out.input_tokens as i64,
+                        output_tokens: out.output_tokens as i64,
+                        cost_usd: out.cost_usd,
+                        steps: i64::from(out.steps),
+                        model: Some(out.model.clone()),
+                    },
+                )
+                .await?;
+        }
+        Ok(out)
+    }
+
+    /// One model step: the models of the chain in order, each with its provider's retries;
+    /// every call's usage is recorded.
+    pub(crate) async fn call_chain(
+        &self,
+        chain: &[String],
+        mut request: ChatRequest,
+        sink: Option<&DeltaSink>,
+        cancel: &CancellationToken,
+        agent_id: &str,
+        session: Option<&SessionIdent>,
+        operation: &str,
+    ) -> Result<Called, ProviderError> {
+        let snap = self.providers.snapshot();
+        let mut last = ProviderError::new(ErrorKind::Unavailable, "no model configured");
+        for name in chain {
+            let Some(model) = snap.model(name).cloned() else {
+                last = ProviderError::new(ErrorKind::NotFound, format!("Model not found: {name}"));
+                continue;
+            };
+            let Some(entry) = snap.providers.get(&model.provider).cloned() else {
+                continue;
+            };
+            if !entry.enabled() {
+                last = ProviderError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "Provider {} is disabled (providers.enable turns it back on)",
+                        entry.id
+                    ),
+                );
+                continue;
+            }
+            if !entry.key_configured {
+                last = ProviderError::new(
+                    ErrorKind::MissingKey,
+                    format!(
+                        "Provider {} has no API key: set the environment variable {}",
+                        entry.id,
+                        entry
+                            .config
+                            .api_key_env
+                            .as_deref()
+                            .unwrap_or("named by apiKeyEnv")
+                    ),
+                );
+                continue;
+            }
+            let instance = match &entry.instance {
+                Ok(i) => i.clone(),
+                Err(e) => {
+                    last = ProviderError::new(ErrorKind::Unavailable, e.clone());
+                    continue;
+                }
+            };
+            request.model = model.model_id.clone();
+            let started = Instant::now();
+            let policy = RetryPolicy::new(entry.max_retries(), entry.timeout());
+            let (result, _attempts) =
+                chat_with_retry(instance.as_ref(), &request, sink, policy, cancel).await;
+            let usage = result.as_ref().map(|r| r.usage).unwrap_or(Usage::default());
+            let row = UsageRow {
+                ts: crate::store::now_ms(),
+                agent_id: agent_id.to_owned(),
+                session_key: session.map(|s| s.key.clone()),
+                provider: entry.id.clone(),
+                model: model.id(),
+                operation: operation.to_owned(),
+                input_tokens: usage.input as i64,
+                output_tokens: usage.output as i64,
+                cached_tokens: usage.cached_input as i64,
+                cost_usd: model.cost(&usage),
+                latency_ms: started.elapsed().as_millis() as i64,
+                ok: result.is_ok(),
+                error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
+            };
+            if let Err(e) = self.store.usage_record(&row).await {
+                tracing::error!(error = %e, "usage not recorded");
+            }
+            match result {
+                Ok(response) => return Ok(Called { response, model }),
+                Err(e) if e.kind == ErrorKind::Cancelled => return Err(e),
+                Err(e) => {
+                    tracing::warn!(model = %model.id(), kind = e.kind.as_str(), "model failed; trying the next fallback if any");
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+}

@@ -1,0 +1,66 @@
+//! The embedded SQLite store (sqlx, WAL): opening, migrations, and one module per table group.
+//!
+//! Durability: WAL with `synchronous = NORMAL` survives a killed process (kill -9) with every
+//! committed transaction; only an OS crash or power loss can drop the last commits. Every
+//! acknowledged write is committed before the answer is sent.
+
+pub mod memory;
+pub mod registry;
+pub mod runs;
+pub mod search;
+pub mod sessions;
+pub mod usage;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::SqlitePool;
+
+use crate::error::GatewayError;
+
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "gateway.db";
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+impl Store {
+    /// Opens (creating when missing) the database at `path` and applies pending migrations.
+    pub async fn open(path: &Path) -> Result<Self, GatewayError> {
+        let url = format!("sqlite://{}", path.display());
+        let options = SqliteConnectOptions::from_str(&url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("gateway/migrations")
+            .run(&pool)
+            .await
+            .map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
+        Ok(Self { pool })
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Closes every connection (checkpointing the WAL).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Now as epoch milliseconds.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
