@@ -331,14 +331,12 @@ async fn implemented_methods_answer_what_their_result_schemas_say() {
         .await;
     assert_eq!(code(&unknown), -32001);
     // Stubs validate params, then answer -32004; internal methods do not exist here.
-    let stub = gw
-        .call(ADMIN, "agent.execute", json!({"message": "hi"}))
-        .await;
+    let stub = gw.call(ADMIN, "browser.console", json!({})).await;
     assert_eq!(
         stub["error"],
-        json!({"code": -32004, "message": "Not implemented: agent.execute"})
+        json!({"code": -32004, "message": "Not implemented: browser.console"})
     );
-    assert_eq!(code(&gw.call(RPC, "session.list", json!({})).await), -32004);
+    assert_eq!(code(&gw.call(RPC, "cron.list", json!({})).await), -32004);
     assert_eq!(
         code(&gw.call(ADMIN, "tool.invoke", json!({})).await),
         -32601
