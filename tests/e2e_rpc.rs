@@ -270,20 +270,6 @@ async fn params_that_violate_the_schema_get_invalid_params_for_every_method() {
     gw.stop().await;
 }
 
-fn validate_result(method: &str, result: &Value) {
-    let info = METHODS.iter().find(|m| m.name == method).unwrap();
-    let schema: Value = serde_json::from_str(info.result_schema).unwrap();
-    let v = jsonschema::validator_for(&schema).unwrap();
-    let errors: Vec<String> = v
-        .iter_errors(result)
-        .map(|e| format!("{}: {e}", e.instance_path))
-        .collect();
-    assert!(
-        errors.is_empty(),
-        "{method} result violates its schema: {errors:?}\n{result}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn implemented_methods_answer_what_their_result_schemas_say() {
     let gw = start("").await;

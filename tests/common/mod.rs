@@ -28,10 +28,11 @@ pub struct Gateway {
     pub dir: tempfile::TempDir,
 }
 
-/// The YAML of a test configuration; `extra` lines are appended under `gateway:`.
+/// The YAML of a test configuration; `extra` lines are appended under `gateway:` (lines at
+/// column 0 add top-level sections). The local model is never fetched by tests.
 pub fn config_yaml(dir: &std::path::Path, extra: &str) -> String {
     format!(
-        "gateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {data}\n  tokens:\n    - {{id: admin, secret: {ADMIN}, scopes: ['*']}}\n    - {{id: client, secret: {RPC}, scopes: [rpc]}}\n    - {{id: mcp, secret: {MCP}, scopes: [mcp-client]}}\n    - {{id: ops, secret: {ADMIN_ONLY}, scopes: [admin]}}\n{extra}",
+        "local:\n  autoFetch: false\ngateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {data}\n  tokens:\n    - {{id: admin, secret: {ADMIN}, scopes: ['*']}}\n    - {{id: client, secret: {RPC}, scopes: [rpc]}}\n    - {{id: mcp, secret: {MCP}, scopes: [mcp-client]}}\n    - {{id: ops, secret: {ADMIN_ONLY}, scopes: [admin]}}\n{extra}",
         data = dir.join("data").display()
     )
 }
@@ -175,5 +176,23 @@ pub async fn assert_ping(ws: &mut Ws, id: u64) {
         (r["id"].as_u64(), r["result"]["pong"].as_bool()),
         (Some(id), Some(true)),
         "{r}"
+    );
+}
+
+/// Checks a result against its method's result schema.
+pub fn validate_result(method: &str, result: &Value) {
+    let info = agent_gateway::rpc::generated::methods::METHODS
+        .iter()
+        .find(|m| m.name == method)
+        .unwrap();
+    let schema: Value = serde_json::from_str(info.result_schema).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = v
+        .iter_errors(result)
+        .map(|e| format!("{}: {e}", e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{method} result violates its schema: {errors:?}\n{result}"
     );
 }

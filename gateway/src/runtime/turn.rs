@@ -127,6 +127,16 @@ impl Engine {
         let mut history = Vec::new();
         let mut summary = None;
         if let Some(s) = &req.session {
+            // Created before the first step: tools (notes) write rows that reference it.
+            self.store
+                .session_ensure(&NewSession {
+                    key: &s.key,
+                    agent_id: &s.agent_id,
+                    channel: &s.channel,
+                    tenant_id: Some(&s.tenant_id),
+                    user_id: Some(&s.user_id),
+                })
+                .await?;
             let limit = i64::from(self.agents.defaults().max_history_messages.max(1));
             let (rows, _) = self.store.session_messages(&s.key, None, limit).await?;
             for r in &rows {
@@ -297,15 +307,6 @@ impl Engine {
             )
         }));
         if let Some(s) = &req.session {
-            self.store
-                .session_ensure(&NewSession {
-                    key: &s.key,
-                    agent_id: &s.agent_id,
-                    channel: &s.channel,
-                    tenant_id: Some(&s.tenant_id),
-                    user_id: Some(&s.user_id),
-                })
-                .await?;
             self.store
                 .session_append(
                     &s.key,
