@@ -187,7 +187,10 @@ fn request_body(req: &ChatRequest, stream: bool) -> Value {
     if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
         body.insert("system".into(), json!(system));
     }
-    body.insert("messages".into(), Value::Array(wire_messages(&req.messages)));
+    body.insert(
+        "messages".into(),
+        Value::Array(wire_messages(&req.messages)),
+    );
     if !req.tools.is_empty() {
         let tools: Vec<Value> = req
             .tools

@@ -65,7 +65,10 @@ impl OpenAiProvider {
     ) -> Result<ChatResponse, ProviderError> {
         let body = request_body(req, sink.is_some());
         tracing::debug!(provider = %self.id, model = %req.model, stream = sink.is_some(), "openai chat");
-        let response = self.http.send(self.post("/chat/completions", &body)).await?;
+        let response = self
+            .http
+            .send(self.post("/chat/completions", &body))
+            .await?;
         match sink {
             Some(sink) if !is_json(&response) => self.read_stream(response, sink).await,
             _ => {
@@ -131,8 +134,8 @@ impl OpenAiProvider {
             if data.is_empty() {
                 continue;
             }
-            let chunk: Chunk =
-                serde_json::from_str(data).map_err(|err| self.http.malformed("stream chunk", &err))?;
+            let chunk: Chunk = serde_json::from_str(data)
+                .map_err(|err| self.http.malformed("stream chunk", &err))?;
             if let Some(error) = chunk.error {
                 return Err(self.stream_error(&error));
             }
@@ -160,7 +163,11 @@ impl OpenAiProvider {
         )
     }
 
-    async fn embed_once(&self, model: &str, inputs: &[String]) -> Result<Embeddings, ProviderError> {
+    async fn embed_once(
+        &self,
+        model: &str,
+        inputs: &[String],
+    ) -> Result<Embeddings, ProviderError> {
         if inputs.is_empty() {
             return Ok(Embeddings {
                 vectors: Vec::new(),
@@ -175,11 +182,7 @@ impl OpenAiProvider {
         if data.len() != inputs.len() {
             return Err(self.http.error(
                 ErrorKind::ProviderError,
-                &format!(
-                    "asked for {} embeddings, got {}",
-                    inputs.len(),
-                    data.len()
-                ),
+                &format!("asked for {} embeddings, got {}", inputs.len(), data.len()),
             ));
         }
         Ok(Embeddings {
@@ -205,7 +208,10 @@ impl Provider for OpenAiProvider {
         inputs: &'a [String],
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
-        Box::pin(transport::with_cancel(cancel, self.embed_once(model, inputs)))
+        Box::pin(transport::with_cancel(
+            cancel,
+            self.embed_once(model, inputs),
+        ))
     }
 }
 
@@ -586,7 +592,10 @@ mod tests {
             temperature: None,
         };
         let body = request_body(&req, false);
-        assert_eq!(body["messages"][0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!(
+            body["messages"][0],
+            json!({"role": "system", "content": "be brief"})
+        );
         assert_eq!(
             body["messages"][2]["tool_calls"][0]["function"]["arguments"],
             json!("{\"q\":\"x\"}")

@@ -187,7 +187,10 @@ mod tests {
         let input = b": keep-alive\nevent: message_start\ndata: {\"x\":1}\n\n:ping\n\nevent: ping\ndata: {}\n\n";
         assert_eq!(
             parse_in_pieces(input, 1000),
-            vec![ev(Some("message_start"), "{\"x\":1}"), ev(Some("ping"), "{}")]
+            vec![
+                ev(Some("message_start"), "{\"x\":1}"),
+                ev(Some("ping"), "{}")
+            ]
         );
     }
 
@@ -232,7 +235,10 @@ mod tests {
     fn field_without_colon_and_space_handling() {
         // "data" alone is an empty data line; only one leading space is stripped.
         let input = b"data\ndata:  two spaces\n\n";
-        assert_eq!(parse_in_pieces(input, 1000), vec![ev(None, "\n two spaces")]);
+        assert_eq!(
+            parse_in_pieces(input, 1000),
+            vec![ev(None, "\n two spaces")]
+        );
     }
 
     #[test]
@@ -248,6 +254,16 @@ mod tests {
             parse_in_pieces(input, 3),
             vec![ev(None, "a"), ev(None, "tail")]
         );
+    }
+
+    #[test]
+    fn empty_chunks_between_cr_and_lf() {
+        let mut parser = SseParser::new();
+        let mut out = VecDeque::new();
+        for chunk in [&b"data: x\r"[..], b"", b"\n", b"", b"\r", b"", b"\n"] {
+            parser.push(chunk, &mut out);
+        }
+        assert_eq!(out.into_iter().collect::<Vec<_>>(), vec![ev(None, "x")]);
     }
 
     #[test]

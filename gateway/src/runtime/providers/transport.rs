@@ -87,7 +87,10 @@ impl Http {
 
     /// An answer that could not be understood.
     pub(crate) fn malformed(&self, what: &str, err: &dyn std::fmt::Display) -> ProviderError {
-        self.error(ErrorKind::ProviderError, &format!("malformed {what}: {err}"))
+        self.error(
+            ErrorKind::ProviderError,
+            &format!("malformed {what}: {err}"),
+        )
     }
 
     /// Maps a reqwest failure (connecting, sending, reading the body) to a provider error.
@@ -182,7 +185,10 @@ pub(crate) async fn with_cancel<T>(
 }
 
 /// The configured base URL (or `default`), validated, without a trailing slash.
-pub(crate) fn base_url(settings: &ProviderSettings, default: &str) -> Result<String, ProviderError> {
+pub(crate) fn base_url(
+    settings: &ProviderSettings,
+    default: &str,
+) -> Result<String, ProviderError> {
     let raw = settings
         .base_url
         .as_deref()
@@ -198,7 +204,10 @@ pub(crate) fn base_url(settings: &ProviderSettings, default: &str) -> Result<Str
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(ProviderError::new(
             ErrorKind::InvalidRequest,
-            format!("provider {}: base_url must be http(s), got {raw:?}", settings.id),
+            format!(
+                "provider {}: base_url must be http(s), got {raw:?}",
+                settings.id
+            ),
         ));
     }
     Ok(raw.trim_end_matches('/').to_string())
@@ -328,7 +337,10 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
         h.insert("retry-after", HeaderValue::from_static("1.5"));
         assert_eq!(retry_after(&h), Some(Duration::from_millis(1500)));
-        h.insert("retry-after", HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
         assert_eq!(retry_after(&h), Some(Duration::ZERO));
         h.insert("retry-after", HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&h), None);
@@ -352,7 +364,8 @@ mod tests {
             error_detail(openai).as_deref(),
             Some("Bad key (invalid_request_error)")
         );
-        let anthropic = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        let anthropic =
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
         assert_eq!(
             error_detail(anthropic).as_deref(),
             Some("Overloaded (overloaded_error)")
@@ -365,7 +378,10 @@ mod tests {
             error_detail(br#"{"detail":"nope"}"#).as_deref(),
             Some("nope")
         );
-        assert_eq!(error_detail(b"  plain text  ").as_deref(), Some("plain text"));
+        assert_eq!(
+            error_detail(b"  plain text  ").as_deref(),
+            Some("plain text")
+        );
         assert_eq!(error_detail(b""), None);
         let long = "x".repeat(1000);
         let short = error_detail(long.as_bytes()).unwrap();
