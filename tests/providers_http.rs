@@ -50,6 +50,8 @@ enum Part {
     Bytes(Vec<u8>),
     /// Stop sending and wait until the client closes the connection.
     Stall,
+    /// Close the connection at once, mid-body.
+    Hangup,
 }
 
 #[derive(Debug, Clone)]
@@ -210,6 +212,7 @@ async fn serve(
                         wait_for_close(&mut socket, &closed).await;
                         return;
                     }
+                    Part::Hangup => return,
                 }
             }
             let _ = socket.write_all(b"0\r\n\r\n").await;
@@ -808,12 +811,47 @@ async fn openai_stream_cut_short_is_network() {
         "data: {}\n\n",
         content_chunk(json!({"content": "half"}), None)
     );
-    let fixture = Fixture::always(Reply::sse(pieces(&text, 9))).await;
-    let provider = openai(fixture.base("/v1"), Some(KEY));
+    let mut hangup = pieces(&text, 9);
+    hangup.push(Part::Hangup);
+    // a clean end of body without [DONE] or a finish reason, then a connection dropped mid-body
+    for parts in [pieces(&text, 9), hangup] {
+        let fixture = Fixture::always(Reply::sse(parts)).await;
+        let provider = openai(fixture.base("/v1"), Some(KEY));
+        let (result, deltas) = chat_streamed(&provider, &simple_request("m")).await;
+        let err = result.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Network, "{err:?}");
+        assert!(err.retryable());
+        assert_eq!(deltas, ["half"]);
+    }
+}
+
+#[tokio::test]
+async fn openai_streaming_request_answered_in_one_piece() {
+    let fixture = Fixture::always(Reply::json(200, &openai_text_completion())).await;
+    let provider = openai(fixture.base("/v1"), None);
     let (result, deltas) = chat_streamed(&provider, &simple_request("m")).await;
-    let err = result.unwrap_err();
-    assert_eq!(err.kind, ErrorKind::Network, "{err:?}");
-    assert_eq!(deltas, ["half"]);
+    assert_eq!(result.unwrap().content, "Hello!");
+    assert_eq!(deltas, ["Hello!"]);
+}
+
+#[tokio::test]
+async fn openai_malformed_answer_is_provider_error() {
+    let fixture = Fixture::always(Reply {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: Body::Full(b"{not json".to_vec()),
+    })
+    .await;
+    let provider = openai(fixture.base("/v1"), Some(KEY));
+    let err = chat(&provider, &simple_request("m")).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ProviderError, "{err:?}");
+    let bad_chunk = Fixture::always(Reply::sse(pieces("data: {oops\n\n", 4))).await;
+    let provider = openai(bad_chunk.base("/v1"), Some(KEY));
+    let err = chat_streamed(&provider, &simple_request("m"))
+        .await
+        .0
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::ProviderError, "{err:?}");
 }
 
 #[tokio::test]

@@ -99,10 +99,9 @@ impl Http {
             ErrorKind::Timeout
         } else if err.is_builder() {
             ErrorKind::InvalidRequest
-        } else if err.is_decode() {
-            ErrorKind::ProviderError
         } else {
-            // connect, request and body errors: unreachable or the connection broke
+            // connect, request and body errors: unreachable or the connection broke (reqwest
+            // reports a broken body as a "decode" error; bodies are never decoded by it here)
             ErrorKind::Network
         };
         let detail = error_chain(err);
