@@ -10,6 +10,7 @@ pub mod openai;
 pub mod retry;
 pub mod scripted;
 mod sse;
+mod transport;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,34 +1,638 @@
-//! TEMPORARY stand-in until its branch is merged.
+//! The `openai` provider: the OpenAI Chat Completions and Embeddings HTTP APIs, also spoken by
+//! local servers (Ollama, vLLM, llama.cpp), streaming or not.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::sse::SseReader;
+use super::transport::{self, null_default, Http};
 use super::{
-    BoxFuture, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
-    ProviderError, ProviderSettings,
+    BoxFuture, ChatMessage, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
+    ProviderError, ProviderSettings, Role, StopReason, ToolCall, Usage,
 };
 
-pub struct OpenAiProvider;
+/// The public endpoint, used when the settings give no base URL.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// An OpenAI-compatible endpoint.
+pub struct OpenAiProvider {
+    id: String,
+    base: String,
+    http: Http,
+}
+
+impl std::fmt::Debug for OpenAiProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiProvider")
+            .field("id", &self.id)
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
 
 impl OpenAiProvider {
-    pub fn new(_s: ProviderSettings) -> Result<Self, ProviderError> {
-        Ok(Self)
+    /// Builds the provider and its pooled HTTP client. Without an API key, calls are sent
+    /// without an Authorization header (local servers need none).
+    pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
+        let base = transport::base_url(&settings, DEFAULT_BASE_URL)?;
+        let http = Http::new(&settings, &base)?;
+        Ok(Self {
+            id: settings.id,
+            base,
+            http,
+        })
+    }
+
+    fn post(&self, path: &str, body: &Value) -> reqwest::RequestBuilder {
+        let request = self
+            .http
+            .client()
+            .post(format!("{}{path}", self.base))
+            .json(body);
+        match self.http.api_key() {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
+    async fn chat_once(
+        &self,
+        req: &ChatRequest,
+        sink: Option<&DeltaSink>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let body = request_body(req, sink.is_some());
+        tracing::debug!(provider = %self.id, model = %req.model, stream = sink.is_some(), "openai chat");
+        let response = self
+            .http
+            .send(self.post("/chat/completions", &body))
+            .await?;
+        match sink {
+            Some(sink) if !is_json(&response) => self.read_stream(response, sink).await,
+            _ => {
+                let completion: Completion = self.http.json(response, "chat completion").await?;
+                let result = self.completion_response(completion)?;
+                if let Some(sink) = sink.filter(|_| !result.content.is_empty()) {
+                    // The server answered a streaming request in one piece.
+                    let _ = sink.send(result.content.clone());
+                }
+                Ok(result)
+            }
+        }
+    }
+
+    fn completion_response(&self, completion: Completion) -> Result<ChatResponse, ProviderError> {
+        if let Some(error) = completion.error {
+            return Err(self.stream_error(&error));
+        }
+        let Some(choice) = completion.choices.into_iter().next() else {
+            return Err(self.http.error(
+                ErrorKind::ProviderError,
+                "the chat completion has no choices",
+            ));
+        };
+        let message = choice.message.unwrap_or_default();
+        let mut tool_calls: Vec<ToolCall> = message
+            .tool_calls
+            .into_iter()
+            .map(|call| {
+                let function = call.function.unwrap_or_default();
+                tool_call(call.id, function.name, function.arguments)
+            })
+            .collect();
+        if let Some(function) = message.function_call {
+            tool_calls.push(tool_call(None, function.name, function.arguments));
+        }
+        Ok(ChatResponse {
+            content: content_text(message.content),
+            stop: stop_reason(choice.finish_reason.as_deref(), !tool_calls.is_empty()),
+            tool_calls,
+            usage: completion.usage.map(Usage::from).unwrap_or_default(),
+        })
+    }
+
+    async fn read_stream(
+        &self,
+        response: reqwest::Response,
+        sink: &DeltaSink,
+    ) -> Result<ChatResponse, ProviderError> {
+        let mut events = SseReader::new(response);
+        let mut state = StreamState::default();
+        loop {
+            let event = events
+                .next()
+                .await
+                .map_err(|err| self.http.transport_error(&err))?;
+            let Some(event) = event else { break };
+            let data = event.data.trim();
+            if data == "[DONE]" {
+                state.done = true;
+                break;
+            }
+            if data.is_empty() {
+                continue;
+            }
+            let chunk: Chunk = serde_json::from_str(data)
+                .map_err(|err| self.http.malformed("stream chunk", &err))?;
+            if let Some(error) = chunk.error {
+                return Err(self.stream_error(&error));
+            }
+            state.apply(chunk, sink);
+        }
+        if !state.done && state.finish.is_none() {
+            return Err(self.http.error(
+                ErrorKind::Network,
+                "the stream ended before the completion finished",
+            ));
+        }
+        Ok(state.into_response())
+    }
+
+    /// An `error` object inside a 200 answer (some servers report failures mid-stream).
+    fn stream_error(&self, error: &Value) -> ProviderError {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .or_else(|| error.as_str())
+            .unwrap_or("unknown error");
+        self.http.error(
+            ErrorKind::ProviderError,
+            &format!("the server reported an error: {message}"),
+        )
+    }
+
+    async fn embed_once(
+        &self,
+        model: &str,
+        inputs: &[String],
+    ) -> Result<Embeddings, ProviderError> {
+        if inputs.is_empty() {
+            return Ok(Embeddings {
+                vectors: Vec::new(),
+                input_tokens: 0,
+            });
+        }
+        let body = json!({"model": model, "input": inputs, "encoding_format": "float"});
+        let response = self.http.send(self.post("/embeddings", &body)).await?;
+        let answer: EmbeddingAnswer = self.http.json(response, "embeddings answer").await?;
+        let mut data = answer.data;
+        data.sort_by_key(|d| d.index);
+        if data.len() != inputs.len() {
+            return Err(self.http.error(
+                ErrorKind::ProviderError,
+                &format!("asked for {} embeddings, got {}", inputs.len(), data.len()),
+            ));
+        }
+        Ok(Embeddings {
+            vectors: data.into_iter().map(|d| d.embedding).collect(),
+            input_tokens: answer.usage.and_then(|u| u.prompt_tokens).unwrap_or(0),
+        })
     }
 }
 
 impl Provider for OpenAiProvider {
     fn chat<'a>(
         &'a self,
-        _r: &'a ChatRequest,
-        _s: Option<&'a DeltaSink>,
-        _c: &'a CancellationToken,
+        req: &'a ChatRequest,
+        sink: Option<&'a DeltaSink>,
+        cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
-        Box::pin(async { Err(ProviderError::new(ErrorKind::Unavailable, "not built")) })
+        Box::pin(transport::with_cancel(cancel, self.chat_once(req, sink)))
     }
+
     fn embed<'a>(
         &'a self,
-        _m: &'a str,
-        _i: &'a [String],
-        _c: &'a CancellationToken,
+        model: &'a str,
+        inputs: &'a [String],
+        cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
-        Box::pin(async { Err(ProviderError::new(ErrorKind::Unavailable, "not built")) })
+        Box::pin(transport::with_cancel(
+            cancel,
+            self.embed_once(model, inputs),
+        ))
+    }
+}
+
+fn is_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
+}
+
+/// The Chat Completions request body.
+fn request_body(req: &ChatRequest, stream: bool) -> Value {
+    let mut messages = Vec::with_capacity(req.messages.len() + 1);
+    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.extend(req.messages.iter().map(wire_message));
+    let mut body = Map::new();
+    body.insert("model".into(), json!(req.model));
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({"type": "function", "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                }})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(max) = req.max_tokens {
+        body.insert("max_tokens".into(), json!(max));
+    }
+    if let Some(temperature) = req.temperature {
+        body.insert("temperature".into(), json!(temperature));
+    }
+    if stream {
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Value::Object(body)
+}
+
+fn wire_message(message: &ChatMessage) -> Value {
+    match message.role {
+        Role::User => json!({"role": "user", "content": message.content}),
+        Role::Assistant if message.tool_calls.is_empty() => {
+            json!({"role": "assistant", "content": message.content})
+        }
+        Role::Assistant => {
+            let calls: Vec<Value> = message
+                .tool_calls
+                .iter()
+                .map(|call| {
+                    json!({"id": call.id, "type": "function", "function": {
+                        "name": call.name,
+                        "arguments": arguments_string(&call.arguments),
+                    }})
+                })
+                .collect();
+            let content = if message.content.is_empty() {
+                Value::Null
+            } else {
+                json!(message.content)
+            };
+            json!({"role": "assistant", "content": content, "tool_calls": calls})
+        }
+        Role::Tool => json!({
+            "role": "tool",
+            "tool_call_id": message.tool_call_id.as_deref().unwrap_or_default(),
+            "content": message.content,
+        }),
+    }
+}
+
+/// Arguments as the API carries them: a JSON string. A string kept because the model's
+/// arguments were not JSON goes back verbatim.
+fn arguments_string(arguments: &Value) -> String {
+    match arguments {
+        Value::String(raw) => raw.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn tool_call(id: Option<String>, name: Option<String>, arguments: Option<Value>) -> ToolCall {
+    let arguments = match arguments {
+        Some(Value::String(raw)) => transport::parse_arguments(&raw),
+        Some(Value::Null) | None => Value::Object(Map::new()),
+        Some(other) => other,
+    };
+    ToolCall {
+        id: id
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(transport::new_call_id),
+        name: name.unwrap_or_default(),
+        arguments,
+    }
+}
+
+/// Message content: a string, or an array of parts whose texts are joined.
+fn content_text(content: Option<Value>) -> String {
+    match content {
+        Some(Value::String(text)) => text,
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+fn stop_reason(finish_reason: Option<&str>, has_tool_calls: bool) -> StopReason {
+    if has_tool_calls {
+        return StopReason::ToolCalls;
+    }
+    match finish_reason {
+        Some("length") => StopReason::Length,
+        // "tool_calls"/"function_call" without any call, "stop", "content_filter", none
+        _ => StopReason::Stop,
+    }
+}
+
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+#[derive(Debug, Default)]
+struct StreamState {
+    content: String,
+    calls: BTreeMap<u32, PartialCall>,
+    finish: Option<String>,
+    usage: Option<Usage>,
+    done: bool,
+}
+
+impl StreamState {
+    fn apply(&mut self, chunk: Chunk, sink: &DeltaSink) {
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage.into());
+        }
+        // Only the first choice is followed (n is never set above 1).
+        let Some(choice) = chunk
+            .choices
+            .into_iter()
+            .find(|c| c.index.unwrap_or(0) == 0)
+        else {
+            return;
+        };
+        if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
+            self.finish = Some(reason);
+        }
+        let Some(delta) = choice.delta else { return };
+        if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+            self.content.push_str(&text);
+            // A closed receiver is fine: the call still completes.
+            let _ = sink.send(text);
+        }
+        for (position, piece) in delta.tool_calls.into_iter().enumerate() {
+            let index = piece
+                .index
+                .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX));
+            let call = self.calls.entry(index).or_default();
+            if let Some(id) = piece.id.filter(|id| !id.is_empty()) {
+                if call.id.is_empty() {
+                    call.id = id;
+                }
+            }
+            let function = piece.function.unwrap_or_default();
+            if let Some(name) = function.name.filter(|n| !n.is_empty()) {
+                if call.name.is_empty() {
+                    call.name = name;
+                }
+            }
+            if let Some(arguments) = function.arguments {
+                call.arguments.push_str(&arguments);
+            }
+        }
+    }
+
+    fn into_response(self) -> ChatResponse {
+        let tool_calls: Vec<ToolCall> = self
+            .calls
+            .into_values()
+            .map(|call| {
+                tool_call(
+                    Some(call.id),
+                    Some(call.name),
+                    Some(Value::String(call.arguments)),
+                )
+            })
+            .collect();
+        ChatResponse {
+            content: self.content,
+            stop: stop_reason(self.finish.as_deref(), !tool_calls.is_empty()),
+            tool_calls,
+            usage: self.usage.unwrap_or_default(),
+        }
+    }
+}
+
+// ---- wire types (lenient: unknown fields ignored, nulls tolerated) ----
+
+#[derive(Debug, Deserialize)]
+struct Completion {
+    #[serde(default, deserialize_with = "null_default")]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Choice {
+    #[serde(default)]
+    message: Option<WireMessage>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WireMessage {
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default, deserialize_with = "null_default")]
+    tool_calls: Vec<WireToolCall>,
+    #[serde(default)]
+    function_call: Option<WireFunction>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireToolCall {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<WireFunction>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WireFunction {
+    #[serde(default)]
+    name: Option<String>,
+    /// A JSON string normally; some servers send the object itself.
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(usage: WireUsage) -> Self {
+        Self {
+            input: usage.prompt_tokens.unwrap_or(0),
+            output: usage.completion_tokens.unwrap_or(0),
+            cached_input: usage
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Chunk {
+    #[serde(default, deserialize_with = "null_default")]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    tool_calls: Vec<DeltaToolCall>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DeltaToolCall {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<DeltaFunction>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct DeltaFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct EmbeddingAnswer {
+    #[serde(default, deserialize_with = "null_default")]
+    data: Vec<EmbeddingItem>,
+    #[serde(default)]
+    usage: Option<EmbeddingUsage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct EmbeddingItem {
+    #[serde(default)]
+    index: u64,
+    embedding: Vec<f32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct EmbeddingUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::providers::ToolSpec;
+
+    #[test]
+    fn body_carries_system_tools_and_tool_turns() {
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "lookup".into(),
+            arguments: json!({"q": "x"}),
+        };
+        let req = ChatRequest {
+            model: "gpt-test".into(),
+            system: Some("be brief".into()),
+            messages: vec![
+                ChatMessage::user("hi"),
+                ChatMessage::assistant("", vec![call.clone()]),
+                ChatMessage::tool(&call, "result", false),
+            ],
+            tools: vec![ToolSpec {
+                name: "lookup".into(),
+                description: "find".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            max_tokens: Some(10),
+            temperature: None,
+        };
+        let body = request_body(&req, false);
+        assert_eq!(
+            body["messages"][0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(
+            body["messages"][2]["tool_calls"][0]["function"]["arguments"],
+            json!("{\"q\":\"x\"}")
+        );
+        assert_eq!(body["messages"][2]["content"], Value::Null);
+        assert_eq!(
+            body["messages"][3],
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "result"})
+        );
+        assert_eq!(body["tools"][0]["function"]["name"], json!("lookup"));
+        assert_eq!(body["max_tokens"], json!(10));
+        assert!(body.get("temperature").is_none());
+        assert!(body.get("stream").is_none());
+    }
+
+    #[test]
+    fn non_json_arguments_round_trip_verbatim() {
+        assert_eq!(arguments_string(&Value::String("{bad".into())), "{bad");
+        assert_eq!(arguments_string(&json!({"a": 1})), "{\"a\":1}");
+    }
+
+    #[test]
+    fn stop_reasons() {
+        assert_eq!(stop_reason(Some("stop"), false), StopReason::Stop);
+        assert_eq!(stop_reason(Some("length"), false), StopReason::Length);
+        assert_eq!(stop_reason(Some("stop"), true), StopReason::ToolCalls);
+        assert_eq!(stop_reason(Some("tool_calls"), true), StopReason::ToolCalls);
+        assert_eq!(stop_reason(None, false), StopReason::Stop);
+    }
+
+    #[test]
+    fn missing_ids_are_generated() {
+        let call = tool_call(None, Some("f".into()), Some(json!("{\"a\":1}")));
+        assert!(call.id.starts_with("call_"));
+        assert_eq!(call.arguments, json!({"a": 1}));
+        let call = tool_call(Some(String::new()), Some("f".into()), Some(json!({"b": 2})));
+        assert!(call.id.starts_with("call_"));
+        assert_eq!(call.arguments, json!({"b": 2}));
     }
 }
