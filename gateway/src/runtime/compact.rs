@@ -7,7 +7,8 @@ use crate::error::GatewayError;
 use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::{ChatMessage, ChatRequest};
-use crate::runtime::sessions::{self, SessionIdent};
+use crate::runtime::sessions;
+use crate::runtime::turn::CallFor;
 use crate::store::sessions::MessageRow;
 
 /// Messages below which a history is not worth compacting.
@@ -76,22 +77,17 @@ impl Engine {
             max_tokens: Some(1024),
             temperature: None,
         };
-        let ident = SessionIdent {
-            key: key.to_owned(),
-            agent_id: agent.id.clone(),
-            channel: String::new(),
-            tenant_id: String::new(),
-            user_id: String::new(),
-        };
         let called = self
             .call_chain(
                 &[model],
                 request,
                 None,
                 &CancellationToken::new(),
-                &agent.id,
-                Some(&ident),
-                "summarize",
+                CallFor {
+                    agent_id: &agent.id,
+                    session_key: Some(key),
+                    operation: "summarize",
+                },
             )
             .await
             .map_err(|e| {

@@ -91,6 +91,14 @@ fn canonical(v: &Value) -> String {
     sort(v).to_string()
 }
 
+/// Whom a model call's usage is recorded for.
+pub(crate) struct CallFor<'a> {
+    pub agent_id: &'a str,
+    pub session_key: Option<&'a str>,
+    /// chat, summarize, ...
+    pub operation: &'a str,
+}
+
 pub(crate) struct Called {
     pub response: ChatResponse,
     pub model: ModelInfo,
@@ -216,9 +224,11 @@ impl Engine {
                     request,
                     req.sink.as_ref(),
                     &req.cancel,
-                    &agent.id,
-                    req.session.as_ref(),
-                    "chat",
+                    CallFor {
+                        agent_id: &agent.id,
+                        session_key: req.session.as_ref().map(|s| s.key.as_str()),
+                        operation: "chat",
+                    },
                 )
                 .await
             {
@@ -332,9 +342,7 @@ impl Engine {
         mut request: ChatRequest,
         sink: Option<&DeltaSink>,
         cancel: &CancellationToken,
-        agent_id: &str,
-        session: Option<&SessionIdent>,
-        operation: &str,
+        who: CallFor<'_>,
     ) -> Result<Called, ProviderError> {
         let snap = self.providers.snapshot();
         let mut last = ProviderError::new(ErrorKind::Unavailable, "no model configured");
@@ -386,11 +394,11 @@ impl Engine {
             let usage = result.as_ref().map(|r| r.usage).unwrap_or(Usage::default());
             let row = UsageRow {
                 ts: crate::store::now_ms(),
-                agent_id: agent_id.to_owned(),
-                session_key: session.map(|s| s.key.clone()),
+                agent_id: who.agent_id.to_owned(),
+                session_key: who.session_key.map(str::to_owned),
                 provider: entry.id.clone(),
                 model: model.id(),
-                operation: operation.to_owned(),
+                operation: who.operation.to_owned(),
                 input_tokens: usage.input as i64,
                 output_tokens: usage.output as i64,
                 cached_tokens: usage.cached_input as i64,
