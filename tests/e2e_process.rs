@@ -43,6 +43,7 @@ fn spawn(dir: &Path, config: Option<&Path>, port: u16) -> Child {
         .env("AGENT_GATEWAY_PORT", port.to_string())
         .env("AGENT_GATEWAY_DATA_DIR", dir.join("data"))
         .env("AGENT_GATEWAY_LOG", "debug")
+        .env("AGENT_GATEWAY_NO_FETCH", "1")
         .stdout(std::fs::File::create(dir.join("out.log")).unwrap())
         .stderr(std::fs::File::create(dir.join("err.log")).unwrap());
     if let Some(c) = config {
@@ -296,4 +297,99 @@ async fn no_token_or_secret_reaches_a_log_line() {
     ] {
         assert!(!log.contains(secret), "a secret reached the log");
     }
+}
+
+const SCRIPTED: &str = r#"
+providers:
+  s:
+    type: scripted
+    models: [m]
+agents:
+  default: {model: s/m}
+"#;
+
+async fn turn(port: u16, text: &str) -> Result<Value, String> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "agent.execute",
+        "params": {"message": text, "sessionKey": {"userId": "durable"}}});
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/rpc"))
+        .bearer_auth(RPC)
+        .json(&body)
+        .timeout(STEP)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: Value = r.json().await.map_err(|e| e.to_string())?;
+    v.get("result").cloned().ok_or_else(|| v.to_string())
+}
+
+async fn history(port: u16) -> Vec<String> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "session.history",
+        "params": {"session_key": "agent:default:api:client:durable", "limit": 1000}});
+    let v: Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/rpc"))
+        .bearer_auth(RPC)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["result"]["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_survive_a_restart_and_kill_9_loses_no_acknowledged_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, port) = spawn_configured(dir.path(), SCRIPTED).await;
+    turn(port, "before a clean restart").await.unwrap();
+    signal(&child, "-TERM");
+    assert!(wait_exit(&mut child).success());
+    let (mut child, port) = spawn_configured(dir.path(), SCRIPTED).await;
+    assert_eq!(
+        history(port).await,
+        ["before a clean restart", "You said: before a clean restart"]
+    );
+    // A stream of turns, killed without warning while they run.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let writer = tokio::spawn(async move {
+        for i in 0.. {
+            let text = format!("turn {i}");
+            match turn(port, &text).await {
+                Ok(_) => {
+                    if tx.send(text).is_err() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let mut acked = Vec::new();
+    while acked.len() < 25 {
+        acked.push(rx.recv().await.unwrap());
+    }
+    signal(&child, "-KILL");
+    wait_exit(&mut child);
+    writer.await.unwrap();
+    while let Ok(t) = rx.try_recv() {
+        acked.push(t);
+    }
+    let (_child, port) = spawn_configured(dir.path(), SCRIPTED).await;
+    let stored = history(port).await;
+    for t in &acked {
+        assert!(stored.contains(t), "acknowledged {t:?} lost; stored {stored:?}");
+        assert!(stored.contains(&format!("You said: {t}")));
+    }
+    // Whole turns only: at most the one in flight was written without being acknowledged.
+    let turns = stored.len() / 2;
+    assert_eq!(stored.len() % 2, 0, "{stored:?}");
+    assert!(turns == acked.len() + 1 || turns == acked.len() + 2, "{turns} vs {}", acked.len());
+    signal(&_child, "-KILL");
 }

@@ -19,6 +19,9 @@ use crate::runtime::tools::Tools;
 use crate::state::Control;
 use crate::store::{Store, DB_FILE};
 
+/// `AGENT_GATEWAY_NO_FETCH=1` turns `local.autoFetch` off (tests, air-gapped hosts).
+pub const ENV_NO_FETCH: &str = "AGENT_GATEWAY_NO_FETCH";
+
 /// Id of the provider defined when the configuration names none.
 pub const EMBEDDED_PROVIDER: &str = "local";
 /// Id of the agent defined when the configuration names none.
@@ -44,9 +47,10 @@ pub fn local_provider(config: &Config, control: &Control) -> Arc<LocalProvider> 
                 .map(PathBuf::from)
                 .or_else(|| l.cache_dir.clone())
                 .unwrap_or_else(local::default_cache_dir);
+            let no_fetch = std::env::var(ENV_NO_FETCH).is_ok_and(|v| v == "1");
             LocalProvider::new(LocalOptions {
                 cache_dir,
-                auto_fetch: l.auto_fetch,
+                auto_fetch: l.auto_fetch && !no_fetch,
                 python: l.python.clone(),
                 threads: l.threads,
             })
