@@ -35,6 +35,10 @@ cargo run -q -p gateway-codegen -- check
 step "clippy"
 cargo clippy -q --all-targets -- -D warnings
 
+step "local models (fetched once into the model cache, verified)"
+cargo build -q --bin agent-gateway
+./target/debug/agent-gateway fetch-models
+
 step "Rust tests"
 cargo test -q --all 2>&1 | tee target/cargo-test.log | grep -vE '^\s*$' | grep -E 'test result|FAILED|panicked|error' || true
 if grep -qE 'FAILED|error(\[|:)' target/cargo-test.log || ! grep -q 'test result' target/cargo-test.log; then

@@ -384,12 +384,19 @@ async fn conversations_survive_a_restart_and_kill_9_loses_no_acknowledged_turn()
     let (_child, port) = spawn_configured(dir.path(), SCRIPTED).await;
     let stored = history(port).await;
     for t in &acked {
-        assert!(stored.contains(t), "acknowledged {t:?} lost; stored {stored:?}");
+        assert!(
+            stored.contains(t),
+            "acknowledged {t:?} lost; stored {stored:?}"
+        );
         assert!(stored.contains(&format!("You said: {t}")));
     }
     // Whole turns only: at most the one in flight was written without being acknowledged.
     let turns = stored.len() / 2;
     assert_eq!(stored.len() % 2, 0, "{stored:?}");
-    assert!(turns == acked.len() + 1 || turns == acked.len() + 2, "{turns} vs {}", acked.len());
+    assert!(
+        turns == acked.len() + 1 || turns == acked.len() + 2,
+        "{turns} vs {}",
+        acked.len()
+    );
     signal(&_child, "-KILL");
 }

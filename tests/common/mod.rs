@@ -31,8 +31,13 @@ pub struct Gateway {
 /// The YAML of a test configuration; `extra` lines are appended under `gateway:` (lines at
 /// column 0 add top-level sections). The local model is never fetched by tests.
 pub fn config_yaml(dir: &std::path::Path, extra: &str) -> String {
+    let local = if extra.contains("\nlocal:") {
+        ""
+    } else {
+        "local:\n  autoFetch: false\n  preload: false\n"
+    };
     format!(
-        "local:\n  autoFetch: false\ngateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {data}\n  tokens:\n    - {{id: admin, secret: {ADMIN}, scopes: ['*']}}\n    - {{id: client, secret: {RPC}, scopes: [rpc]}}\n    - {{id: mcp, secret: {MCP}, scopes: [mcp-client]}}\n    - {{id: ops, secret: {ADMIN_ONLY}, scopes: [admin]}}\n{extra}",
+        "{local}gateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {data}\n  tokens:\n    - {{id: admin, secret: {ADMIN}, scopes: ['*']}}\n    - {{id: client, secret: {RPC}, scopes: [rpc]}}\n    - {{id: mcp, secret: {MCP}, scopes: [mcp-client]}}\n    - {{id: ops, secret: {ADMIN_ONLY}, scopes: [admin]}}\n{extra}",
         data = dir.join("data").display()
     )
 }

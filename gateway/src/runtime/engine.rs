@@ -37,24 +37,27 @@ pub struct Engine {
     pub control: Arc<Control>,
 }
 
+/// Where and how the local models are fetched, from the configuration and environment.
+pub fn local_options(config: &Config) -> LocalOptions {
+    let l = &config.local;
+    let cache_dir = std::env::var_os(local::ENV_MODEL_CACHE)
+        .map(PathBuf::from)
+        .or_else(|| l.cache_dir.clone())
+        .unwrap_or_else(local::default_cache_dir);
+    let no_fetch = std::env::var(ENV_NO_FETCH).is_ok_and(|v| v == "1");
+    LocalOptions {
+        cache_dir,
+        auto_fetch: l.auto_fetch && !no_fetch,
+        python: l.python.clone(),
+        threads: l.threads,
+    }
+}
+
 /// The process-wide local provider (model loading outlives server generations).
 pub fn local_provider(config: &Config, control: &Control) -> Arc<LocalProvider> {
     control
         .local
-        .get_or_init(|| {
-            let l = &config.local;
-            let cache_dir = std::env::var_os(local::ENV_MODEL_CACHE)
-                .map(PathBuf::from)
-                .or_else(|| l.cache_dir.clone())
-                .unwrap_or_else(local::default_cache_dir);
-            let no_fetch = std::env::var(ENV_NO_FETCH).is_ok_and(|v| v == "1");
-            LocalProvider::new(LocalOptions {
-                cache_dir,
-                auto_fetch: l.auto_fetch && !no_fetch,
-                python: l.python.clone(),
-                threads: l.threads,
-            })
-        })
+        .get_or_init(|| LocalProvider::new(local_options(config)))
         .clone()
 }
 
@@ -85,7 +88,12 @@ impl Engine {
         }
         let local = local_provider(config, &control);
         let engine = Self {
-            providers: Providers::new(store.clone(), config.models.clone(), local),
+            providers: Providers::new(
+                store.clone(),
+                config.models.clone(),
+                local,
+                config.local.preload,
+            ),
             agents: Agents::new(
                 store.clone(),
                 config.agent_defaults.clone(),

@@ -184,17 +184,24 @@ pub struct Providers {
     store: Store,
     overrides: Vec<ModelConfig>,
     local: Arc<LocalProvider>,
+    preload_local: bool,
     snapshot: RwLock<Arc<Snapshot>>,
     /// Serialises changes (persist, then swap).
     write: tokio::sync::Mutex<()>,
 }
 
 impl Providers {
-    pub fn new(store: Store, overrides: Vec<ModelConfig>, local: Arc<LocalProvider>) -> Self {
+    pub fn new(
+        store: Store,
+        overrides: Vec<ModelConfig>,
+        local: Arc<LocalProvider>,
+        preload_local: bool,
+    ) -> Self {
         Self {
             store,
             overrides,
             local,
+            preload_local,
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             write: tokio::sync::Mutex::new(()),
         }
@@ -223,6 +230,17 @@ impl Providers {
         &self.local
     }
 
+    /// Starts loading the local models when nothing started them yet (`local.preload:
+    /// false`), and waits for them up to `wait`.
+    pub async fn ensure_local(&self, wait: Duration) {
+        if self.local.status() == LocalStatus::NotStarted {
+            self.local.start();
+        }
+        if let Err(e) = self.local.wait_ready(wait).await {
+            tracing::debug!(error = %e, "local models not ready");
+        }
+    }
+
     /// Rebuilds the snapshot from the database.
     pub async fn reload(&self) -> Result<(), GatewayError> {
         let rows = self.store.registry_list(Table::Providers).await?;
@@ -246,9 +264,10 @@ impl Providers {
             providers.insert(id, Arc::new(entry));
         }
         models.sort_by_key(|m| m.id());
-        if providers
-            .values()
-            .any(|p| p.kind == ProviderKind::Local && p.enabled())
+        if self.preload_local
+            && providers
+                .values()
+                .any(|p| p.kind == ProviderKind::Local && p.enabled())
             && self.local.status() == LocalStatus::NotStarted
         {
             self.local.start();

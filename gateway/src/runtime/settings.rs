@@ -23,6 +23,8 @@ pub struct LocalConfig {
     pub python: String,
     /// CPU threads for inference; all cores when absent.
     pub threads: Option<usize>,
+    /// Load the models at start (in the background); when false they load on first use.
+    pub preload: bool,
 }
 
 impl Default for LocalConfig {
@@ -32,6 +34,7 @@ impl Default for LocalConfig {
             auto_fetch: true,
             python: "python3".to_owned(),
             threads: None,
+            preload: true,
         }
     }
 }

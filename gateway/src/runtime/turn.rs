@@ -18,7 +18,8 @@ use crate::runtime::catalog::ModelInfo;
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::retry::{chat_with_retry, RetryPolicy};
 use crate::runtime::providers::{
-    ChatMessage, ChatRequest, ChatResponse, DeltaSink, ErrorKind, ProviderError, Usage,
+    ChatMessage, ChatRequest, ChatResponse, DeltaSink, ErrorKind, ProviderError, ProviderKind,
+    Usage,
 };
 use crate::runtime::sessions::{self, SessionIdent};
 use crate::runtime::tools::ToolContext;
@@ -386,6 +387,9 @@ impl Engine {
                     continue;
                 }
             };
+            if entry.kind == ProviderKind::Local {
+                self.providers.ensure_local(entry.timeout()).await;
+            }
             request.model = model.model_id.clone();
             let started = Instant::now();
             let policy = RetryPolicy::new(entry.max_retries(), entry.timeout());

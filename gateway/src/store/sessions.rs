@@ -257,7 +257,7 @@ impl Store {
         messages: &[MessageRow],
         totals: &TurnTotals,
     ) -> Result<(), GatewayError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         let next: i64 = sqlx::query_scalar("SELECT next_seq FROM sessions WHERE session_key = ?")
             .bind(key)
             .fetch_one(&mut *tx)
@@ -288,7 +288,7 @@ impl Store {
         key: &str,
         messages: &[MessageRow],
     ) -> Result<(), GatewayError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("DELETE FROM messages WHERE session_key = ?")
             .bind(key)
             .execute(&mut *tx)
@@ -307,7 +307,7 @@ impl Store {
     /// Clears the messages (keeping the session and its metadata); the count cleared, or None
     /// when the session does not exist.
     pub async fn session_clear(&self, key: &str) -> Result<Option<i64>, GatewayError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         let exists = sqlx::query("SELECT 1 FROM sessions WHERE session_key = ?")
             .bind(key)
             .fetch_optional(&mut *tx)
