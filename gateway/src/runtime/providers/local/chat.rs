@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use candle_core::quantized::gguf_file;
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use candle_transformers::models::quantized_llama::{ModelWeights, MAX_SEQ_LEN};
@@ -41,9 +41,70 @@ fn cerr(what: &str) -> impl Fn(candle_core::Error) -> ProviderError + '_ {
     move |e| ProviderError::new(ErrorKind::ProviderError, format!("{what}: {e}"))
 }
 
+/// How the quantized weights are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// As stored in the file (Q4_1).
+    AsStored,
+    /// Re-quantized to Q8_0.
+    Q8_0,
+    /// Dequantized to f32.
+    F32,
+}
+
+/// Rewrites every quantized tensor of `content` into `target`, as an in-memory GGUF.
+fn convert_weights(
+    content: &gguf_file::Content,
+    file: &mut std::fs::File,
+    target: GgmlDType,
+) -> Result<(gguf_file::Content, std::io::Cursor<Vec<u8>>), String> {
+    let device = Device::Cpu;
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    let mut tensors = Vec::with_capacity(names.len());
+    for name in names {
+        let qt = content
+            .tensor(file, name, &device)
+            .map_err(|e| format!("reading {name}: {e}"))?;
+        let keep = matches!(
+            qt.dtype(),
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16
+        ) || qt.dtype() == target;
+        let qt = if keep {
+            qt
+        } else {
+            let t = qt
+                .dequantize(&device)
+                .map_err(|e| format!("dequantizing {name}: {e}"))?;
+            QTensor::quantize(&t, target).map_err(|e| format!("converting {name}: {e}"))?
+        };
+        tensors.push((name.as_str(), qt));
+    }
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+    let mut buf = std::io::Cursor::new(Vec::new());
+    gguf_file::write(&mut buf, &metadata, &refs).map_err(|e| format!("re-encoding: {e}"))?;
+    buf.set_position(0);
+    let converted = gguf_file::Content::read(&mut buf).map_err(|e| format!("re-reading: {e}"))?;
+    Ok((converted, buf))
+}
+
 impl ChatModel {
-    /// Reads the GGUF file, its tokenizer and weights (blocking).
+    /// Reads the GGUF file, its tokenizer and weights (blocking). The weights are
+    /// dequantized to f32: candle's quantized matmul also quantizes the activations to 8 bits,
+    /// which derails this small model (it no longer knows the capital of France, while f32
+    /// matches a reference forward pass), and on a default x86-64 build (no AVX enabled at
+    /// compile time) its quantized kernels are slower than f32 gemm anyway.
     pub fn load(path: &Path) -> Result<Self, String> {
+        Self::load_with(path, WeightFormat::F32)
+    }
+
+    /// Reads the GGUF file, holding the weights as `weight_format` says (blocking).
+    pub fn load_with(path: &Path, weight_format: WeightFormat) -> Result<Self, String> {
         let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let content = gguf_file::Content::read(&mut file)
             .map_err(|e| format!("{}: not a readable GGUF file: {e}", path.display()))?;
@@ -74,8 +135,20 @@ impl ChatModel {
             .ok_or("the vocabulary has no <|im_end|>")?;
         let eos = tokenizer.eos_id;
         let device = Device::Cpu;
-        let weights = ModelWeights::from_gguf(content, &mut file, &device)
-            .map_err(|e| format!("{}: loading weights: {e}", path.display()))?;
+        let target = match weight_format {
+            WeightFormat::AsStored => None,
+            WeightFormat::Q8_0 => Some(GgmlDType::Q8_0),
+            WeightFormat::F32 => Some(GgmlDType::F32),
+        };
+        let weights = match target {
+            None => ModelWeights::from_gguf(content, &mut file, &device),
+            Some(target) => {
+                let (converted, mut buf) = convert_weights(&content, &mut file, target)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                ModelWeights::from_gguf(converted, &mut buf, &device)
+            }
+        }
+        .map_err(|e| format!("{}: loading weights: {e}", path.display()))?;
         Ok(Self {
             weights: std::sync::Arc::new(tokio::sync::Mutex::new(weights)),
             tokenizer,
@@ -267,6 +340,11 @@ impl ChatModel {
             },
             stop,
         })
+    }
+
+    /// The tokenizer (for tests and diagnostics).
+    pub fn tokenizer(&self) -> &GgufTokenizer {
+        &self.tokenizer
     }
 
     /// The text of token ids (for tests and diagnostics).
