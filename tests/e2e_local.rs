@@ -19,7 +19,9 @@ async fn a_real_turn_on_the_local_model() {
     let gw = start("\nlocal: {autoFetch: false}\nproviders:\n  local: {type: local}\nagents:\n  default: {model: local/smollm2-135m-instruct, systemPrompt: 'Answer in one short sentence.'}\n").await;
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let m = gw.call(ADMIN, "models.list", json!({"provider": "local"})).await;
+        let m = gw
+            .call(ADMIN, "models.list", json!({"provider": "local"}))
+            .await;
         let chat = m["result"]["models"]
             .as_array()
             .unwrap()
@@ -31,23 +33,39 @@ async fn a_real_turn_on_the_local_model() {
             break;
         }
         if Instant::now() > deadline {
-            let r = gw.call(RPC, "agent.execute", json!({"message": "hi"})).await;
+            let r = gw
+                .call(RPC, "agent.execute", json!({"message": "hi"}))
+                .await;
             panic!("the local model did not load (run `agent-gateway fetch-models`): {r}");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let r = gw
-        .call(RPC, "agent.execute", json!({"message": "What is the capital of France?", "sessionKey": {"userId": "local"}}))
+        .call(
+            RPC,
+            "agent.execute",
+            json!({"message": "What is the capital of France?", "sessionKey": {"userId": "local"}}),
+        )
         .await;
     let result = r.get("result").unwrap_or_else(|| panic!("{r}"));
     validate_result("agent.execute", result);
-    assert!(!result["response"].as_str().unwrap().trim().is_empty(), "{r}");
+    assert!(
+        !result["response"].as_str().unwrap().trim().is_empty(),
+        "{r}"
+    );
     assert!(["stop", "max_steps"].contains(&result["finishReason"].as_str().unwrap()));
     assert!(result["tokensUsed"]["input"].as_i64().unwrap() > 0);
     assert!(result["tokensUsed"]["output"].as_i64().unwrap() > 0);
     let h = gw
-        .call(RPC, "session.history", json!({"session_key": "agent:default:api:client:local"}))
+        .call(
+            RPC,
+            "session.history",
+            json!({"session_key": "agent:default:api:client:local"}),
+        )
         .await;
-    assert_eq!(h["result"]["messages"][1]["model"], "local/smollm2-135m-instruct");
+    assert_eq!(
+        h["result"]["messages"][1]["model"],
+        "local/smollm2-135m-instruct"
+    );
     gw.stop().await;
 }
