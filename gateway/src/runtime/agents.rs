@@ -386,21 +386,9 @@ impl Agents {
         let completed = complete(config.clone(), id, snap, &self.defaults, default_model)
             .map_err(|e| GatewayError::InvalidParams(format!("agents.{id}: {e}")))?;
         let text = to_json(&completed)?;
-        let rows = self.store.registry_list(Table::Agents).await?;
-        match rows.iter().find(|r| r.id == id) {
-            None => {
-                self.store
-                    .registry_insert(Table::Agents, id, &text, Some(&hash))
-                    .await?;
-            }
-            Some(r) if r.seed_hash.as_deref() != Some(hash.as_str()) => {
-                self.store
-                    .registry_update(Table::Agents, id, &text, Some(&hash))
-                    .await?;
-            }
-            Some(_) => {}
-        }
-        Ok(())
+        self.store
+            .registry_seed(Table::Agents, id, &text, &hash)
+            .await
     }
 }
 

@@ -353,21 +353,9 @@ impl Providers {
         let completed = complete(id, config.clone())
             .map_err(|e| GatewayError::InvalidParams(format!("providers.{id}: {e}")))?;
         let text = to_json(&completed)?;
-        let rows = self.store.registry_list(Table::Providers).await?;
-        match rows.iter().find(|r| r.id == id) {
-            None => {
-                self.store
-                    .registry_insert(Table::Providers, id, &text, Some(&hash))
-                    .await?;
-            }
-            Some(r) if r.seed_hash.as_deref() != Some(hash.as_str()) => {
-                self.store
-                    .registry_update(Table::Providers, id, &text, Some(&hash))
-                    .await?;
-            }
-            Some(_) => {}
-        }
-        Ok(())
+        self.store
+            .registry_seed(Table::Providers, id, &text, &hash)
+            .await
     }
 }
 

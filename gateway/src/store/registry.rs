@@ -130,6 +130,35 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Writes a configuration-file entry: inserted when new, replaced when the file's entry
+    /// changed since it was last seeded (`hash` differs), kept otherwise (with the changes
+    /// made through the API).
+    pub async fn registry_seed(
+        &self,
+        table: Table,
+        id: &str,
+        config: &str,
+        hash: &str,
+    ) -> Result<(), GatewayError> {
+        let stored: Option<Option<String>> = sqlx::query_scalar(&format!(
+            "SELECT seed_hash FROM {} WHERE id = ?",
+            table.name()
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?;
+        match stored {
+            None => {
+                self.registry_insert(table, id, config, Some(hash)).await?;
+            }
+            Some(h) if h.as_deref() != Some(hash) => {
+                self.registry_update(table, id, config, Some(hash)).await?;
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
     /// Sets an agent's suspended flag; None when unknown, Some(changed) otherwise.
     pub async fn agent_set_suspended(
         &self,
