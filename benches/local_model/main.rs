@@ -98,9 +98,9 @@ fn main() -> Result<(), String> {
 
     let req = ChatRequest {
         model: String::new(),
-        system: Some("You are a helpful assistant who writes long, detailed answers.".to_string()),
+        system: Some("You are a storyteller.".to_string()),
         messages: vec![ChatMessage::user(
-            "Tell me a long story about a brave knight and a dragon.",
+            "Tell me a long story about a knight and a dragon.",
         )],
         tools: Vec::new(),
         max_tokens: Some(128),

@@ -93,6 +93,23 @@ fn convert_weights(
     Ok((converted, buf))
 }
 
+/// Which turns fit in `budget` tokens besides `fixed` ones (system prompt and assistant
+/// header): drops the oldest turns, always keeping the last one. Ok((index of the first kept
+/// turn, total tokens)), or Err(tokens needed) when even the last turn alone does not fit.
+fn fit_turns(fixed: usize, turns: &[usize], budget: usize) -> Result<(usize, usize), usize> {
+    let mut total = fixed + turns.iter().sum::<usize>();
+    let mut first = 0;
+    while total > budget && turns.len() - first > 1 {
+        total -= turns[first];
+        first += 1;
+    }
+    if total > budget {
+        Err(total)
+    } else {
+        Ok((first, total))
+    }
+}
+
 impl ChatModel {
     /// Reads the GGUF file, its tokenizer and weights (blocking). The weights are
     /// dequantized to f32: candle's quantized matmul also quantizes the activations to 8 bits,
@@ -232,22 +249,18 @@ impl ChatModel {
         );
 
         let budget = self.context.saturating_sub(max_new);
-        let mut total = head.len() + tail.len() + turns.iter().map(Vec::len).sum::<usize>();
-        let mut first = 0;
-        while total > budget && turns.len() - first > 1 {
-            total -= turns[first].len();
-            first += 1;
-        }
-        if total > budget {
-            return Err(ProviderError::new(
-                ErrorKind::InvalidRequest,
-                format!(
+        let lens: Vec<usize> = turns.iter().map(Vec::len).collect();
+        let (first, total) =
+            fit_turns(head.len() + tail.len(), &lens, budget).map_err(|total| {
+                ProviderError::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
                     "the prompt needs {total} tokens but the local model has room for {budget} \
                      ({} context - {max_new} output tokens)",
                     self.context
                 ),
-            ));
-        }
+                )
+            })?;
         if first > 0 {
             tracing::debug!(
                 dropped = first,
@@ -311,7 +324,8 @@ impl ChatModel {
                 .and_then(|l| l.to_dtype(DType::F32))
                 .and_then(|l| sampler.sample(&l))
                 .map_err(cerr("sampling"))?;
-            if next == self.eos || next == self.im_end {
+            // <|im_start|> would open another turn: the answer is over as well.
+            if next == self.eos || next == self.im_end || next == self.im_start {
                 break StopReason::Stop;
             }
             generated += 1;
@@ -350,5 +364,23 @@ impl ChatModel {
     /// The text of token ids (for tests and diagnostics).
     pub fn decode(&self, ids: &[u32]) -> String {
         self.tokenizer.decode(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oldest_turns_are_dropped_to_fit() {
+        // Everything fits.
+        assert_eq!(fit_turns(10, &[5, 5, 5], 100), Ok((0, 25)));
+        // Drop the two oldest.
+        assert_eq!(fit_turns(10, &[50, 30, 20, 5], 40), Ok((2, 35)));
+        // The last turn is always kept; alone too big: refused with the size needed.
+        assert_eq!(fit_turns(10, &[5, 50], 40), Err(60));
+        // No turns at all.
+        assert_eq!(fit_turns(10, &[], 40), Ok((0, 10)));
+        assert_eq!(fit_turns(50, &[], 40), Err(50));
     }
 }

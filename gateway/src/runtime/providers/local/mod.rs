@@ -311,8 +311,6 @@ impl LocalProvider {
             );
         }
         let model = Arc::clone(&models.chat);
-        let max_new = ChatModel::max_new_tokens(req);
-        let prompt = model.build_prompt(req, max_new)?;
         let cancelled = || ProviderError::new(ErrorKind::Cancelled, "local generation cancelled");
         let weights = tokio::select! {
             guard = Arc::clone(&model.weights).lock_owned() => guard,
@@ -322,16 +320,19 @@ impl LocalProvider {
         let stop = cancel.child_token();
         let _stop_on_drop = stop.clone().drop_guard();
         let sink = sink.cloned();
-        let temperature = req.temperature;
+        let req = req.clone();
         let pool = models.pool.clone();
         tokio::task::spawn_blocking(move || {
             let mut weights = weights;
             run_in(pool.as_deref(), || {
+                // Tokenizing can take a while for long conversations: done here, off the runtime.
+                let max_new = ChatModel::max_new_tokens(&req);
+                let prompt = model.build_prompt(&req, max_new)?;
                 model.generate(
                     &mut weights,
                     &prompt,
                     max_new,
-                    temperature,
+                    req.temperature,
                     sink.as_ref(),
                     &stop,
                 )
