@@ -90,12 +90,10 @@ impl ProvidersApi for Rpc {
         _ctx: &CallContext,
         p: ProvidersUpdateParams,
     ) -> Result<ProvidersUpdateResult, GatewayError> {
-        let engine = self.engine();
-        let models_before = engine.providers.snapshot().models.len();
-        engine.providers.update(&p.provider_id, p.config).await?;
-        if engine.providers.snapshot().models.len() != models_before {
-            tracing::info!(provider = %p.provider_id, "provider models changed");
-        }
+        self.engine()
+            .providers
+            .update(&p.provider_id, p.config)
+            .await?;
         Ok(ProvidersUpdateResult {
             provider: self.provider_record(&p.provider_id)?,
             provider_id: p.provider_id,

@@ -291,19 +291,28 @@ impl SessionApi for Rpc {
         }
         let engine = self.engine();
         let store = &engine.store;
-        // Best effort per layer: an absent session is not an error.
-        let exists = self.visible_session(ctx, &p.session_key).await.is_ok();
-        let (cleared, notes) = if exists {
+        // Best effort per layer: an absent session is not an error (a storage failure is).
+        let visible = match self.visible_session(ctx, &p.session_key).await {
+            Ok(_) => true,
+            Err(GatewayError::NotFound(_)) => false,
+            Err(e) => return Err(e),
+        };
+        let (cleared, notes) = if visible {
             let lock = engine.locks.lock_for(&p.session_key);
             let _turns = lock.lock().await;
+            // Counted under the turn lock; the delete cascades to messages and notes.
+            let cleared = store
+                .session_get(&p.session_key)
+                .await?
+                .map_or(0, |s| s.message_count);
             let notes = store.notes_list(&p.session_key).await?.len() as i64;
-            let cleared = store.session_clear(&p.session_key).await?.unwrap_or(0);
             store.session_delete(&p.session_key).await?;
             (cleared, notes)
         } else {
             (0, 0)
         };
-        let memories_deleted = if p.memory && exists {
+        // Memories outlive their session, so they are deleted even when it is gone.
+        let memories_deleted = if p.memory {
             Some(match store.memory_delete_by_session(&p.session_key).await {
                 Ok(n) => n,
                 Err(e) => {

@@ -191,9 +191,4 @@ impl Engine {
             .find(|m| m.can(ModelsCapability::Chat))
             .map(|m| m.id())
     }
-
-    /// Closes the database.
-    pub async fn close(&self) {
-        self.store.close().await;
-    }
 }

@@ -225,11 +225,6 @@ impl Providers {
         })
     }
 
-    /// The shared in-process model provider.
-    pub fn local(&self) -> &Arc<LocalProvider> {
-        &self.local
-    }
-
     /// Starts loading the local models when nothing started them yet (`local.preload:
     /// false`), and waits for them up to `wait`.
     pub async fn ensure_local(&self, wait: Duration) {

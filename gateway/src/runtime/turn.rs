@@ -136,18 +136,21 @@ impl Engine {
         let mut history = Vec::new();
         let mut summary = None;
         if let Some(s) = &req.session {
-            // Created before the first step: tools (notes) write rows that reference it.
-            self.store
-                .session_ensure(&NewSession {
-                    key: &s.key,
-                    agent_id: &s.agent_id,
-                    channel: &s.channel,
-                    tenant_id: Some(&s.tenant_id),
-                    user_id: Some(&s.user_id),
-                })
-                .await?;
             let limit = i64::from(self.agents.defaults().max_history_messages.max(1));
             let (rows, _) = self.store.session_messages(&s.key, None, limit).await?;
+            // A session with history exists; otherwise it is created before the first step,
+            // since tools (notes) write rows that reference it. Saves a write per turn.
+            if rows.is_empty() {
+                self.store
+                    .session_ensure(&NewSession {
+                        key: &s.key,
+                        agent_id: &s.agent_id,
+                        channel: &s.channel,
+                        tenant_id: Some(&s.tenant_id),
+                        user_id: Some(&s.user_id),
+                    })
+                    .await?;
+            }
             for r in &rows {
                 match sessions::to_chat(r) {
                     Some(m) => history.push(m),
@@ -201,7 +204,6 @@ impl Engine {
             steps: 0,
             model: context_model.id(),
         };
-        let mut stored = Vec::new();
         let mut seen_calls = HashSet::new();
         let mut failures = 0u32;
         let mut step_usage = Vec::new();
@@ -308,15 +310,19 @@ impl Engine {
                 break;
             }
         }
-        stored.extend(messages[first_new..].iter().enumerate().map(|(i, m)| {
-            let at = first_new + i;
-            let usage = step_usage.iter().find(|(idx, _, _)| *idx == at);
-            sessions::to_row(
-                m,
-                usage.map(|(_, id, _)| id.as_str()),
-                usage.map(|(_, _, u)| (u.input, u.output)),
-            )
-        }));
+        let stored: Vec<_> = messages[first_new..]
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let at = first_new + i;
+                let usage = step_usage.iter().find(|(idx, _, _)| *idx == at);
+                sessions::to_row(
+                    m,
+                    usage.map(|(_, id, _)| id.as_str()),
+                    usage.map(|(_, _, u)| (u.input, u.output)),
+                )
+            })
+            .collect();
         if let Some(s) = &req.session {
             self.store
                 .session_append(

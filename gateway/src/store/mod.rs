@@ -53,11 +53,6 @@ impl Store {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-
-    /// Closes every connection (checkpointing the WAL).
-    pub async fn close(&self) {
-        self.pool.close().await;
-    }
 }
 
 /// Now as epoch milliseconds.

@@ -181,32 +181,25 @@ impl Store {
         limit: i64,
         offset: i64,
     ) -> Result<(Vec<SessionRow>, i64), GatewayError> {
-        let cond = "(? IS NULL OR s.agent_id = ?) AND (? IS NULL OR s.channel = ?) \
-                    AND (? IS NULL OR s.updated_at >= ?) AND (? IS NULL OR s.tenant_id = ?)";
+        // Numbered parameters: each filter is bound once and used twice.
+        let cond = "(?1 IS NULL OR s.agent_id = ?1) AND (?2 IS NULL OR s.channel = ?2) \
+                    AND (?3 IS NULL OR s.updated_at >= ?3) AND (?4 IS NULL OR s.tenant_id = ?4)";
         let total: i64 =
             sqlx::query_scalar(&format!("SELECT COUNT(*) FROM sessions s WHERE {cond}"))
                 .bind(&f.agent_id)
-                .bind(&f.agent_id)
-                .bind(&f.channel)
                 .bind(&f.channel)
                 .bind(f.updated_since)
-                .bind(f.updated_since)
-                .bind(&f.tenant_id)
                 .bind(&f.tenant_id)
                 .fetch_one(self.pool())
                 .await?;
         let sql = format!(
             "SELECT {SESSION_COLUMNS} FROM sessions s WHERE {cond} \
-             ORDER BY s.updated_at DESC, s.session_key LIMIT ? OFFSET ?"
+             ORDER BY s.updated_at DESC, s.session_key LIMIT ?5 OFFSET ?6"
         );
         let rows = sqlx::query(&sql)
             .bind(&f.agent_id)
-            .bind(&f.agent_id)
-            .bind(&f.channel)
             .bind(&f.channel)
             .bind(f.updated_since)
-            .bind(f.updated_since)
-            .bind(&f.tenant_id)
             .bind(&f.tenant_id)
             .bind(limit)
             .bind(offset)
