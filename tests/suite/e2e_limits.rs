@@ -1,12 +1,9 @@
 //! End to end: every limit at the limit and one past it, heartbeats, close codes (1000, 1001,
 //! 4001), restart, Origin, header deadline, server push.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::SinkExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

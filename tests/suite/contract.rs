@@ -1,6 +1,5 @@
 //! Contract tests: catalogue invariants, generated/ in sync, every schema compiles, the OpenRPC
 //! document is well formed, and the compiled METHODS table agrees with the catalogue.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! The openai and anthropic providers against a fixture HTTP server on loopback: request
 //! bodies and headers, plain and streamed answers (split at awkward byte boundaries), tool
 //! calls, error statuses, key scrubbing, cancellation, refused connections and timeouts.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

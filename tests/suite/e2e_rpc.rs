@@ -1,11 +1,8 @@
 //! End to end over /ws and /rpc on loopback: the JSON-RPC 2.0 section 7 examples, the spec's
 //! error table, scopes and params table-driven over METHODS, and results against their schemas.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
+use crate::common::*;
 use agent_gateway::rpc::generated::methods::{Scope, METHODS};
-use common::*;
 use serde_json::{json, Value};
 
 /// Reduces a response to what the contract fixes: id plus result-or-code.

@@ -1,6 +1,6 @@
 //! Shared test harness: a gateway on 127.0.0.1 with a temp data dir, tokens of each scope,
 //! and small HTTP / WebSocket clients.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::time::Duration;

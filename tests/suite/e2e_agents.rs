@@ -1,11 +1,8 @@
 //! The agent engine over JSON-RPC on loopback, driven by the scripted provider: every finish
 //! reason, budgets, the tool circuit breaker, loop detection, retries and failover, built-in
 //! tools, sessions, agents, providers, models, background runs, and usage accounting.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ENGINE: &str = r#"

@@ -1,13 +1,10 @@
 //! A real agent turn on the in-process local model (SmolLM2-135M through candle), end to end
 //! over JSON-RPC. Needs the model cache filled by `agent-gateway fetch-models` (the test
 //! script does it); it never downloads anything itself.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

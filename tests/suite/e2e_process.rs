@@ -1,15 +1,12 @@
 //! The real binary: embedded defaults, refusing bad configuration, SIGTERM (1001), kill -9
 //! (1006), and no secret in any log line.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");

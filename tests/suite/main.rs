@@ -1,0 +1,14 @@
+//! The integration suite, one test binary (each former test file is a module here, so the
+//! crate and its dependencies are linked once instead of once per file). Run one part with
+//! `cargo test --test suite <module>::`, e.g. `cargo test --test suite e2e_agents::`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod contract;
+mod e2e_agents;
+mod e2e_limits;
+mod e2e_local;
+mod e2e_process;
+mod e2e_rpc;
+mod local_model;
+mod providers_http;
