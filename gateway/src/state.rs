@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::TokenStore;
 use crate::config::Config;
+use crate::events::EventBus;
 use crate::http::limits::RateLimiter;
 use crate::hub::Hub;
 use crate::runtime::engine::Engine;
@@ -22,6 +23,8 @@ pub struct Control {
     pub hub: Hub,
     /// The in-process model provider: loaded once per process, shared by every generation.
     pub local: OnceLock<Arc<LocalProvider>>,
+    /// System events for /api/events and /api/activity.
+    pub events: EventBus,
 }
 
 impl Control {
@@ -31,6 +34,7 @@ impl Control {
             process_start: Instant::now(),
             hub: Hub::default(),
             local: OnceLock::new(),
+            events: EventBus::default(),
         }
     }
 }

@@ -3,8 +3,6 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use super::Rpc;
 use crate::error::GatewayError;
 use crate::rpc::generated::handlers::AgentApi;
@@ -99,15 +97,8 @@ impl Rpc {
         let outcome = self
             .engine()
             .run_turn(TurnRequest {
-                agent,
                 session,
-                message,
-                scopes,
-                sink: None,
-                cancel: CancellationToken::new(),
-                max_steps: None,
-                model: None,
-                only_tools: None,
+                ..TurnRequest::new(agent, message, scopes)
             })
             .await?;
         Ok(outcome.result())

@@ -61,6 +61,7 @@ impl AgentsApi for Rpc {
         if let Err(e) = std::fs::create_dir_all(&dir) {
             tracing::warn!(agent = %agent.id, error = %e, "workspace directory not created");
         }
+        engine.emit("agent:hot_added", serde_json::json!({"agentId": agent.id}));
         Ok(AgentsCreateResult {
             agent_id: agent.id.clone(),
             created: true,
@@ -93,6 +94,10 @@ impl AgentsApi for Rpc {
         p: AgentsDeleteParams,
     ) -> Result<AgentsDeleteResult, GatewayError> {
         self.engine().agents.delete(&p.agent_id).await?;
+        self.engine().emit(
+            "agent:hot_removed",
+            serde_json::json!({"agentId": p.agent_id}),
+        );
         Ok(AgentsDeleteResult {
             agent_id: p.agent_id,
             deleted: true,

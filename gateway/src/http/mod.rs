@@ -1,15 +1,26 @@
-//! The HTTP surface: one poem route tree for every path, wrapped in the global rate limit.
+//! The HTTP surface: one poem route tree for every path, wrapped in the global rate limit;
+//! the typed API (health, REST, /v1) comes from poem-openapi with its document and UI.
 
-pub mod health;
+pub mod api;
 pub mod limits;
+pub mod openapi;
+pub mod problem;
+pub mod security;
+pub mod sse;
+pub mod turns;
+pub mod v1;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use poem::{get, post, Endpoint, EndpointExt, IntoResponse, Request, Response, Route};
+use poem::endpoint::StaticFilesEndpoint;
+use poem::web::Redirect;
+use poem::{get, handler, post, Endpoint, EndpointExt, IntoResponse, Request, Response, Route};
 use serde_json::json;
 
 use crate::state::AppState;
+use limits::{read_body, BodyError};
+use problem::{Area, Problem};
 
 /// A JSON error body `{error: <message>}` with a status.
 pub fn json_error(status: http::StatusCode, message: &str) -> Response {
@@ -18,34 +29,128 @@ pub fn json_error(status: http::StatusCode, message: &str) -> Response {
         .into_response()
 }
 
+#[handler]
+fn to_dashboard() -> Redirect {
+    Redirect::temporary("/app/")
+}
+
+/// Reads POST bodies under `gateway.httpBodyLimitBytes` (counted as they arrive, chunked
+/// too) before the typed routes parse them; turns framework errors into the area's body.
+async fn typed_area<E: Endpoint>(ep: Arc<E>, mut req: Request) -> poem::Result<Response> {
+    let area = Area::of(req.uri().path());
+    let Some(state) = req.data::<Arc<AppState>>().cloned() else {
+        return Ok(Problem::internal().into_area_response(area));
+    };
+    if area == Area::Rest
+        && req.uri().path().starts_with("/api")
+        && !state.config.gateway.web.enabled
+    {
+        return Ok(Problem::not_found("Not found").into_area_response(area));
+    }
+    if req.method() == http::Method::POST {
+        let g = &state.config.gateway;
+        let body = req.take_body();
+        match read_body(
+            &req,
+            body,
+            g.http_body_limit_bytes,
+            Duration::from_millis(g.body_read_timeout_ms),
+        )
+        .await
+        {
+            Ok(bytes) => req.set_body(bytes),
+            Err(BodyError::TooLarge) => {
+                return Ok(Problem::new(
+                    http::StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("Request body exceeds {} bytes", g.http_body_limit_bytes),
+                )
+                .into_area_response(area))
+            }
+            Err(BodyError::Timeout) => {
+                return Ok(Problem::new(
+                    http::StatusCode::REQUEST_TIMEOUT,
+                    "Request body not received in time",
+                )
+                .into_area_response(area))
+            }
+            Err(BodyError::Io) => {
+                return Ok(
+                    Problem::bad_request("Request body could not be read").into_area_response(area)
+                )
+            }
+        }
+    }
+    match ep.call(req).await {
+        Ok(resp) => Ok(resp.into_response()),
+        Err(e) if problem::is_final(&e) => Ok(e.into_response()),
+        Err(e) => Ok(Problem::from_poem(&e).into_area_response(area)),
+    }
+}
+
 /// Builds the endpoint of one server generation.
 pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     let limiter_state = state.clone();
-    Route::new()
-        .at("/health", get(health::health))
+    let service = openapi::service();
+    let docs = state.config.gateway.docs.enabled;
+    let web = &state.config.gateway.web;
+    let mut route = Route::new()
         .at("/ws", get(crate::rpc::ws::upgrade))
-        .at("/rpc", post(crate::rpc::http::handle))
-        .data(state)
-        .around(move |ep, req: Request| {
-            let state = limiter_state.clone();
-            async move {
-                if !limits::RATE_EXEMPT.contains(&req.uri().path()) {
-                    let ip = req
-                        .remote_addr()
-                        .as_socket_addr()
-                        .map(|a| a.ip())
-                        .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
-                    if let Err(l) = state.http_limiter.check(ip, Instant::now()) {
-                        let mut resp =
-                            json_error(http::StatusCode::TOO_MANY_REQUESTS, "Too many requests");
-                        let secs = l.retry_after.as_secs().max(1).to_string();
-                        if let Ok(v) = http::HeaderValue::from_str(&secs) {
-                            resp.headers_mut().insert(http::header::RETRY_AFTER, v);
-                        }
-                        return Ok(resp);
+        .at("/rpc", post(crate::rpc::http::handle));
+    if docs {
+        route = route
+            .at("/openapi.json", service.spec_endpoint())
+            .nest("/docs", service.swagger_ui());
+    }
+    if web.enabled {
+        route = route.at("/", get(to_dashboard));
+        if let Some(dir) = &web.dist_dir {
+            route = route.nest(
+                "/app",
+                StaticFilesEndpoint::new(dir).index_file("index.html"),
+            );
+        }
+    }
+    let typed = Arc::new(
+        poem::IntoEndpoint::into_endpoint(service)
+            .around(typed_area_boxed)
+            .boxed(),
+    );
+    let route = route
+        .at("/health", typed.clone())
+        .nest_no_strip("/api", typed.clone())
+        .nest_no_strip("/v1", typed);
+    route.data(state).around(move |ep, req: Request| {
+        let state = limiter_state.clone();
+        async move {
+            if !limits::RATE_EXEMPT.contains(&req.uri().path()) {
+                let ip = req
+                    .remote_addr()
+                    .as_socket_addr()
+                    .map(|a| a.ip())
+                    .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+                if let Err(l) = state.http_limiter.check(ip, Instant::now()) {
+                    let mut resp =
+                        Problem::new(http::StatusCode::TOO_MANY_REQUESTS, "Too many requests")
+                            .into_area_response(Area::of(req.uri().path()));
+                    let secs = l.retry_after.as_secs().max(1).to_string();
+                    if let Ok(v) = http::HeaderValue::from_str(&secs) {
+                        resp.headers_mut().insert(http::header::RETRY_AFTER, v);
                     }
+                    return Ok(resp);
                 }
-                Ok(ep.call(req).await?.into_response())
             }
-        })
+            match ep.call(req).await {
+                Ok(r) => Ok(r.into_response()),
+                Err(e) if problem::is_final(&e) => Ok(e.into_response()),
+                Err(e) => Ok(Problem::from_poem(&e).into_area_response(Area::Rest)),
+            }
+        }
+    })
+}
+
+fn typed_area_boxed<E: Endpoint + 'static>(
+    ep: Arc<E>,
+    req: Request,
+) -> impl std::future::Future<Output = poem::Result<Response>> + Send {
+    typed_area(ep, req)
 }

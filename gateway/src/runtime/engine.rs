@@ -72,6 +72,13 @@ fn check_entry<T: serde::de::DeserializeOwned>(
 }
 
 impl Engine {
+    /// Publishes a system event (`/api/events`, `/api/activity`).
+    pub fn emit(&self, name: &'static str, data: serde_json::Value) {
+        self.control.events.publish(name, data);
+    }
+}
+
+impl Engine {
     /// Opens the database and seeds providers and agents from the configuration.
     pub async fn open(
         config: &Config,

@@ -3,6 +3,7 @@
 pub mod agents;
 pub mod catalog;
 pub mod compact;
+pub mod embed;
 pub mod engine;
 pub mod providers;
 pub mod providers_registry;

@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::Scope;
@@ -65,15 +64,11 @@ impl Engine {
         let done = tokio::spawn(async move {
             let outcome = engine
                 .run_turn(TurnRequest {
-                    agent: spec.agent,
                     session: Some(spec.session.clone()),
-                    message: spec.task,
-                    scopes: spec.scopes,
-                    sink: None,
-                    cancel: CancellationToken::new(),
                     max_steps: spec.max_steps,
                     model: spec.model,
                     only_tools: spec.only_tools,
+                    ..TurnRequest::new(spec.agent, spec.task, spec.scopes)
                 })
                 .await;
             finished.completed_at = Some(crate::store::now_ms());

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
@@ -43,6 +43,35 @@ pub struct TurnRequest {
     pub model: Option<String>,
     /// Narrows the agent's tools to these names.
     pub only_tools: Option<BTreeSet<String>>,
+    /// Replaces the agent's system prompt (the /v1 routes pass the request's system messages).
+    pub system: Option<String>,
+    /// Sampling settings passed to the model.
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    /// The session key recorded with usage when the turn is ephemeral (e.g. a /v1 completion).
+    pub usage_label: Option<String>,
+}
+
+impl TurnRequest {
+    /// A turn of `agent` on `message` with every option at its default: ephemeral, no
+    /// streaming, the agent's own model, prompt and tools.
+    pub fn new(agent: Arc<Agent>, message: String, scopes: BTreeSet<Scope>) -> Self {
+        Self {
+            agent,
+            session: None,
+            message,
+            scopes,
+            sink: None,
+            cancel: CancellationToken::new(),
+            max_steps: None,
+            model: None,
+            only_tools: None,
+            system: None,
+            max_tokens: None,
+            temperature: None,
+            usage_label: None,
+        }
+    }
 }
 
 /// What a turn produced.
@@ -120,6 +149,11 @@ impl Engine {
             Some(s) => Some(self.locks.lock_for(&s.key).lock_owned().await),
             None => None,
         };
+        let session_key = req.session.as_ref().map(|s| s.key.clone());
+        self.emit(
+            "message:received",
+            json!({"agentId": agent.id, "sessionKey": session_key, "streaming": req.sink.is_some()}),
+        );
         let snap = self.providers.snapshot();
         let primary = req
             .model
@@ -132,7 +166,11 @@ impl Engine {
             .cloned()
             .ok_or_else(|| GatewayError::Unavailable(format!("Model not found: {primary}")))?;
 
-        let system = agent.config.system_prompt.clone().unwrap_or_default();
+        let system = req
+            .system
+            .clone()
+            .or_else(|| agent.config.system_prompt.clone())
+            .unwrap_or_default();
         let mut history = Vec::new();
         let mut summary = None;
         if let Some(s) = &req.session {
@@ -150,6 +188,10 @@ impl Engine {
                         user_id: Some(&s.user_id),
                     })
                     .await?;
+                self.emit(
+                    "session:created",
+                    json!({"sessionKey": s.key, "agentId": s.agent_id, "channel": s.channel}),
+                );
             }
             for r in &rows {
                 match sessions::to_chat(r) {
@@ -218,8 +260,8 @@ impl Engine {
                 system: (!system.is_empty()).then(|| system.clone()),
                 messages: messages.clone(),
                 tools: tools.clone(),
-                max_tokens: None,
-                temperature: None,
+                max_tokens: req.max_tokens,
+                temperature: req.temperature.map(|t| t as f32),
             };
             let called = match self
                 .call_chain(
@@ -229,7 +271,11 @@ impl Engine {
                     &req.cancel,
                     CallFor {
                         agent_id: &agent.id,
-                        session_key: req.session.as_ref().map(|s| s.key.as_str()),
+                        session_key: req
+                            .session
+                            .as_ref()
+                            .map(|s| s.key.as_str())
+                            .or(req.usage_label.as_deref()),
                         operation: "chat",
                     },
                 )
@@ -338,6 +384,18 @@ impl Engine {
                 )
                 .await?;
         }
+        self.emit(
+            "message:sent",
+            json!({
+                "agentId": agent.id,
+                "sessionKey": session_key,
+                "finishReason": out.finish.as_str(),
+                "model": out.model,
+                "steps": out.steps,
+                "tokensUsed": {"input": out.input_tokens, "output": out.output_tokens,
+                               "total": out.input_tokens + out.output_tokens},
+            }),
+        );
         Ok(out)
     }
 
@@ -353,7 +411,7 @@ impl Engine {
     ) -> Result<Called, ProviderError> {
         let snap = self.providers.snapshot();
         let mut last = ProviderError::new(ErrorKind::Unavailable, "no model configured");
-        for name in chain {
+        for (index, name) in chain.iter().enumerate() {
             let Some(model) = snap.model(name).cloned() else {
                 last = ProviderError::new(ErrorKind::NotFound, format!("Model not found: {name}"));
                 continue;
@@ -420,14 +478,36 @@ impl Engine {
             if let Err(e) = self.store.usage_record(&row).await {
                 tracing::error!(error = %e, "usage not recorded");
             }
+            self.emit(
+                "observability:token_usage",
+                json!({
+                    "agentId": row.agent_id, "provider": row.provider, "model": row.model,
+                    "operation": row.operation, "inputTokens": row.input_tokens,
+                    "outputTokens": row.output_tokens, "cachedTokens": row.cached_tokens,
+                    "costUsd": row.cost_usd, "latencyMs": row.latency_ms, "ok": row.ok,
+                }),
+            );
             match result {
                 Ok(response) => return Ok(Called { response, model }),
                 Err(e) if e.kind == ErrorKind::Cancelled => return Err(e),
                 Err(e) => {
                     tracing::warn!(model = %model.id(), kind = e.kind.as_str(), "model failed; trying the next fallback if any");
+                    if index + 1 < chain.len() {
+                        self.emit(
+                            "model:fallback_attempt",
+                            json!({"agentId": who.agent_id, "failed": model.id(),
+                                   "next": chain[index + 1], "reason": e.kind.as_str()}),
+                        );
+                    }
                     last = e;
                 }
             }
+        }
+        if chain.len() > 1 {
+            self.emit(
+                "model:fallback_exhausted",
+                json!({"agentId": who.agent_id, "models": chain, "reason": last.kind.as_str()}),
+            );
         }
         Err(last)
     }

@@ -21,6 +21,7 @@ pub struct MessageHit {
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryHit {
     pub id: i64,
+    pub agent_id: String,
     pub content: String,
     pub tags: String,
     pub session_key: Option<String>,
@@ -89,10 +90,10 @@ impl Store {
         Ok(hits)
     }
 
-    /// Memory search within one agent's memories, best first.
+    /// Memory search within one agent's memories (or every agent's), best first.
     pub async fn search_memories(
         &self,
-        agent_id: &str,
+        agent_id: Option<&str>,
         text: &str,
         limit: i64,
     ) -> Result<Vec<MemoryHit>, GatewayError> {
@@ -100,9 +101,9 @@ impl Store {
             return Ok(Vec::new());
         };
         let rows = sqlx::query(
-            "SELECT m.id, m.content, m.tags, m.session_key, m.created_at, bm25(memories_fts) AS rank \
+            "SELECT m.id, m.agent_id, m.content, m.tags, m.session_key, m.created_at, bm25(memories_fts) AS rank \
              FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid \
-             WHERE memories_fts MATCH ? AND m.agent_id = ? ORDER BY rank LIMIT ?",
+             WHERE memories_fts MATCH ?1 AND (?2 IS NULL OR m.agent_id = ?2) ORDER BY rank LIMIT ?3",
         )
         .bind(&q)
         .bind(agent_id)
@@ -114,6 +115,7 @@ impl Store {
             let rank: f64 = r.try_get("rank")?;
             hits.push(MemoryHit {
                 id: r.try_get("id")?,
+                agent_id: r.try_get("agent_id")?,
                 content: r.try_get("content")?,
                 tags: r.try_get("tags")?,
                 session_key: r.try_get("session_key")?,
@@ -122,6 +124,22 @@ impl Store {
             });
         }
         Ok(hits)
+    }
+
+    /// Counts for the memory dashboard: memories, notes, indexed transcript messages.
+    pub async fn memory_stats(&self) -> Result<(i64, i64, i64), GatewayError> {
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM memories) AS memories, \
+                    (SELECT COUNT(*) FROM session_notes) AS notes, \
+                    (SELECT COUNT(*) FROM messages) AS messages",
+        )
+        .fetch_one(self.pool())
+        .await?;
+        Ok((
+            row.try_get("memories")?,
+            row.try_get("notes")?,
+            row.try_get("messages")?,
+        ))
     }
 }
 

@@ -87,7 +87,7 @@ impl Tool for MemorySearch {
             let limit = args.get("limit").and_then(Value::as_i64).unwrap_or(5);
             let hits = ctx
                 .store
-                .search_memories(ctx.agent_id, query, limit)
+                .search_memories(Some(ctx.agent_id), query, limit)
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "memory_search failed");

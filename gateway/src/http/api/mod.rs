@@ -1,0 +1,457 @@
+//! The REST API under `/api` (served when `gateway.web.enabled`): health, agents, channels,
+//! activity, memory, chat history, an agent turn, and two SSE streams (system events, and a
+//! chat answered token by token). Every route but health needs a token with scope `rpc`.
+
+pub mod types;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
+use poem::web::Data;
+use poem_openapi::param::Query;
+use poem_openapi::payload::Json;
+use poem_openapi::types::Any;
+use poem_openapi::{OpenApi, Tags};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::auth::Principal;
+use crate::http::problem::{Problem, RestError};
+use crate::http::security::{RestBearer, SseAuth};
+use crate::http::sse::{self, Sse};
+use crate::http::turns::{Step, StreamingTurn};
+use crate::rpc::generated::methods::Scope;
+use crate::runtime::sessions::SessionIdent;
+use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use crate::state::AppState;
+use crate::store::sessions::SessionFilter;
+use types::*;
+
+/// Reconnect delay advertised on `/api/events`.
+pub const SSE_RETRY_MS: u64 = 3000;
+/// The channel label of sessions started through `/api/chat`.
+pub const API_CHANNEL: &str = "api";
+
+#[derive(Tags)]
+enum ApiTag {
+    /// The REST API that serves the dashboard.
+    Rest,
+    /// Server-sent event streams.
+    Streams,
+}
+
+pub struct RestApi;
+
+fn health_now() -> Health {
+    Health {
+        status: "ok".to_owned(),
+        timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    }
+}
+
+fn event_out(e: &crate::events::Event) -> EventOut {
+    EventOut {
+        seq: e.seq,
+        event: e.name.to_owned(),
+        ts: e.ts,
+        data: Any(e.data.clone()),
+    }
+}
+
+fn result_of(o: &TurnOutcome) -> ChatResult {
+    ChatResult {
+        response: o.response.clone(),
+        tokens_used: o.tokens().into(),
+        finish_reason: o.finish.as_str().to_owned(),
+    }
+}
+
+/// The turn `/api/chat` and `/api/chat/stream` run: the named (or default) agent, in the
+/// caller's own session `sessionKey` when given, else ephemeral.
+fn chat_turn(
+    state: &AppState,
+    principal: &Principal,
+    message: String,
+    agent_id: Option<&str>,
+    session_key: Option<&str>,
+) -> Result<TurnRequest, Problem> {
+    let engine = &state.engine;
+    let agent_id = match agent_id {
+        Some(id) => id.to_owned(),
+        None => engine.agents.default_id().ok_or_else(|| {
+            Problem::new(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "No agent is configured",
+            )
+        })?,
+    };
+    let agent = engine.agents.require(&agent_id)?;
+    let session =
+        session_key.map(|k| SessionIdent::new(&agent.id, API_CHANNEL, &principal.client_id, k));
+    Ok(TurnRequest {
+        session,
+        ..TurnRequest::new(agent, message, principal.scopes.clone())
+    })
+}
+
+#[OpenApi(prefix_path = "/api")]
+impl RestApi {
+    /// Health
+    ///
+    /// No token needed; exempt from the rate limit.
+    #[oai(
+        path = "/health",
+        method = "get",
+        tag = "ApiTag::Rest",
+        operation_id = "apiHealth"
+    )]
+    async fn health(&self) -> Json<Health> {
+        Json(health_now())
+    }
+
+    /// Agents
+    #[oai(
+        path = "/agents",
+        method = "get",
+        tag = "ApiTag::Rest",
+        operation_id = "listAgents"
+    )]
+    async fn agents(
+        &self,
+        _auth: RestBearer,
+        Data(state): Data<&Arc<AppState>>,
+    ) -> Result<Json<AgentList>, RestError> {
+        let engine = &state.engine;
+        let default = engine.agents.default_id();
+        let agents = engine
+            .agents
+            .all()
+            .iter()
+            .map(|a| {
+                let model = a.model();
+                let (provider, model_id) = model.split_once('/').unwrap_or(("", model));
+                AgentSummary {
+                    id: a.id.clone(),
+                    name: a.config.name.clone().unwrap_or_else(|| a.id.clone()),
+                    provider: provider.to_owned(),
+                    model: model_id.to_owned(),
+                    suspended: a.suspended,
+                    is_default: default.as_deref() == Some(a.id.as_str()),
+                }
+            })
+            .collect();
+        Ok(Json(AgentList { agents }))
+    }
+
+    /// Channels
+    ///
+    /// Enabled channel connections and their status.
+    #[oai(
+        path = "/channels",
+        method = "get",
+        tag = "ApiTag::Rest",
+        operation_id = "listChannels"
+    )]
+    async fn channels(&self, _auth: RestBearer) -> Result<Json<ChannelList>, RestError> {
+        Ok(Json(ChannelList {
+            channels: Vec::new(),
+        }))
+    }
+
+    /// Recent activity
+    ///
+    /// The newest system events (the same events `/api/events` streams), newest first.
+    #[oai(
+        path = "/activity",
+        method = "get",
+        tag = "ApiTag::Rest",
+        operation_id = "listActivity"
+    )]
+    async fn activity(
+        &self,
+        _auth: RestBearer,
+        Data(state): Data<&Arc<AppState>>,
+        #[oai(validator(minimum(value = "1"), maximum(value = "100")))] limit: Query<Option<u32>>,
+    ) -> Result<Json<ActivityList>, RestError> {
+        let limit = limit.0.unwrap_or(50) as usize;
+        let events = state
+            .control
+            .events
+            .recent(limit)
+            .iter()
+            .map(|e| event_out(e))
+            .collect();
+        Ok(Json(ActivityList { events }))
+    }
+
+    /// Memory search
+    ///
+    /// Full-text search over the agents' memories (one agent's with `agentId`), best first.
+    #[oai(
+        path = "/memory/search",
+        method = "get",
+        tag = "ApiTag::Rest",
+        operation_id = "searchMemory"
+    )]
+    async fn memory_search(
+        &self,
+        _auth: RestBearer,
+        Data(state): Data<&Arc<AppState>>,
+        #[oai(validator(min_length = 1, max_length = 1000))] q: Query<String>,
+        #[oai(validator(minimum(value = "1"), maximum(value = "100")))] limit: Query<Option<u32>>,
+        #[oai(name = "agentId")] agent_id: Query<Option<String>>,
+    ) -> Result<Json<MemorySearch>, RestError> {
+        let hits = state
+            .engine
+            .store
+            .search_memories(
+                agent_id.0.as_deref(),
+                &q.0,
+                i64::from(limit.0.unwrap_or(10)),
+            )
+            .await?;
+        let results = hits
+            .into_iter()
+            .map(|h| MemoryHitOut {
+                id: h.id,
+                agent_id: h.agent_id,
+                content: h.content,
+                tags: h
+                    .tags
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                session_key: h.session_key,
+                score: h.score,
+                created_at: h.created_at,
+            })
+            .collect();
+        Ok(Json(MemorySearch { results }))
+    }
+
+    /// Memory statistics
+    #[oai(
+        path = "/memory/stats",
+        method = "get",
+        tag = "ApiTag::Rest",
+        operation_id = "memoryStats"
+    )]
+    async fn memory_stats(
+        &self,
+        _auth: RestBearer,
+        Data(state): Data<&Arc<AppState>>,
+    ) -> Result<Json<MemoryStats>, RestError> {
+        let (memories, notes, indexed_messages) = state.engine.store.memory_stats().await?;
+        Ok(Json(MemoryStats {
+            memories,
+            notes,
+            indexed_messages,
+            index: "sqlite-fts5".to_owned(),
+        }))
+    }
+
+    /// Chat history
+    ///
+    /// Your conversations (every tenant's with an admin token), most recent first; at most
+    /// 100.
+    #[oai(
+        path = "/chat/history",
+        method = "get",
+        tag = "ApiTag::Rest",
+        operation_id = "chatHistory"
+    )]
+    async fn chat_history(
+        &self,
+        auth: RestBearer,
+        Data(state): Data<&Arc<AppState>>,
+        #[oai(name = "channelId")] channel_id: Query<Option<String>>,
+    ) -> Result<Json<ChatHistory>, RestError> {
+        let principal = &auth.0;
+        let filter = SessionFilter {
+            channel: channel_id.0,
+            tenant_id: (!principal.scopes.contains(&Scope::Admin))
+                .then(|| principal.client_id.clone()),
+            ..SessionFilter::default()
+        };
+        let (rows, _) = state.engine.store.session_list(&filter, 100, 0).await?;
+        let sessions = rows
+            .into_iter()
+            .map(|r| ChatSession {
+                session_key: r.key,
+                agent_id: r.agent_id,
+                channel: r.channel,
+                message_count: r.message_count,
+                input_tokens: r.input_tokens,
+                output_tokens: r.output_tokens,
+                last_model: r.last_model,
+                created_at: r.created_at,
+                updated_at: r.updated_at,
+            })
+            .collect();
+        Ok(Json(ChatHistory { sessions }))
+    }
+
+    /// Agent turn
+    #[oai(
+        path = "/chat",
+        method = "post",
+        tag = "ApiTag::Rest",
+        operation_id = "chat"
+    )]
+    async fn chat(
+        &self,
+        auth: RestBearer,
+        Data(state): Data<&Arc<AppState>>,
+        body: Json<ChatRequest>,
+    ) -> Result<Json<ChatResult>, RestError> {
+        let b = body.0;
+        let mut turn = chat_turn(
+            state,
+            &auth.0,
+            b.message,
+            b.agent_id.as_deref(),
+            b.session_key.as_deref(),
+        )?;
+        let cancel = tokio_util::sync::CancellationToken::new();
+        turn.cancel = cancel.clone();
+        let _cancel_on_drop = cancel.drop_guard();
+        let outcome = state.engine.run_turn(turn).await?;
+        Ok(Json(result_of(&outcome)))
+    }
+
+    /// System events (SSE)
+    ///
+    /// Every system event as it happens (`event: <name>`, data `{seq, event, ts, data}`), a
+    /// keep-alive comment every 15 seconds and `retry: 3000`. Bearer header or `?token=`. A
+    /// client that falls behind gets an `event: lagged` and is disconnected.
+    #[oai(
+        path = "/events",
+        method = "get",
+        tag = "ApiTag::Streams",
+        operation_id = "events"
+    )]
+    async fn events(
+        &self,
+        _auth: SseAuth,
+        Data(state): Data<&Arc<AppState>>,
+    ) -> Result<Sse<EventOut>, RestError> {
+        let rx = state.control.events.subscribe();
+        let keep_alive = Duration::from_millis(state.config.gateway.web.sse_keep_alive_ms.max(1));
+        let mut ticker =
+            tokio::time::interval_at(tokio::time::Instant::now() + keep_alive, keep_alive);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = state.stop.clone();
+        let opening = stream::once(async { sse::retry(SSE_RETRY_MS) });
+        let events = stream::unfold(
+            (rx, ticker, stop, false),
+            |(mut rx, mut ticker, stop, done)| async move {
+                if done {
+                    return None;
+                }
+                let frame: Bytes = tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    _ = ticker.tick() => sse::comment("keep-alive"),
+                    r = rx.recv() => match r {
+                        Ok(ev) => {
+                            let json = serde_json::to_string(&event_out(&ev)).unwrap_or_default();
+                            sse::frame(Some(ev.name), &json)
+                        }
+                        Err(RecvError::Lagged(missed)) => {
+                            let f = sse::frame(Some("lagged"), &serde_json::json!({"missed": missed}).to_string());
+                            return Some((f, (rx, ticker, stop, true)));
+                        }
+                        Err(RecvError::Closed) => return None,
+                    },
+                };
+                Some((frame, (rx, ticker, stop, false)))
+            },
+        );
+        Ok(Sse::new(opening.chain(events).boxed()))
+    }
+
+    /// Chat stream (SSE)
+    ///
+    /// `token` events `{delta, accumulated}` while the agent answers, then one `done` event
+    /// `{response, tokensUsed, finishReason}`. Bearer header or `?token=`.
+    #[oai(
+        path = "/chat/stream",
+        method = "get",
+        tag = "ApiTag::Streams",
+        operation_id = "chatStream"
+    )]
+    async fn chat_stream(
+        &self,
+        auth: SseAuth,
+        Data(state): Data<&Arc<AppState>>,
+        #[oai(validator(min_length = 1))] message: Query<String>,
+        #[oai(name = "agentId")] agent_id: Query<Option<String>>,
+        #[oai(name = "sessionKey", validator(min_length = 1, max_length = 200))] session_key: Query<
+            Option<String>,
+        >,
+    ) -> Result<Sse<ChatToken>, RestError> {
+        let turn = chat_turn(
+            state,
+            auth.principal(),
+            message.0,
+            agent_id.0.as_deref(),
+            session_key.0.as_deref(),
+        )?;
+        let mut running = StreamingTurn::start(state.engine.clone(), turn);
+        let first = running.next().await;
+        if let Some(Step::Done(Err(e))) = first {
+            return Err(e.into());
+        }
+        let frames = stream::unfold(
+            (running, first, String::new(), false),
+            |(mut running, pending, mut acc, finished)| async move {
+                if finished {
+                    return None;
+                }
+                let step = match pending {
+                    Some(s) => s,
+                    None => running.next().await?,
+                };
+                match step {
+                    Step::Delta(delta) => {
+                        acc.push_str(&delta);
+                        let token = ChatToken {
+                            delta,
+                            accumulated: acc.clone(),
+                        };
+                        let f = sse::frame(
+                            Some("token"),
+                            &serde_json::to_string(&token).unwrap_or_default(),
+                        );
+                        Some((f, (running, None, acc, false)))
+                    }
+                    Step::Done(result) => {
+                        let done = match result {
+                            Ok(o) => result_of(&o),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "streamed chat ended by an error");
+                                ChatResult {
+                                    response: acc.clone(),
+                                    tokens_used: Tokens {
+                                        input: 0,
+                                        output: 0,
+                                        total: 0,
+                                    },
+                                    finish_reason: "error".to_owned(),
+                                }
+                            }
+                        };
+                        let f = sse::frame(
+                            Some("done"),
+                            &serde_json::to_string(&done).unwrap_or_default(),
+                        );
+                        Some((f, (running, None, acc, true)))
+                    }
+                }
+            },
+        );
+        Ok(Sse::new(frames.boxed()))
+    }
+}

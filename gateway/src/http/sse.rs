@@ -1,0 +1,122 @@
+//! Server-sent events as a poem-openapi payload: the body is a stream of ready-made frames,
+//! and the document describes the event's JSON type. Frames are written here and nowhere
+//! else (`event:`, `data:` split on newlines, comments for keep-alive, `retry:`).
+
+use std::marker::PhantomData;
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use poem::{IntoResponse, Response};
+use poem_openapi::payload::Payload;
+use poem_openapi::registry::{
+    MetaMediaType, MetaResponse, MetaResponses, MetaSchema, MetaSchemaRef, Registry,
+};
+use poem_openapi::types::Type;
+use poem_openapi::ApiResponse;
+
+/// An SSE response whose events carry `T` as JSON.
+pub struct Sse<T> {
+    frames: BoxStream<'static, Bytes>,
+    _event: PhantomData<fn() -> T>,
+}
+
+impl<T> Sse<T> {
+    pub fn new(frames: BoxStream<'static, Bytes>) -> Self {
+        Self {
+            frames,
+            _event: PhantomData,
+        }
+    }
+}
+
+impl<T: Type> Payload for Sse<T> {
+    const CONTENT_TYPE: &'static str = "text/event-stream";
+
+    fn schema_ref() -> MetaSchemaRef {
+        MetaSchemaRef::Inline(Box::new(MetaSchema {
+            items: Some(Box::new(T::schema_ref())),
+            ..MetaSchema::new_with_format("array", "event-stream")
+        }))
+    }
+
+    fn register(registry: &mut Registry) {
+        T::register(registry);
+    }
+}
+
+impl<T: Type> IntoResponse for Sse<T> {
+    fn into_response(self) -> Response {
+        Response::builder()
+            .content_type("text/event-stream")
+            .header(http::header::CACHE_CONTROL, "no-cache")
+            .header("x-accel-buffering", "no")
+            .body(poem::Body::from_bytes_stream(
+                self.frames.map(Ok::<_, std::io::Error>),
+            ))
+    }
+}
+
+impl<T: Type> ApiResponse for Sse<T> {
+    fn meta() -> MetaResponses {
+        MetaResponses {
+            responses: vec![MetaResponse {
+                description: "An event stream",
+                status: Some(200),
+                status_range: None,
+                content: vec![MetaMediaType {
+                    content_type: Self::CONTENT_TYPE,
+                    schema: Self::schema_ref(),
+                }],
+                headers: vec![],
+            }],
+        }
+    }
+
+    fn register(registry: &mut Registry) {
+        T::register(registry);
+    }
+}
+
+/// One event: an optional name and its data (each line of `data` its own `data:` line).
+pub fn frame(event: Option<&str>, data: &str) -> Bytes {
+    let mut out = String::with_capacity(data.len() + 32);
+    if let Some(name) = event {
+        out.push_str("event: ");
+        out.push_str(name);
+        out.push('\n');
+    }
+    for line in data.split('\n') {
+        out.push_str("data: ");
+        out.push_str(line.strip_suffix('\r').unwrap_or(line));
+        out.push('\n');
+    }
+    out.push('\n');
+    Bytes::from(out)
+}
+
+/// A comment line: ignored by clients, keeps proxies and idle timers from closing the stream.
+pub fn comment(text: &str) -> Bytes {
+    Bytes::from(format!(": {text}\n\n"))
+}
+
+/// The reconnect delay clients should use.
+pub fn retry(ms: u64) -> Bytes {
+    Bytes::from(format!("retry: {ms}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_split_lines_and_name_events() {
+        assert_eq!(frame(None, "[DONE]"), Bytes::from("data: [DONE]\n\n"));
+        assert_eq!(
+            frame(Some("token"), "a\nb"),
+            Bytes::from("event: token\ndata: a\ndata: b\n\n")
+        );
+        assert_eq!(retry(3000), Bytes::from("retry: 3000\n\n"));
+        assert_eq!(comment("ping"), Bytes::from(": ping\n\n"));
+    }
+}

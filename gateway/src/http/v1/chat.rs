@@ -1,0 +1,310 @@
+//! `POST /v1/chat/completions`: the request's messages become one ephemeral turn (system
+//! messages the system prompt, the last user message the input), answered as JSON or as the
+//! chunk stream of the spec's "Streaming sequence".
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
+use poem::{IntoResponse, Response};
+use poem_openapi::payload::{Json, Payload};
+use poem_openapi::registry::{MetaMediaType, MetaResponse, MetaResponses, Registry};
+use poem_openapi::types::Type;
+use poem_openapi::ApiResponse;
+
+use super::types::*;
+use crate::auth::Principal;
+use crate::http::problem::{Problem, V1Error};
+use crate::http::sse::{self, Sse};
+use crate::http::turns::{openai_finish, resolve_target, Step, StreamingTurn};
+use crate::runtime::sessions::SessionIdent;
+use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use crate::state::AppState;
+
+/// Channel and user labels of a compatible-API session (the peer is the completion id).
+pub const V1_CHANNEL: &str = "openai";
+pub const V1_USER: &str = "openai-user";
+
+/// A chat completion: JSON, or an event stream of chunks.
+pub enum ChatCompletionResponse {
+    Json(Json<ChatCompletion>),
+    Stream(Sse<ChatCompletionChunk>),
+}
+
+impl IntoResponse for ChatCompletionResponse {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Json(j) => j.into_response(),
+            Self::Stream(s) => s.into_response(),
+        }
+    }
+}
+
+impl ApiResponse for ChatCompletionResponse {
+    fn meta() -> MetaResponses {
+        MetaResponses {
+            responses: vec![MetaResponse {
+                description: "The completion (JSON), or with `stream: true` its chunks (SSE, ending with `data: [DONE]`)",
+                status: Some(200),
+                status_range: None,
+                content: vec![
+                    MetaMediaType {
+                        content_type: "application/json; charset=utf-8",
+                        schema: Json::<ChatCompletion>::schema_ref(),
+                    },
+                    MetaMediaType {
+                        content_type: "text/event-stream",
+                        schema: Sse::<ChatCompletionChunk>::schema_ref(),
+                    },
+                ],
+                headers: vec![],
+            }],
+        }
+    }
+
+    fn register(registry: &mut Registry) {
+        ChatCompletion::register(registry);
+        ChatCompletionChunk::register(registry);
+    }
+}
+
+/// The text of a message: a string, or its text blocks joined with newlines. Image blocks
+/// are refused, never dropped.
+pub fn content_text(content: &Content, at: usize) -> Result<String, Problem> {
+    match content {
+        Content::Text(t) => Ok(t.clone()),
+        Content::Parts(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, p) in parts.iter().enumerate() {
+                let param = format!("messages[{at}].content[{j}]");
+                match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => texts.push(t.as_str()),
+                    ("text", None) => {
+                        return Err(Problem::invalid_param(
+                            &param,
+                            format!("'{param}.text' is required for a text block"),
+                        ))
+                    }
+                    ("image_url", _) => {
+                        return Err(Problem::invalid_param(
+                            &param,
+                            "Vision input (image_url content blocks) is not supported on this endpoint",
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(Problem::invalid_param(
+                            &param,
+                            format!("Unsupported content block type '{other}': only 'text' blocks are accepted"),
+                        ))
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+    }
+}
+
+/// The system prompt (all system messages joined) and the input (the last user message).
+fn prompt_of(messages: &[ChatMessageIn]) -> Result<(Option<String>, String), Problem> {
+    let mut system = Vec::new();
+    let mut input = None;
+    for (i, m) in messages.iter().enumerate() {
+        let text = content_text(&m.content, i)?;
+        match m.role {
+            Role::System => system.push(text),
+            Role::User => input = Some(text),
+            Role::Assistant => {}
+        }
+    }
+    let input = input.ok_or_else(|| {
+        Problem::invalid_param("messages", "'messages' must contain a user message")
+    })?;
+    Ok(((!system.is_empty()).then(|| system.join("\n")), input))
+}
+
+fn usage_of(o: &TurnOutcome) -> CompletionUsage {
+    CompletionUsage {
+        prompt_tokens: o.input_tokens,
+        completion_tokens: o.output_tokens,
+        total_tokens: o.input_tokens + o.output_tokens,
+    }
+}
+
+/// Builds the turn a compatible request asks for: the agent and model `model` names, an
+/// ephemeral session labelled with the completion id.
+pub fn turn_for(
+    state: &AppState,
+    principal: &Principal,
+    model: &str,
+    completion_id: &str,
+    system: Option<String>,
+    input: String,
+) -> Result<TurnRequest, Problem> {
+    let target = resolve_target(&state.engine, model)
+        .ok_or_else(|| Problem::not_found(format!("Model not found: {model}")))?;
+    let label = SessionIdent::new(&target.agent.id, V1_CHANNEL, completion_id, V1_USER).key;
+    Ok(TurnRequest {
+        model: target.model,
+        system,
+        usage_label: Some(label),
+        ..TurnRequest::new(target.agent, input, principal.scopes.clone())
+    })
+}
+
+pub async fn complete(
+    state: &Arc<AppState>,
+    principal: &Principal,
+    req: ChatCompletionRequest,
+) -> Result<ChatCompletionResponse, V1Error> {
+    let (system, input) = prompt_of(&req.messages)?;
+    let id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
+    let mut turn = turn_for(state, principal, &req.model, &id, system, input)?;
+    turn.temperature = req.temperature;
+    turn.max_tokens = req.max_tokens.map(|t| t.min(u64::from(u32::MAX)) as u32);
+    let created = chrono::Utc::now().timestamp();
+    if req.stream != Some(true) {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        turn.cancel = cancel.clone();
+        let _cancel_on_drop = cancel.drop_guard();
+        let outcome = state.engine.run_turn(turn).await?;
+        return Ok(ChatCompletionResponse::Json(Json(ChatCompletion {
+            id,
+            object: "chat.completion".to_owned(),
+            created,
+            model: req.model,
+            choices: vec![Choice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant".to_owned(),
+                    content: Some(outcome.response.clone()),
+                },
+                finish_reason: openai_finish(outcome.finish).to_owned(),
+            }],
+            usage: usage_of(&outcome),
+        })));
+    }
+    let include_usage = req
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let mut running = StreamingTurn::start(state.engine.clone(), turn);
+    // A turn that cannot start (unknown provider, suspended agent) is an error status, not
+    // an empty stream: wait for its first sign of life.
+    let first = running.next().await;
+    if let Some(Step::Done(Err(e))) = first {
+        return Err(e.into());
+    }
+    let chunker = Chunker {
+        id,
+        created,
+        model: req.model,
+    };
+    let opening = chunker.frame(
+        Delta {
+            role: Some("assistant".to_owned()),
+            content: None,
+        },
+        None,
+    );
+    let frames = stream::once(async move { opening })
+        .chain(stream::unfold(
+            (running, first, chunker, include_usage, false),
+            |(mut running, pending, chunker, include_usage, finished)| async move {
+                if finished {
+                    return None;
+                }
+                let step = match pending {
+                    Some(s) => s,
+                    None => running.next().await?,
+                };
+                match step {
+                    Step::Delta(text) => {
+                        let f = chunker.frame(
+                            Delta {
+                                role: None,
+                                content: Some(text),
+                            },
+                            None,
+                        );
+                        Some((f, (running, None, chunker, include_usage, false)))
+                    }
+                    Step::Done(result) => {
+                        let frames = chunker.closing(result, include_usage);
+                        Some((frames, (running, None, chunker, include_usage, true)))
+                    }
+                }
+            },
+        ))
+        .boxed();
+    Ok(ChatCompletionResponse::Stream(Sse::new(frames)))
+}
+
+/// Writes the chunks of one completion.
+struct Chunker {
+    id: String,
+    created: i64,
+    model: String,
+}
+
+impl Chunker {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<CompletionUsage>) -> Bytes {
+        let chunk = ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".to_owned(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        };
+        match serde_json::to_string(&chunk) {
+            Ok(json) => sse::frame(None, &json),
+            Err(_) => Bytes::new(),
+        }
+    }
+
+    fn frame(&self, delta: Delta, finish: Option<&str>) -> Bytes {
+        self.chunk(
+            vec![ChunkChoice {
+                index: 0,
+                delta,
+                finish_reason: finish.map(str::to_owned),
+            }],
+            None,
+        )
+    }
+
+    /// The finish chunk, the usage chunk when asked for, and `[DONE]`, as one write.
+    fn closing(
+        &self,
+        result: Result<TurnOutcome, crate::error::GatewayError>,
+        include_usage: bool,
+    ) -> Bytes {
+        let mut out = Vec::new();
+        match result {
+            Ok(o) => {
+                out.extend_from_slice(&self.frame(Delta::default(), Some(openai_finish(o.finish))));
+                if include_usage {
+                    out.extend_from_slice(&self.chunk(Vec::new(), Some(usage_of(&o))));
+                }
+            }
+            Err(e) => {
+                // The stream has started: the failure ends it with a stop and is logged.
+                tracing::warn!(error = %e, "streamed completion ended by an error");
+                out.extend_from_slice(&self.frame(Delta::default(), Some("stop")));
+                if include_usage {
+                    out.extend_from_slice(&self.chunk(
+                        Vec::new(),
+                        Some(CompletionUsage {
+                            prompt_tokens: 0,
+                            completion_tokens: 0,
+                            total_tokens: 0,
+                        }),
+                    ));
+                }
+            }
+        }
+        out.extend_from_slice(&sse::frame(None, "[DONE]"));
+        Bytes::from(out)
+    }
+}
