@@ -272,3 +272,38 @@ fn rendering_is_deterministic() {
         "no absolute paths in generated files"
     );
 }
+
+#[test]
+fn the_openapi_snapshot_is_in_sync() {
+    let path = root().join("generated/openapi/openapi.json");
+    let current = agent_gateway::http::openapi::document();
+    let stored = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        stored == current,
+        "generated/openapi/openapi.json is out of date; regenerate with:\n  cargo run -q --bin agent-gateway -- openapi > generated/openapi/openapi.json"
+    );
+}
+
+#[test]
+fn every_openapi_operation_declares_its_statuses() {
+    let doc: Value = serde_json::from_str(&agent_gateway::http::openapi::document()).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, ops) in paths {
+        for (method, op) in ops.as_object().unwrap() {
+            let responses = op["responses"].as_object().unwrap();
+            assert!(responses.contains_key("200"), "{method} {path}");
+            if path != "/health" && path != "/api/health" {
+                for status in ["400", "401", "403", "413", "429", "500"] {
+                    assert!(
+                        responses.contains_key(status),
+                        "{method} {path} lacks {status}"
+                    );
+                }
+                assert!(
+                    op["security"].is_array(),
+                    "{method} {path} declares no security"
+                );
+            }
+        }
+    }
+}
