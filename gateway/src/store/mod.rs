@@ -27,6 +27,8 @@ pub const DB_FILE: &str = "gateway.db";
 #[derive(Clone)]
 pub struct Store {
     pool: SqlitePool,
+    /// Group commit of usage rows (see `usage.rs`).
+    usage: usage::UsageQueue,
 }
 
 impl Store {
@@ -47,7 +49,8 @@ impl Store {
             .run(&pool)
             .await
             .map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
-        Ok(Self { pool })
+        let usage = usage::UsageQueue::start(pool.clone());
+        Ok(Self { pool, usage })
     }
 
     pub fn pool(&self) -> &SqlitePool {

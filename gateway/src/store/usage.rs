@@ -1,7 +1,13 @@
 //! The `usage` table: one row per model call (tokens, cost, latency, outcome) per agent,
 //! session and provider; the observability methods read it.
+//!
+//! Rows are written by group commit: callers queue their row and wait for the transaction
+//! that holds it; one writer task takes every row queued meanwhile into that transaction.
+//! Under load one commit serves many calls; alone, a call costs one commit as before. A row
+//! is committed before `usage_record` returns, so readers always see it.
 
-use sqlx::Row;
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use tokio::sync::{mpsc, oneshot};
 
 use super::Store;
 use crate::error::GatewayError;
@@ -34,29 +40,78 @@ pub struct CacheFigures {
     pub cached_tokens: i64,
 }
 
+/// Rows per transaction at most (13 bound values each, well under SQLite's limit).
+const MAX_BATCH: usize = 500;
+
+type Ack = oneshot::Sender<Result<(), String>>;
+
+/// The queue in front of the usage writer task.
+#[derive(Clone)]
+pub struct UsageQueue {
+    tx: mpsc::UnboundedSender<(UsageRow, Ack)>,
+}
+
+impl UsageQueue {
+    pub fn start(pool: SqlitePool) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(pool, rx));
+        Self { tx }
+    }
+}
+
+async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<(UsageRow, Ack)>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let result = insert_batch(&pool, &batch).await.map_err(|e| e.to_string());
+        for (_, ack) in batch {
+            let _ = ack.send(result.clone());
+        }
+    }
+}
+
+async fn insert_batch(pool: &SqlitePool, batch: &[(UsageRow, Ack)]) -> Result<(), sqlx::Error> {
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, input_tokens, \
+         output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) ",
+    );
+    q.push_values(batch, |mut b, (u, _)| {
+        b.push_bind(u.ts)
+            .push_bind(&u.agent_id)
+            .push_bind(&u.session_key)
+            .push_bind(&u.provider)
+            .push_bind(&u.model)
+            .push_bind(&u.operation)
+            .push_bind(u.input_tokens)
+            .push_bind(u.output_tokens)
+            .push_bind(u.cached_tokens)
+            .push_bind(u.cost_usd)
+            .push_bind(u.latency_ms)
+            .push_bind(i64::from(u.ok))
+            .push_bind(&u.error_kind);
+    });
+    q.build().execute(pool).await?;
+    Ok(())
+}
+
 impl Store {
+    /// Records one model call; returns once the row is committed.
     pub async fn usage_record(&self, u: &UsageRow) -> Result<(), GatewayError> {
-        sqlx::query(
-            "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, input_tokens, \
-             output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(u.ts)
-        .bind(&u.agent_id)
-        .bind(&u.session_key)
-        .bind(&u.provider)
-        .bind(&u.model)
-        .bind(&u.operation)
-        .bind(u.input_tokens)
-        .bind(u.output_tokens)
-        .bind(u.cached_tokens)
-        .bind(u.cost_usd)
-        .bind(u.latency_ms)
-        .bind(i64::from(u.ok))
-        .bind(&u.error_kind)
-        .execute(self.pool())
-        .await?;
-        Ok(())
+        let (ack, done) = oneshot::channel();
+        self.usage
+            .tx
+            .send((u.clone(), ack))
+            .map_err(|_| GatewayError::Internal("usage writer stopped".into()))?;
+        match done.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(GatewayError::Internal(format!("storage: {e}"))),
+            Err(_) => Err(GatewayError::Internal("usage writer stopped".into())),
+        }
     }
 
     /// Cache hits/misses per provider over successful calls, optionally for one agent and
