@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what the tests need (a Python virtualenv
 # with the SDK and tools, npm packages, Debian packages when run as root), then runs lints,
-# the generated-files check, the Rust tests, the TypeScript SDK type-check and the Python tests.
+# the generated-files check, the Rust tests, the TypeScript SDK type-check, the Python tests and the
+# Node tests of the OpenAI-compatible API.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -56,3 +57,6 @@ step "Python tests (SDK against a live gateway)"
 AGENT_GATEWAY_BIN="$ROOT/target/debug/agent-gateway" OPENRPC_META_SCHEMA="$ROOT/target/openrpc-meta-schema.json" \
   JSON_SCHEMA_META_SCHEMA="$ROOT/tests/node/node_modules/@json-schema-tools/meta-schema/schema.json" \
   PYTHONPATH="$ROOT/generated/sdk/python" .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+
+step "Node SDK tests (openai npm)"
+AGENT_GATEWAY_BIN="$ROOT/target/debug/agent-gateway" node --test tests/node/*.test.mjs

@@ -293,7 +293,7 @@ fn every_openapi_operation_declares_its_statuses() {
             let responses = op["responses"].as_object().unwrap();
             assert!(responses.contains_key("200"), "{method} {path}");
             if path != "/health" && path != "/api/health" {
-                for status in ["400", "401", "403", "413", "429", "500"] {
+                for status in ["400", "401", "403", "413", "415", "429", "500"] {
                     assert!(
                         responses.contains_key(status),
                         "{method} {path} lacks {status}"

@@ -2,6 +2,7 @@
 //! the typed API (health, REST, /v1) comes from poem-openapi with its document and UI.
 
 pub mod api;
+pub mod either;
 pub mod limits;
 pub mod openapi;
 pub mod problem;

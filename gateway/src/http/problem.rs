@@ -56,8 +56,10 @@ pub struct OpenAiErrorDetail {
     #[serde(rename = "type")]
     pub kind: String,
     /// The request field at fault, when one is.
+    #[oai(nullable)]
     pub param: Option<String>,
     /// Always null.
+    #[oai(nullable)]
     pub code: Option<String>,
 }
 
@@ -208,6 +210,10 @@ const STATUSES: &[(u16, &str)] = &[
         "The resource refuses the operation in its current state (e.g. a suspended agent)",
     ),
     (413, "Request body over gateway.httpBodyLimitBytes"),
+    (
+        415,
+        "A request body that is not `Content-Type: application/json`",
+    ),
     (
         429,
         "Global rate limit exceeded (Retry-After says when to retry)",

@@ -33,10 +33,14 @@ impl<T> Sse<T> {
 impl<T: Type> Payload for Sse<T> {
     const CONTENT_TYPE: &'static str = "text/event-stream";
 
+    /// The body is text (`event:`/`data:` lines); each `data:` carries one JSON value of
+    /// `T`'s schema (registered under its name) or, for `/v1` chat, the literal `[DONE]`.
     fn schema_ref() -> MetaSchemaRef {
         MetaSchemaRef::Inline(Box::new(MetaSchema {
-            items: Some(Box::new(T::schema_ref())),
-            ..MetaSchema::new_with_format("array", "event-stream")
+            description: Some(
+                "Server-sent events. Each `data:` line holds one JSON event of the schema the operation names (the chat completion stream ends with `data: [DONE]`).",
+            ),
+            ..MetaSchema::new_with_format("string", "event-stream")
         }))
     }
 

@@ -74,6 +74,7 @@ pub struct MemoryHitOut {
     pub agent_id: String,
     pub content: String,
     pub tags: Vec<String>,
+    #[oai(nullable)]
     pub session_key: Option<String>,
     pub score: f64,
     pub created_at: i64,
@@ -105,6 +106,7 @@ pub struct ChatSession {
     pub message_count: i64,
     pub input_tokens: i64,
     pub output_tokens: i64,
+    #[oai(nullable)]
     pub last_model: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,

@@ -53,6 +53,14 @@ fn listed_models(state: &AppState) -> Vec<ModelObject> {
         .collect()
 }
 
+fn find_model(state: &AppState, id: &str) -> Result<Json<ModelObject>, V1Error> {
+    listed_models(state)
+        .into_iter()
+        .find(|m| m.id == id)
+        .map(Json)
+        .ok_or_else(|| Problem::not_found("Model not found").into())
+}
+
 #[OpenApi(prefix_path = "/v1", tag = "V1Tag::Compatible")]
 impl V1Api {
     /// Chat completion
@@ -88,6 +96,24 @@ impl V1Api {
         }))
     }
 
+    /// Retrieve a model by its encoded id
+    ///
+    /// The id with its slash percent-encoded (`/v1/models/local%2Fsmollm2-135m-instruct`), as
+    /// the OpenAI SDKs send it.
+    #[oai(
+        path = "/models/:model_id",
+        method = "get",
+        operation_id = "retrieveModelEncoded"
+    )]
+    async fn model_encoded(
+        &self,
+        _auth: V1Auth,
+        Data(state): Data<&Arc<AppState>>,
+        model_id: Path<String>,
+    ) -> Result<Json<ModelObject>, V1Error> {
+        find_model(state, &model_id.0)
+    }
+
     /// Retrieve a model
     ///
     /// The id contains a slash: `/v1/models/<provider>/<modelId>`.
@@ -103,12 +129,7 @@ impl V1Api {
         provider: Path<String>,
         model: Path<String>,
     ) -> Result<Json<ModelObject>, V1Error> {
-        let id = format!("{}/{}", provider.0, model.0);
-        listed_models(state)
-            .into_iter()
-            .find(|m| m.id == id)
-            .map(Json)
-            .ok_or_else(|| Problem::not_found("Model not found").into())
+        find_model(state, &format!("{}/{}", provider.0, model.0))
     }
 
     /// Create embeddings

@@ -11,7 +11,9 @@ use poem::{IntoResponse, Response};
 use poem_openapi::payload::{Json, Payload};
 use poem_openapi::registry::{MetaMediaType, MetaResponse, MetaResponses, Registry};
 use poem_openapi::types::Any;
-use poem_openapi::{ApiResponse, Object, Union};
+use poem_openapi::{ApiResponse, Object};
+
+use crate::http::either::either;
 use serde_json::{json, Value};
 
 use super::chat::turn_for;
@@ -24,38 +26,36 @@ use crate::runtime::turn::TurnOutcome;
 use crate::state::AppState;
 
 /// A content part of an input message: `input_text` (or `output_text` for earlier answers).
-#[derive(Debug, Clone, Object)]
+#[derive(Debug, Clone, PartialEq, Object, serde::Serialize)]
 #[oai(rename = "ResponsesInputPart")]
 pub struct InputPart {
     #[oai(rename = "type")]
+    #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
 }
 
-#[derive(Debug, Clone, Union)]
-#[oai(rename = "ResponsesInputContent")]
-pub enum InputContent {
-    Text(String),
-    Parts(Vec<InputPart>),
+either! {
+    /// A string, or an array of parts.
+    InputContent as "ResponsesInputContent" { Text(String), Parts(Vec<InputPart>) }
 }
 
 /// An input message.
-#[derive(Debug, Clone, Object)]
+#[derive(Debug, Clone, PartialEq, Object, serde::Serialize)]
 #[oai(rename = "ResponsesInputMessage")]
 pub struct InputMessage {
     /// `message` when given.
     #[oai(rename = "type")]
+    #[serde(rename = "type")]
     pub kind: Option<String>,
     /// `user`, `system`, `developer` or `assistant`.
     pub role: String,
     pub content: InputContent,
 }
 
-#[derive(Debug, Clone, Union)]
-#[oai(rename = "ResponsesInput")]
-pub enum Input {
-    Text(String),
-    Messages(Vec<InputMessage>),
+either! {
+    /// A string (the user's message), or a list of messages.
+    Input as "ResponsesInput" { Text(String), Messages(Vec<InputMessage>) }
 }
 
 /// `POST /v1/responses`.

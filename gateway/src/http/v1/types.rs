@@ -4,7 +4,9 @@
 //! without an intermediate JSON tree.
 
 use poem_openapi::types::Any;
-use poem_openapi::{Enum, Object, Union};
+use poem_openapi::{Enum, Object};
+
+use crate::http::either::either;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -19,22 +21,20 @@ pub enum Role {
 
 /// One block of a content array. Only `text` blocks are supported; `image_url` is refused
 /// with a 400 that says so.
-#[derive(Debug, Clone, Object)]
+#[derive(Debug, Clone, PartialEq, Object, Serialize)]
 #[oai(rename = "ChatContentPart")]
 pub struct ContentPart {
     /// `text` (or `image_url`, which this endpoint refuses).
     #[oai(rename = "type")]
+    #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
     pub image_url: Option<Any<Value>>,
 }
 
-/// A string, or an array of content blocks.
-#[derive(Debug, Clone, Union)]
-#[oai(rename = "ChatContent")]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
+either! {
+    /// A string, or an array of content blocks.
+    Content as "ChatContent" { Text(String), Parts(Vec<ContentPart>) }
 }
 
 #[derive(Debug, Clone, Object)]
@@ -81,6 +81,7 @@ pub struct CompletionUsage {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: String,
+    #[oai(nullable)]
     pub content: Option<String>,
 }
 
@@ -126,6 +127,7 @@ pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
     /// Null until the finish chunk.
+    #[oai(nullable)]
     pub finish_reason: Option<String>,
 }
 
@@ -169,12 +171,9 @@ pub struct ModelList {
     pub data: Vec<ModelObject>,
 }
 
-/// One string or several.
-#[derive(Debug, Clone, Union)]
-#[oai(rename = "EmbeddingInput")]
-pub enum EmbeddingInput {
-    One(String),
-    Many(Vec<String>),
+either! {
+    /// One string or several.
+    EmbeddingInput as "EmbeddingInput" { One(String), Many(Vec<String>) }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
@@ -198,13 +197,9 @@ pub struct EmbeddingRequest {
     pub user: Option<String>,
 }
 
-/// A vector as numbers, or as base64 of little-endian f32.
-#[derive(Debug, Clone, Union, Serialize)]
-#[oai(rename = "EmbeddingVector")]
-#[serde(untagged)]
-pub enum EmbeddingVector {
-    Float(Vec<f32>),
-    Base64(String),
+either! {
+    /// A vector as numbers, or as base64 of little-endian f32.
+    EmbeddingVector as "EmbeddingVector" { Float(Vec<f32>), Base64(String) }
 }
 
 #[derive(Debug, Clone, Object, Serialize)]
