@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use futures_util::stream::{self, BoxStream, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -48,6 +50,13 @@ pub fn openai_finish(f: FinishReason) -> &'static str {
     }
 }
 
+/// Turns what a streaming turn yields into response bytes (one SSE dialect per surface).
+pub trait Render: Send + 'static {
+    fn delta(&mut self, text: String) -> Bytes;
+    /// The last frames; the stream ends after them.
+    fn done(&mut self, result: Result<TurnOutcome, GatewayError>) -> Bytes;
+}
+
 /// What a streaming turn yields next.
 pub enum Step {
     Delta(String),
@@ -75,6 +84,16 @@ impl StreamingTurn {
         }
     }
 
+    /// Starts the turn and waits for its first sign of life, so that a turn that cannot
+    /// start (unknown provider, suspended agent) is an error status and not an empty stream.
+    pub async fn begin(engine: Arc<Engine>, req: TurnRequest) -> Result<Started, GatewayError> {
+        let mut turn = Self::start(engine, req);
+        match turn.next().await {
+            Some(Step::Done(Err(e))) => Err(e),
+            first => Ok(Started { turn, first }),
+        }
+    }
+
     /// The next delta, or the outcome once every delta has been read.
     pub async fn next(&mut self) -> Option<Step> {
         if let Some(delta) = self.rx.recv().await {
@@ -84,5 +103,41 @@ impl StreamingTurn {
         Some(Step::Done(handle.await.unwrap_or_else(|e| {
             Err(GatewayError::Internal(format!("turn task failed: {e}")))
         })))
+    }
+}
+
+/// A streaming turn that has shown a first sign of life.
+pub struct Started {
+    turn: StreamingTurn,
+    first: Option<Step>,
+}
+
+impl Started {
+    /// The response body: `render` applied to every delta and to the outcome. Dropping the
+    /// stream (the client went away) cancels the turn.
+    pub fn frames<R: Render>(self, render: R) -> BoxStream<'static, Bytes> {
+        stream::unfold(
+            (self.turn, self.first, render, false),
+            |(mut turn, pending, mut render, finished)| async move {
+                if finished {
+                    return None;
+                }
+                let step = match pending {
+                    Some(s) => s,
+                    None => turn.next().await?,
+                };
+                match step {
+                    Step::Delta(text) => {
+                        let f = render.delta(text);
+                        Some((f, (turn, None, render, false)))
+                    }
+                    Step::Done(result) => {
+                        let f = render.done(result);
+                        Some((f, (turn, None, render, true)))
+                    }
+                }
+            },
+        )
+        .boxed()
     }
 }

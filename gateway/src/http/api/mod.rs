@@ -20,7 +20,7 @@ use crate::auth::Principal;
 use crate::http::problem::{Problem, RestError};
 use crate::http::security::{RestBearer, SseAuth};
 use crate::http::sse::{self, Sse};
-use crate::http::turns::{Step, StreamingTurn};
+use crate::http::turns::{Render, StreamingTurn};
 use crate::rpc::generated::methods::Scope;
 use crate::runtime::sessions::SessionIdent;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
@@ -93,6 +93,48 @@ fn chat_turn(
         session,
         ..TurnRequest::new(agent, message, principal.scopes.clone())
     })
+}
+
+/// `/api/chat/stream`: `token` events with the text so far, then `done`.
+#[derive(Default)]
+struct TokenEvents {
+    accumulated: String,
+}
+
+impl Render for TokenEvents {
+    fn delta(&mut self, delta: String) -> Bytes {
+        self.accumulated.push_str(&delta);
+        let token = ChatToken {
+            delta,
+            accumulated: self.accumulated.clone(),
+        };
+        sse::frame(
+            Some("token"),
+            &serde_json::to_string(&token).unwrap_or_default(),
+        )
+    }
+
+    fn done(&mut self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+        let done = match result {
+            Ok(o) => result_of(&o),
+            Err(e) => {
+                tracing::warn!(error = %e, "streamed chat ended by an error");
+                ChatResult {
+                    response: self.accumulated.clone(),
+                    tokens_used: Tokens {
+                        input: 0,
+                        output: 0,
+                        total: 0,
+                    },
+                    finish_reason: "error".to_owned(),
+                }
+            }
+        };
+        sse::frame(
+            Some("done"),
+            &serde_json::to_string(&done).unwrap_or_default(),
+        )
+    }
 }
 
 #[OpenApi(prefix_path = "/api")]
@@ -399,59 +441,7 @@ impl RestApi {
             agent_id.0.as_deref(),
             session_key.0.as_deref(),
         )?;
-        let mut running = StreamingTurn::start(state.engine.clone(), turn);
-        let first = running.next().await;
-        if let Some(Step::Done(Err(e))) = first {
-            return Err(e.into());
-        }
-        let frames = stream::unfold(
-            (running, first, String::new(), false),
-            |(mut running, pending, mut acc, finished)| async move {
-                if finished {
-                    return None;
-                }
-                let step = match pending {
-                    Some(s) => s,
-                    None => running.next().await?,
-                };
-                match step {
-                    Step::Delta(delta) => {
-                        acc.push_str(&delta);
-                        let token = ChatToken {
-                            delta,
-                            accumulated: acc.clone(),
-                        };
-                        let f = sse::frame(
-                            Some("token"),
-                            &serde_json::to_string(&token).unwrap_or_default(),
-                        );
-                        Some((f, (running, None, acc, false)))
-                    }
-                    Step::Done(result) => {
-                        let done = match result {
-                            Ok(o) => result_of(&o),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "streamed chat ended by an error");
-                                ChatResult {
-                                    response: acc.clone(),
-                                    tokens_used: Tokens {
-                                        input: 0,
-                                        output: 0,
-                                        total: 0,
-                                    },
-                                    finish_reason: "error".to_owned(),
-                                }
-                            }
-                        };
-                        let f = sse::frame(
-                            Some("done"),
-                            &serde_json::to_string(&done).unwrap_or_default(),
-                        );
-                        Some((f, (running, None, acc, true)))
-                    }
-                }
-            },
-        );
-        Ok(Sse::new(frames.boxed()))
+        let started = StreamingTurn::begin(state.engine.clone(), turn).await?;
+        Ok(Sse::new(started.frames(TokenEvents::default())))
     }
 }

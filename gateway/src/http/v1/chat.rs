@@ -16,7 +16,7 @@ use super::types::*;
 use crate::auth::Principal;
 use crate::http::problem::{Problem, V1Error};
 use crate::http::sse::{self, Sse};
-use crate::http::turns::{openai_finish, resolve_target, Step, StreamingTurn};
+use crate::http::turns::{openai_finish, resolve_target, Render, StreamingTurn};
 use crate::runtime::sessions::SessionIdent;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::state::AppState;
@@ -188,17 +188,12 @@ pub async fn complete(
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let mut running = StreamingTurn::start(state.engine.clone(), turn);
-    // A turn that cannot start (unknown provider, suspended agent) is an error status, not
-    // an empty stream: wait for its first sign of life.
-    let first = running.next().await;
-    if let Some(Step::Done(Err(e))) = first {
-        return Err(e.into());
-    }
+    let started = StreamingTurn::begin(state.engine.clone(), turn).await?;
     let chunker = Chunker {
         id,
         created,
         model: req.model,
+        include_usage,
     };
     let opening = chunker.frame(
         Delta {
@@ -208,34 +203,7 @@ pub async fn complete(
         None,
     );
     let frames = stream::once(async move { opening })
-        .chain(stream::unfold(
-            (running, first, chunker, include_usage, false),
-            |(mut running, pending, chunker, include_usage, finished)| async move {
-                if finished {
-                    return None;
-                }
-                let step = match pending {
-                    Some(s) => s,
-                    None => running.next().await?,
-                };
-                match step {
-                    Step::Delta(text) => {
-                        let f = chunker.frame(
-                            Delta {
-                                role: None,
-                                content: Some(text),
-                            },
-                            None,
-                        );
-                        Some((f, (running, None, chunker, include_usage, false)))
-                    }
-                    Step::Done(result) => {
-                        let frames = chunker.closing(result, include_usage);
-                        Some((frames, (running, None, chunker, include_usage, true)))
-                    }
-                }
-            },
-        ))
+        .chain(started.frames(chunker))
         .boxed();
     Ok(ChatCompletionResponse::Stream(Sse::new(frames)))
 }
@@ -245,6 +213,23 @@ struct Chunker {
     id: String,
     created: i64,
     model: String,
+    include_usage: bool,
+}
+
+impl Render for Chunker {
+    fn delta(&mut self, text: String) -> Bytes {
+        self.frame(
+            Delta {
+                role: None,
+                content: Some(text),
+            },
+            None,
+        )
+    }
+
+    fn done(&mut self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+        self.closing(result)
+    }
 }
 
 impl Chunker {
@@ -275,11 +260,8 @@ impl Chunker {
     }
 
     /// The finish chunk, the usage chunk when asked for, and `[DONE]`, as one write.
-    fn closing(
-        &self,
-        result: Result<TurnOutcome, crate::error::GatewayError>,
-        include_usage: bool,
-    ) -> Bytes {
+    fn closing(&self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+        let include_usage = self.include_usage;
         let mut out = Vec::new();
         match result {
             Ok(o) => {

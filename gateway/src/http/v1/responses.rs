@@ -20,7 +20,7 @@ use super::chat::turn_for;
 use crate::auth::Principal;
 use crate::http::problem::{Problem, V1Error};
 use crate::http::sse::{self, Sse};
-use crate::http::turns::{Step, StreamingTurn};
+use crate::http::turns::{Render, StreamingTurn};
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::turn::TurnOutcome;
 use crate::state::AppState;
@@ -312,11 +312,7 @@ pub async fn create(
             shape.response(Some(&outcome))
         ))));
     }
-    let mut running = StreamingTurn::start(state.engine.clone(), turn);
-    let first = running.next().await;
-    if let Some(Step::Done(Err(e))) = first {
-        return Err(e.into());
-    }
+    let started = StreamingTurn::begin(state.engine.clone(), turn).await?;
     let mut events = Events { seq: 0 };
     let mut opening = Vec::new();
     opening.extend_from_slice(&events.frame(
@@ -338,34 +334,29 @@ pub async fn create(
     ));
     let opening = Bytes::from(opening);
     let frames = stream::once(async move { opening })
-        .chain(stream::unfold(
-            (running, first, shape, events, false),
-            |(mut running, pending, shape, mut events, finished)| async move {
-                if finished {
-                    return None;
-                }
-                let step = match pending {
-                    Some(s) => s,
-                    None => running.next().await?,
-                };
-                match step {
-                    Step::Delta(delta) => {
-                        let f = events.frame(
-                            "response.output_text.delta",
-                            json!({"item_id": shape.message_id, "output_index": 0,
-                                   "content_index": 0, "delta": delta}),
-                        );
-                        Some((f, (running, None, shape, events, false)))
-                    }
-                    Step::Done(result) => {
-                        let f = closing(&shape, &mut events, result);
-                        Some((f, (running, None, shape, events, true)))
-                    }
-                }
-            },
-        ))
+        .chain(started.frames(Streamed { shape, events }))
         .boxed();
     Ok(ResponsesResponse::Stream(Sse::new(frames)))
+}
+
+/// The Responses stream after its opening events.
+struct Streamed {
+    shape: Shape,
+    events: Events,
+}
+
+impl Render for Streamed {
+    fn delta(&mut self, delta: String) -> Bytes {
+        self.events.frame(
+            "response.output_text.delta",
+            json!({"item_id": self.shape.message_id, "output_index": 0,
+                   "content_index": 0, "delta": delta}),
+        )
+    }
+
+    fn done(&mut self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+        closing(&self.shape, &mut self.events, result)
+    }
 }
 
 fn closing(
