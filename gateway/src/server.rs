@@ -113,7 +113,12 @@ pub async fn run(
     loop {
         let state = Arc::new(build_state(loaded.clone(), generation, control.clone()).await?);
         tracing::info!(%addr, generation, "agent-gateway listening");
-        match serve(&listener, state, &shutdown).await {
+        let exit = serve(&listener, state.clone(), &shutdown).await;
+        // Usage rows are written behind the requests: commit the last ones.
+        if let Err(e) = state.engine.store.usage_flush().await {
+            tracing::warn!(error = %e, "usage rows not flushed");
+        }
+        match exit {
             Exit::Shutdown => {
                 tracing::info!("agent-gateway stopped");
                 return Ok(());

@@ -136,7 +136,7 @@ impl ModelsApi for Rpc {
                         ok: true,
                         error_kind: None,
                     };
-                    if let Err(e) = engine.store.usage_record(&row).await {
+                    if let Err(e) = engine.store.usage_record(row.clone()) {
                         tracing::error!(error = %e, "usage not recorded");
                     }
                 }

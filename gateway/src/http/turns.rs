@@ -20,7 +20,8 @@ use crate::runtime::turn::{TurnOutcome, TurnRequest};
 /// What a request's `model` resolves to.
 pub struct Target {
     pub agent: Arc<Agent>,
-    /// A catalogue model to run the agent on (None: the agent's own).
+    /// A catalogue model to run on (None: the agent's own model, prompt and tools). A model
+    /// target is a plain completion: the default agent's accounting, no tools.
     pub model: Option<String>,
 }
 

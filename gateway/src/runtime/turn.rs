@@ -475,7 +475,7 @@ impl Engine {
                 ok: result.is_ok(),
                 error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
             };
-            if let Err(e) = self.store.usage_record(&row).await {
+            if let Err(e) = self.store.usage_record(row.clone()) {
                 tracing::error!(error = %e, "usage not recorded");
             }
             self.emit(

@@ -1,10 +1,12 @@
 //! The `usage` table: one row per model call (tokens, cost, latency, outcome) per agent,
 //! session and provider; the observability methods read it.
 //!
-//! Rows are written by group commit: callers queue their row and wait for the transaction
-//! that holds it; one writer task takes every row queued meanwhile into that transaction.
-//! Under load one commit serves many calls; alone, a call costs one commit as before. A row
-//! is committed before `usage_record` returns, so readers always see it.
+//! Rows are written behind the request: `usage_record` queues the row and returns; one
+//! writer task takes every row queued meanwhile into one INSERT (group commit), so a model
+//! call never waits for SQLite and under load one commit serves many calls. Readers call
+//! `usage_flush` first (the writer answers once every row queued before it is committed), so
+//! they always see every call that finished before them; shutdown flushes too. A killed
+//! process loses at most the rows of the last few milliseconds.
 
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
@@ -43,12 +45,16 @@ pub struct CacheFigures {
 /// Rows per transaction at most (13 bound values each, well under SQLite's limit).
 const MAX_BATCH: usize = 500;
 
-type Ack = oneshot::Sender<Result<(), String>>;
+enum Item {
+    Row(UsageRow),
+    /// Answered once every row queued before it is committed.
+    Flush(oneshot::Sender<()>),
+}
 
 /// The queue in front of the usage writer task.
 #[derive(Clone)]
 pub struct UsageQueue {
-    tx: mpsc::UnboundedSender<(UsageRow, Ack)>,
+    tx: mpsc::UnboundedSender<Item>,
 }
 
 impl UsageQueue {
@@ -59,28 +65,37 @@ impl UsageQueue {
     }
 }
 
-async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<(UsageRow, Ack)>) {
+async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Item>) {
     while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
+        let mut rows = Vec::new();
+        let mut flushes = Vec::new();
+        let mut next = Some(first);
+        while let Some(item) = next.take() {
+            match item {
+                Item::Row(r) => rows.push(r),
+                Item::Flush(f) => flushes.push(f),
+            }
+            if rows.len() < MAX_BATCH {
+                next = rx.try_recv().ok();
             }
         }
-        let result = insert_batch(&pool, &batch).await.map_err(|e| e.to_string());
-        for (_, ack) in batch {
-            let _ = ack.send(result.clone());
+        if !rows.is_empty() {
+            if let Err(e) = insert_batch(&pool, &rows).await {
+                tracing::error!(error = %e, rows = rows.len(), "usage rows not recorded");
+            }
+        }
+        for f in flushes {
+            let _ = f.send(());
         }
     }
 }
 
-async fn insert_batch(pool: &SqlitePool, batch: &[(UsageRow, Ack)]) -> Result<(), sqlx::Error> {
+async fn insert_batch(pool: &SqlitePool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
         "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, input_tokens, \
          output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) ",
     );
-    q.push_values(batch, |mut b, (u, _)| {
+    q.push_values(batch, |mut b, u| {
         b.push_bind(u.ts)
             .push_bind(&u.agent_id)
             .push_bind(&u.session_key)
@@ -100,18 +115,23 @@ async fn insert_batch(pool: &SqlitePool, batch: &[(UsageRow, Ack)]) -> Result<()
 }
 
 impl Store {
-    /// Records one model call; returns once the row is committed.
-    pub async fn usage_record(&self, u: &UsageRow) -> Result<(), GatewayError> {
+    /// Queues one model call's row (written behind the request).
+    pub fn usage_record(&self, u: UsageRow) -> Result<(), GatewayError> {
+        self.usage
+            .tx
+            .send(Item::Row(u))
+            .map_err(|_| GatewayError::Internal("usage writer stopped".into()))
+    }
+
+    /// Waits until every row queued so far is committed.
+    pub async fn usage_flush(&self) -> Result<(), GatewayError> {
         let (ack, done) = oneshot::channel();
         self.usage
             .tx
-            .send((u.clone(), ack))
+            .send(Item::Flush(ack))
             .map_err(|_| GatewayError::Internal("usage writer stopped".into()))?;
-        match done.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(GatewayError::Internal(format!("storage: {e}"))),
-            Err(_) => Err(GatewayError::Internal("usage writer stopped".into())),
-        }
+        done.await
+            .map_err(|_| GatewayError::Internal("usage writer stopped".into()))
     }
 
     /// Cache hits/misses per provider over successful calls, optionally for one agent and
@@ -121,6 +141,7 @@ impl Store {
         agent_id: Option<&str>,
         since_ms: Option<i64>,
     ) -> Result<Vec<CacheFigures>, GatewayError> {
+        self.usage_flush().await?;
         let rows = sqlx::query(
             "SELECT provider, SUM(CASE WHEN cached_tokens > 0 THEN 1 ELSE 0 END) AS hits, \
              SUM(CASE WHEN cached_tokens > 0 THEN 0 ELSE 1 END) AS misses, \
@@ -152,6 +173,7 @@ impl Store {
         agent_id: Option<&str>,
         since_ms: Option<i64>,
     ) -> Result<Vec<(String, i64)>, GatewayError> {
+        self.usage_flush().await?;
         let rows = sqlx::query(
             "SELECT model, SUM(cached_tokens) AS cached FROM usage \
              WHERE ok = 1 AND cached_tokens > 0 AND (? IS NULL OR agent_id = ?) AND (? IS NULL OR ts >= ?) \

@@ -143,8 +143,18 @@ pub fn turn_for(
     let target = resolve_target(&state.engine, model)
         .ok_or_else(|| Problem::not_found(format!("Model not found: {model}")))?;
     let label = SessionIdent::new(&target.agent.id, V1_CHANNEL, completion_id, V1_USER).key;
+    // A model (not an agent) was asked for: answer like that model, without the agent's tools.
+    let only_tools = target
+        .model
+        .as_ref()
+        .map(|_| std::collections::BTreeSet::new());
+    let system = match &target.model {
+        Some(_) => Some(system.unwrap_or_default()),
+        None => system,
+    };
     Ok(TurnRequest {
         model: target.model,
+        only_tools,
         system,
         usage_label: Some(label),
         ..TurnRequest::new(target.agent, input, principal.scopes.clone())
