@@ -8,7 +8,7 @@
 //! they always see every call that finished before them; shutdown flushes too. A killed
 //! process loses at most the rows of the last few milliseconds.
 
-use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Store;
@@ -65,19 +65,33 @@ impl UsageQueue {
     }
 }
 
+/// How long the writer lets rows gather after the first one: under load a batch holds
+/// every row of the window; alone, a row waits this long (readers flush, so nobody sees it).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+
 async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Item>) {
     while let Some(first) = rx.recv().await {
         let mut rows = Vec::new();
         let mut flushes = Vec::new();
         let mut next = Some(first);
-        while let Some(item) = next.take() {
-            match item {
-                Item::Row(r) => rows.push(r),
-                Item::Flush(f) => flushes.push(f),
+        let mut waited = false;
+        loop {
+            while let Some(item) = next.take() {
+                match item {
+                    Item::Row(r) => rows.push(r),
+                    Item::Flush(f) => flushes.push(f),
+                }
+                if rows.len() < MAX_BATCH {
+                    next = rx.try_recv().ok();
+                }
             }
-            if rows.len() < MAX_BATCH {
-                next = rx.try_recv().ok();
+            // A flush is answered at once; otherwise let the batch fill for a moment.
+            if waited || !flushes.is_empty() || rows.len() >= MAX_BATCH {
+                break;
             }
+            tokio::time::sleep(GATHER).await;
+            waited = true;
+            next = rx.try_recv().ok();
         }
         if !rows.is_empty() {
             if let Err(e) = insert_batch(&pool, &rows).await {
@@ -90,27 +104,40 @@ async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Item>) {
     }
 }
 
+/// One statement for any batch size (so SQLite prepares it once): the rows travel as one
+/// JSON array and `json_each` unpacks them.
 async fn insert_batch(pool: &SqlitePool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
-    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+    let rows: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|u| {
+            serde_json::json!([
+                u.ts,
+                u.agent_id,
+                u.session_key,
+                u.provider,
+                u.model,
+                u.operation,
+                u.input_tokens,
+                u.output_tokens,
+                u.cached_tokens,
+                u.cost_usd,
+                u.latency_ms,
+                i64::from(u.ok),
+                u.error_kind
+            ])
+        })
+        .collect();
+    let json = serde_json::Value::Array(rows).to_string();
+    sqlx::query(
         "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, input_tokens, \
-         output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) ",
-    );
-    q.push_values(batch, |mut b, u| {
-        b.push_bind(u.ts)
-            .push_bind(&u.agent_id)
-            .push_bind(&u.session_key)
-            .push_bind(&u.provider)
-            .push_bind(&u.model)
-            .push_bind(&u.operation)
-            .push_bind(u.input_tokens)
-            .push_bind(u.output_tokens)
-            .push_bind(u.cached_tokens)
-            .push_bind(u.cost_usd)
-            .push_bind(u.latency_ms)
-            .push_bind(i64::from(u.ok))
-            .push_bind(&u.error_kind);
-    });
-    q.build().execute(pool).await?;
+         output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) \
+         SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, \
+                value->>7, value->>8, value->>9, value->>10, value->>11, value->>12 \
+         FROM json_each(?)",
+    )
+    .bind(json)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
