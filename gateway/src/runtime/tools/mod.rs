@@ -5,7 +5,7 @@ mod memory;
 mod notes;
 mod time;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
@@ -39,7 +39,22 @@ pub trait Tool: Send + Sync {
 
 struct Registered {
     tool: Arc<dyn Tool>,
-    validator: Option<jsonschema::Validator>,
+    /// Compiled on the tool's first call: compiling costs megabytes of transient memory
+    /// (jsonschema checks the schema against its meta-schema), which the process would
+    /// otherwise carry from startup even when no tool is ever called.
+    validator: OnceLock<Option<jsonschema::Validator>>,
+}
+
+impl Registered {
+    fn validator(&self) -> Option<&jsonschema::Validator> {
+        self.validator
+            .get_or_init(|| {
+                jsonschema::validator_for(&self.tool.parameters())
+                    .map_err(|e| tracing::error!(tool = self.tool.name(), error = %e, "tool schema does not compile"))
+                    .ok()
+            })
+            .as_ref()
+    }
 }
 
 /// Every registered tool.
@@ -59,11 +74,9 @@ impl Tools {
         ];
         let list = tools
             .into_iter()
-            .map(|tool| {
-                let validator = jsonschema::validator_for(&tool.parameters())
-                    .map_err(|e| tracing::error!(tool = tool.name(), error = %e, "tool schema does not compile"))
-                    .ok();
-                Registered { tool, validator }
+            .map(|tool| Registered {
+                tool,
+                validator: OnceLock::new(),
             })
             .collect();
         Self { list }
@@ -93,7 +106,7 @@ impl Tools {
         let Some(r) = self.list.iter().find(|r| r.tool.name() == name) else {
             return Err(format!("unknown tool: {name}"));
         };
-        if let Some(v) = &r.validator {
+        if let Some(v) = r.validator() {
             let problems: Vec<String> = v
                 .iter_errors(args)
                 .take(3)
