@@ -17,17 +17,15 @@ use std::time::{Duration, Instant};
 use poem::endpoint::StaticFilesEndpoint;
 use poem::web::Redirect;
 use poem::{get, handler, post, Endpoint, EndpointExt, IntoResponse, Request, Response, Route};
-use serde_json::json;
 
 use crate::state::AppState;
 use limits::{read_body, BodyError};
 use problem::{Area, Problem};
 
-/// A JSON error body `{error: <message>}` with a status.
+/// A JSON error body `{error: <message>}` with a status (for the routes outside the typed
+/// API: `/rpc`, `/ws`).
 pub fn json_error(status: http::StatusCode, message: &str) -> Response {
-    poem::web::Json(json!({"error": message}))
-        .with_status(status)
-        .into_response()
+    Problem::new(status, message).into_area_response(Area::Rest)
 }
 
 #[handler]
@@ -42,12 +40,6 @@ async fn typed_area<E: Endpoint>(ep: Arc<E>, mut req: Request) -> poem::Result<R
     let Some(state) = req.data::<Arc<AppState>>().cloned() else {
         return Ok(Problem::internal().into_area_response(area));
     };
-    if area == Area::Rest
-        && req.uri().path().starts_with("/api")
-        && !state.config.gateway.web.enabled
-    {
-        return Ok(Problem::not_found("Not found").into_area_response(area));
-    }
     if req.method() == http::Method::POST {
         let g = &state.config.gateway;
         let body = req.take_body();
@@ -113,12 +105,15 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     }
     let typed = Arc::new(
         poem::IntoEndpoint::into_endpoint(service)
-            .around(typed_area_boxed)
+            .around(typed_area)
             .boxed(),
     );
+    // The REST API exists only while `gateway.web.enabled`; elsewhere /api/* is a plain 404.
+    if web.enabled {
+        route = route.nest_no_strip("/api", typed.clone());
+    }
     let route = route
         .at("/health", typed.clone())
-        .nest_no_strip("/api", typed.clone())
         .nest_no_strip("/v1", typed);
     route.data(state).around(move |ep, req: Request| {
         let state = limiter_state.clone();
@@ -147,11 +142,4 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
             }
         }
     })
-}
-
-fn typed_area_boxed<E: Endpoint + 'static>(
-    ep: Arc<E>,
-    req: Request,
-) -> impl std::future::Future<Output = poem::Result<Response>> + Send {
-    typed_area(ep, req)
 }

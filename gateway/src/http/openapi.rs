@@ -29,10 +29,7 @@ impl CoreApi {
         operation_id = "health"
     )]
     async fn health(&self) -> Json<Health> {
-        Json(Health {
-            status: "ok".to_owned(),
-            timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        })
+        Json(Health::now())
     }
 }
 

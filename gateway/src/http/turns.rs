@@ -58,6 +58,18 @@ pub trait Render: Send + 'static {
     fn done(&mut self, result: Result<TurnOutcome, GatewayError>) -> Bytes;
 }
 
+/// Runs a turn to its end; the turn is cancelled if the caller goes away first (the
+/// request future is dropped).
+pub async fn run_to_end(
+    engine: &Engine,
+    mut req: TurnRequest,
+) -> Result<TurnOutcome, GatewayError> {
+    let cancel = CancellationToken::new();
+    req.cancel = cancel.clone();
+    let _cancel_on_drop = cancel.drop_guard();
+    engine.run_turn(req).await
+}
+
 /// What a streaming turn yields next.
 pub enum Step {
     Delta(String),
@@ -72,7 +84,7 @@ pub struct StreamingTurn {
 }
 
 impl StreamingTurn {
-    pub fn start(engine: Arc<Engine>, mut req: TurnRequest) -> Self {
+    fn start(engine: Arc<Engine>, mut req: TurnRequest) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         req.sink = Some(tx);

@@ -9,7 +9,7 @@ use crate::error::GatewayError;
 use crate::rpc::generated::types::ModelsCapability;
 use crate::runtime::catalog::{self, ModelInfo};
 use crate::runtime::engine::Engine;
-use crate::runtime::providers::{Embeddings, ErrorKind};
+use crate::runtime::providers::{Embeddings, ErrorKind, Usage};
 use crate::store::usage::UsageRow;
 
 /// Why an embedding could not be made.
@@ -80,7 +80,10 @@ impl Engine {
             input_tokens: tokens as i64,
             output_tokens: 0,
             cached_tokens: 0,
-            cost_usd: tokens as f64 * model.input_price / 1_000_000.0,
+            cost_usd: model.cost(&Usage {
+                input: tokens,
+                ..Usage::default()
+            }),
             latency_ms: started.elapsed().as_millis() as i64,
             ok: result.is_ok(),
             error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),

@@ -20,7 +20,7 @@ use crate::auth::Principal;
 use crate::http::problem::{Problem, RestError};
 use crate::http::security::{RestBearer, SseAuth};
 use crate::http::sse::{self, Sse};
-use crate::http::turns::{Render, StreamingTurn};
+use crate::http::turns::{run_to_end, Render, StreamingTurn};
 use crate::rpc::generated::methods::Scope;
 use crate::runtime::sessions::SessionIdent;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
@@ -42,13 +42,6 @@ enum ApiTag {
 }
 
 pub struct RestApi;
-
-fn health_now() -> Health {
-    Health {
-        status: "ok".to_owned(),
-        timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-    }
-}
 
 fn event_out(e: &crate::events::Event) -> EventOut {
     EventOut {
@@ -149,7 +142,7 @@ impl RestApi {
         operation_id = "apiHealth"
     )]
     async fn health(&self) -> Json<Health> {
-        Json(health_now())
+        Json(Health::now())
     }
 
     /// Agents
@@ -350,17 +343,14 @@ impl RestApi {
         body: Json<ChatRequest>,
     ) -> Result<Json<ChatResult>, RestError> {
         let b = body.0;
-        let mut turn = chat_turn(
+        let turn = chat_turn(
             state,
             &auth.0,
             b.message,
             b.agent_id.as_deref(),
             b.session_key.as_deref(),
         )?;
-        let cancel = tokio_util::sync::CancellationToken::new();
-        turn.cancel = cancel.clone();
-        let _cancel_on_drop = cancel.drop_guard();
-        let outcome = state.engine.run_turn(turn).await?;
+        let outcome = run_to_end(&state.engine, turn).await?;
         Ok(Json(result_of(&outcome)))
     }
 

@@ -16,6 +16,16 @@ pub struct Health {
     pub timestamp: String,
 }
 
+impl Health {
+    /// The answer of `/health` and `/api/health`.
+    pub fn now() -> Self {
+        Self {
+            status: "ok".to_owned(),
+            timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Object)]
 #[oai(rename = "AgentSummary", rename_all = "camelCase")]
 pub struct AgentSummary {

@@ -16,7 +16,7 @@ use super::types::*;
 use crate::auth::Principal;
 use crate::http::problem::{Problem, V1Error};
 use crate::http::sse::{self, Sse};
-use crate::http::turns::{openai_finish, resolve_target, Render, StreamingTurn};
+use crate::http::turns::{openai_finish, resolve_target, run_to_end, Render, StreamingTurn};
 use crate::runtime::sessions::SessionIdent;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::state::AppState;
@@ -173,10 +173,7 @@ pub async fn complete(
     turn.max_tokens = req.max_tokens.map(|t| t.min(u64::from(u32::MAX)) as u32);
     let created = chrono::Utc::now().timestamp();
     if req.stream != Some(true) {
-        let cancel = tokio_util::sync::CancellationToken::new();
-        turn.cancel = cancel.clone();
-        let _cancel_on_drop = cancel.drop_guard();
-        let outcome = state.engine.run_turn(turn).await?;
+        let outcome = run_to_end(&state.engine, turn).await?;
         return Ok(ChatCompletionResponse::Json(Json(ChatCompletion {
             id,
             object: "chat.completion".to_owned(),

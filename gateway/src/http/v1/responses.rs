@@ -20,7 +20,7 @@ use super::chat::turn_for;
 use crate::auth::Principal;
 use crate::http::problem::{Problem, V1Error};
 use crate::http::sse::{self, Sse};
-use crate::http::turns::{Render, StreamingTurn};
+use crate::http::turns::{run_to_end, Render, StreamingTurn};
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::turn::TurnOutcome;
 use crate::state::AppState;
@@ -304,10 +304,7 @@ pub async fn create(
         metadata: req.metadata.clone().unwrap_or_default(),
     };
     if req.stream != Some(true) {
-        let cancel = tokio_util::sync::CancellationToken::new();
-        turn.cancel = cancel.clone();
-        let _cancel_on_drop = cancel.drop_guard();
-        let outcome = state.engine.run_turn(turn).await?;
+        let outcome = run_to_end(&state.engine, turn).await?;
         return Ok(ResponsesResponse::Json(Json(Any(
             shape.response(Some(&outcome))
         ))));
