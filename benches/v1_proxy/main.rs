@@ -517,6 +517,15 @@ impl Target {
             Target::Gateway => "gateway",
         }
     }
+
+    /// The name `BENCH_TARGETS` uses.
+    fn key(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Proxy => "proxy",
+            Target::Gateway => "gateway",
+        }
+    }
 }
 
 /// Where a scenario sends its requests, and which process serves them.
@@ -915,10 +924,16 @@ fn bench() {
     ];
 
     let rt = runtime();
+    let only: Option<Vec<String>> = std::env::var("BENCH_TARGETS")
+        .ok()
+        .map(|v| v.split(',').map(|t| t.trim().to_owned()).collect());
     let rows = rt.block_on(async {
         wait_healthy(gateway_port).await;
         let mut active = Vec::new();
-        for ep in &endpoints {
+        for ep in endpoints
+            .iter()
+            .filter(|ep| only.as_ref().is_none_or(|o| o.iter().any(|t| t == ep.target.key())))
+        {
             match check(ep).await {
                 Ok(()) => active.push(ep.clone()),
                 Err(e) if ep.target == Target::Gateway => {

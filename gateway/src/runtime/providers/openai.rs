@@ -21,6 +21,11 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 pub struct OpenAiProvider {
     id: String,
     base: String,
+    /// `<base>/chat/completions` and `<base>/embeddings`, parsed once (not per call).
+    chat_url: reqwest::Url,
+    embeddings_url: reqwest::Url,
+    /// `Bearer <key>`, built once and marked sensitive (never logged).
+    auth: Option<reqwest::header::HeaderValue>,
     http: Http,
 }
 
@@ -39,21 +44,51 @@ impl OpenAiProvider {
     pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
         let base = transport::base_url(&settings, DEFAULT_BASE_URL)?;
         let http = Http::new(&settings, &base)?;
+        let endpoint = |path: &str| {
+            reqwest::Url::parse(&format!("{base}{path}")).map_err(|err| {
+                ProviderError::new(
+                    ErrorKind::InvalidRequest,
+                    format!("provider {}: invalid base_url {base:?}: {err}", settings.id),
+                )
+            })
+        };
+        let chat_url = endpoint("/chat/completions")?;
+        let embeddings_url = endpoint("/embeddings")?;
+        let auth = match http.api_key() {
+            Some(key) => {
+                let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                    .map_err(|_| {
+                        ProviderError::new(
+                            ErrorKind::InvalidRequest,
+                            format!(
+                                "provider {}: the API key contains characters not allowed in a header",
+                                settings.id
+                            ),
+                        )
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
         Ok(Self {
             id: settings.id,
             base,
+            chat_url,
+            embeddings_url,
+            auth,
             http,
         })
     }
 
-    fn post(&self, path: &str, body: &Value) -> reqwest::RequestBuilder {
-        let request = self
-            .http
-            .client()
-            .post(format!("{}{path}", self.base))
-            .json(body);
-        match self.http.api_key() {
-            Some(key) => request.bearer_auth(key),
+    fn post<B: serde::Serialize + ?Sized>(
+        &self,
+        url: &reqwest::Url,
+        body: &B,
+    ) -> reqwest::RequestBuilder {
+        let request = self.http.client().post(url.clone()).json(body);
+        match &self.auth {
+            Some(auth) => request.header(reqwest::header::AUTHORIZATION, auth.clone()),
             None => request,
         }
     }
@@ -65,10 +100,7 @@ impl OpenAiProvider {
     ) -> Result<ChatResponse, ProviderError> {
         let body = request_body(req, sink.is_some());
         tracing::debug!(provider = %self.id, model = %req.model, stream = sink.is_some(), "openai chat");
-        let response = self
-            .http
-            .send(self.post("/chat/completions", &body))
-            .await?;
+        let response = self.http.send(self.post(&self.chat_url, &body)).await?;
         match sink {
             Some(sink) if !is_json(&response) => self.read_stream(response, sink).await,
             _ => {
@@ -175,7 +207,10 @@ impl OpenAiProvider {
             });
         }
         let body = json!({"model": model, "input": inputs, "encoding_format": "float"});
-        let response = self.http.send(self.post("/embeddings", &body)).await?;
+        let response = self
+            .http
+            .send(self.post(&self.embeddings_url, &body))
+            .await?;
         let answer: EmbeddingAnswer = self.http.json(response, "embeddings answer").await?;
         let mut data = answer.data;
         data.sort_by_key(|d| d.index);
