@@ -104,41 +104,57 @@ async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Item>) {
     }
 }
 
-/// One statement for any batch size (so SQLite prepares it once): the rows travel as one
-/// JSON array and `json_each` unpacks them.
+/// Rows per INSERT statement: a batch goes in as statements of these sizes (largest first),
+/// so SQLite prepares a handful of statements once and every value is bound directly.
+const CHUNKS: [usize; 4] = [64, 16, 4, 1];
+const COLUMNS: &str = "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, \
+     input_tokens, output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) VALUES ";
+
+/// The INSERT of `n` rows (built once per size).
+fn insert_sql(n: usize) -> &'static str {
+    static SQL: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        CHUNKS
+            .iter()
+            .map(|&n| {
+                let row = "(?,?,?,?,?,?,?,?,?,?,?,?,?)";
+                format!("{COLUMNS}{}", vec![row; n].join(","))
+            })
+            .collect()
+    });
+    let at = CHUNKS.iter().position(|&c| c == n).unwrap_or(CHUNKS.len() - 1);
+    &all[at]
+}
+
+/// The batch in one transaction.
 async fn insert_batch(pool: &SqlitePool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
-    let rows: Vec<serde_json::Value> = batch
-        .iter()
-        .map(|u| {
-            serde_json::json!([
-                u.ts,
-                u.agent_id,
-                u.session_key,
-                u.provider,
-                u.model,
-                u.operation,
-                u.input_tokens,
-                u.output_tokens,
-                u.cached_tokens,
-                u.cost_usd,
-                u.latency_ms,
-                i64::from(u.ok),
-                u.error_kind
-            ])
-        })
-        .collect();
-    let json = serde_json::Value::Array(rows).to_string();
-    sqlx::query(
-        "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, input_tokens, \
-         output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) \
-         SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, \
-                value->>7, value->>8, value->>9, value->>10, value->>11, value->>12 \
-         FROM json_each(?)",
-    )
-    .bind(json)
-    .execute(pool)
-    .await?;
-    Ok(())
+    let mut tx = pool.begin().await?;
+    let mut rest = batch;
+    for size in CHUNKS {
+        while rest.len() >= size {
+            let (chunk, tail) = rest.split_at(size);
+            let mut q = sqlx::query(insert_sql(size));
+            for u in chunk {
+                q = q
+                    .bind(u.ts)
+                    .bind(&u.agent_id)
+                    .bind(&u.session_key)
+                    .bind(&u.provider)
+                    .bind(&u.model)
+                    .bind(&u.operation)
+                    .bind(u.input_tokens)
+                    .bind(u.output_tokens)
+                    .bind(u.cached_tokens)
+                    .bind(u.cost_usd)
+                    .bind(u.latency_ms)
+                    .bind(u.ok)
+                    .bind(&u.error_kind);
+            }
+            q.execute(&mut *tx).await?;
+            rest = tail;
+        }
+    }
+    tx.commit().await
 }
 
 impl Store {
