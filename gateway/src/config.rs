@@ -52,6 +52,34 @@ pub struct Config {
     /// Settings every agent shares.
     #[serde(default)]
     pub agent_defaults: AgentDefaults,
+    /// Webhook ingestion under `webhooks.path`.
+    #[serde(default)]
+    pub webhooks: crate::webhooks::settings::WebhooksConfig,
+    /// Files saved by agents and tools, served under /media/.
+    #[serde(default)]
+    pub media: MediaConfig,
+}
+
+/// `media`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct MediaConfig {
+    /// A file older than this is expired (410) and then swept; 0 keeps files forever.
+    pub ttl_seconds: u64,
+    /// Largest file the store accepts, in bytes.
+    pub max_file_bytes: u64,
+    /// How often expired files are swept, in seconds.
+    pub sweep_interval_seconds: u64,
+}
+
+impl Default for MediaConfig {
+    fn default() -> Self {
+        Self {
+            ttl_seconds: 7 * 24 * 3600,
+            max_file_bytes: 25 * 1024 * 1024,
+            sweep_interval_seconds: 3600,
+        }
+    }
 }
 
 /// `gateway.*`.
@@ -359,7 +387,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             return Err(ConfigError(format!("{key} must be greater than 0")));
         }
     }
-    Ok(())
+    if config.media.max_file_bytes == 0 || config.media.sweep_interval_seconds == 0 {
+        return Err(ConfigError(
+            "media.maxFileBytes and media.sweepIntervalSeconds must be greater than 0".to_owned(),
+        ));
+    }
+    crate::webhooks::settings::validate(&config.webhooks)
 }
 
 /// Top-level sections, sorted.
@@ -380,6 +413,13 @@ pub fn redacted(config: &Config) -> Value {
     if let Some(Value::Array(tokens)) = v.pointer_mut("/gateway/tokens") {
         for t in tokens {
             if let Some(s) = t.get_mut("secret") {
+                *s = Value::String(REDACTED.to_owned());
+            }
+        }
+    }
+    for at in ["/webhooks/token", "/webhooks/hmac/secret"] {
+        if let Some(s) = v.pointer_mut(at) {
+            if s.is_string() {
                 *s = Value::String(REDACTED.to_owned());
             }
         }

@@ -87,7 +87,10 @@ async fn build_state(
             GatewayError::Internal(m) => m,
             other => other.to_string(),
         })?;
-    Ok(AppState::new(
+    let webhooks = crate::webhooks::Webhooks::new(&loaded.config.webhooks)
+        .map_err(|e| e.to_string())?
+        .map(Arc::new);
+    let mut state = AppState::new(
         loaded.config,
         loaded.paths,
         data_dir,
@@ -95,7 +98,9 @@ async fn build_state(
         generation,
         control,
         Arc::new(engine),
-    ))
+    );
+    state.webhooks = webhooks;
+    Ok(state)
 }
 
 /// Serves generations until shutdown. A restart re-reads the configuration; when the new one

@@ -25,6 +25,8 @@ pub struct Control {
     pub local: OnceLock<Arc<LocalProvider>>,
     /// System events for /api/events and /api/activity.
     pub events: EventBus,
+    /// Events waiting for each agent's next heartbeat turn (webhook wakes).
+    pub wakes: crate::runtime::heartbeat::PendingWakes,
 }
 
 impl Control {
@@ -35,6 +37,7 @@ impl Control {
             hub: Hub::default(),
             local: OnceLock::new(),
             events: EventBus::default(),
+            wakes: Default::default(),
         }
     }
 }
@@ -58,6 +61,8 @@ pub struct AppState {
     pub control: Arc<Control>,
     /// The agent engine (storage, providers, agents).
     pub engine: Arc<Engine>,
+    /// Webhook routes (None when `webhooks.enabled` is false).
+    pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
 }
 
 impl AppState {
@@ -82,6 +87,7 @@ impl AppState {
             generation,
             control,
             engine,
+            webhooks: None,
         }
     }
 

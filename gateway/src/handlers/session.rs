@@ -31,6 +31,7 @@ const TOOL_GROUPS: &[(&str, &[&str])] = &[
     ("time", &["current_time"]),
     ("memory", &["memory_store", "memory_search"]),
     ("notes", &["session_note_add", "session_notes"]),
+    ("files", &["save_file"]),
 ];
 
 fn summary(s: &SessionRow) -> SessionSummary {
@@ -382,6 +383,8 @@ impl SessionApi for Rpc {
                 max_steps: None,
                 model: None,
                 only_tools: None,
+                timeout: None,
+                delivery: None,
             })
             .await?;
         let base = SessionSendResult {
@@ -453,7 +456,7 @@ impl SessionApi for Rpc {
             for g in groups {
                 let (_, tools) = TOOL_GROUPS.iter().find(|(n, _)| n == g).ok_or_else(|| {
                     GatewayError::InvalidParams(format!(
-                        "'tool_groups': unknown group '{g}' (time, memory, notes)"
+                        "'tool_groups': unknown group '{g}' (time, memory, notes, files)"
                     ))
                 })?;
                 set.extend(tools.iter().map(|t| (*t).to_owned()));
@@ -499,6 +502,8 @@ impl SessionApi for Rpc {
                 max_steps: p.max_steps.map(|m| m.clamp(1, 1000) as u32),
                 model: p.model.clone(),
                 only_tools: only,
+                timeout: None,
+                delivery: None,
             })
             .await?;
         let row = started.row.clone();

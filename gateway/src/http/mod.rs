@@ -4,6 +4,7 @@
 pub mod api;
 pub mod either;
 pub mod limits;
+pub mod media;
 pub mod openapi;
 pub mod problem;
 pub mod security;
@@ -88,7 +89,12 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     let web = &state.config.gateway.web;
     let mut route = Route::new()
         .at("/ws", get(crate::rpc::ws::upgrade))
-        .at("/rpc", post(crate::rpc::http::handle));
+        .at("/rpc", post(crate::rpc::http::handle))
+        .at("/media/:id", get(media::file_bytes))
+        .at("/media/:id/meta", get(media::file_meta));
+    if let Some(hooks) = &state.webhooks {
+        route = route.nest(&hooks.base, post(crate::webhooks::routes::hook));
+    }
     if docs {
         route = route
             .at("/openapi.json", service.spec_endpoint())

@@ -35,7 +35,12 @@ pub struct Engine {
     pub locks: SessionLocks,
     pub data_dir: PathBuf,
     pub control: Arc<Control>,
+    /// Files saved by agents and tools (`<dataDir>/media`), served under /media/.
+    pub media: Arc<crate::media::MediaStore>,
 }
+
+/// The media store's directory under the data directory.
+pub const MEDIA_DIR: &str = "media";
 
 /// Where and how the local models are fetched, from the configuration and environment.
 pub fn local_options(config: &Config) -> LocalOptions {
@@ -71,6 +76,26 @@ fn check_entry<T: serde::de::DeserializeOwned>(
         .map_err(|e| GatewayError::InvalidParams(format!("{what}: {}", e.message)))
 }
 
+/// Sweeps expired media files every `every`, until the store is dropped (its generation ended).
+fn spawn_media_sweeper(
+    store: std::sync::Weak<crate::media::MediaStore>,
+    every: std::time::Duration,
+) {
+    tokio::spawn(async move {
+        loop {
+            {
+                let Some(store) = store.upgrade() else { return };
+                match store.sweep(crate::store::now_ms()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(removed = n, "expired media files swept"),
+                    Err(e) => tracing::warn!(error = %e, "media sweep failed"),
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+}
+
 impl Engine {
     /// Publishes a system event (`/api/events`, `/api/activity`).
     pub fn emit(&self, name: &'static str, data: serde_json::Value) {
@@ -94,7 +119,21 @@ impl Engine {
             );
         }
         let local = local_provider(config, &control);
+        let m = &config.media;
+        let media = crate::media::MediaStore::open(
+            data_dir.join(MEDIA_DIR),
+            (m.ttl_seconds > 0).then(|| std::time::Duration::from_secs(m.ttl_seconds)),
+            m.max_file_bytes,
+        )
+        .await
+        .map_err(|e| GatewayError::Internal(format!("cannot open the media store: {e}")))?;
+        let media = Arc::new(media);
+        spawn_media_sweeper(
+            Arc::downgrade(&media),
+            std::time::Duration::from_secs(m.sweep_interval_seconds.max(1)),
+        );
         let engine = Self {
+            media,
             providers: Providers::new(
                 store.clone(),
                 config.models.clone(),

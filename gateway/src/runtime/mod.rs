@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod compact;
 pub mod embed;
 pub mod engine;
+pub mod heartbeat;
 pub mod providers;
 pub mod providers_registry;
 pub mod runs;

@@ -26,6 +26,10 @@ pub struct RunSpec {
     pub max_steps: Option<u32>,
     pub model: Option<String>,
     pub only_tools: Option<BTreeSet<String>>,
+    /// Ends the turn (finish reason error) when it runs longer.
+    pub timeout: Option<std::time::Duration>,
+    /// Stored with the run (see `RunRow::delivery`).
+    pub delivery: Option<String>,
 }
 
 /// A started run: its row as inserted, and the task finishing it.
@@ -56,18 +60,28 @@ impl Engine {
             depth: i64::from(spec.parent_run_id.is_some()),
             client_id: spec.client_id.clone(),
             started_at: crate::store::now_ms(),
+            delivery: spec.delivery.clone(),
             ..RunRow::default()
         };
         self.store.run_insert(&row).await?;
         let engine = self.clone();
         let mut finished = row.clone();
         let done = tokio::spawn(async move {
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let _timer = spec.timeout.map(|t| {
+                let cancel = cancel.clone();
+                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+                    tokio::time::sleep(t).await;
+                    cancel.cancel();
+                }))
+            });
             let outcome = engine
                 .run_turn(TurnRequest {
                     session: Some(spec.session.clone()),
                     max_steps: spec.max_steps,
                     model: spec.model,
                     only_tools: spec.only_tools,
+                    cancel,
                     ..TurnRequest::new(spec.agent, spec.task, spec.scopes)
                 })
                 .await;

@@ -233,6 +233,7 @@ impl Engine {
         let breaker = self.agents.defaults().circuit_breaker_threshold.max(1);
         let ctx = ToolContext {
             store: &self.store,
+            media: &self.media,
             agent_id: &agent.id,
             session_key: req.session.as_ref().map(|s| s.key.as_str()),
         };

@@ -27,6 +27,8 @@ pub struct RunRow {
     pub cost_usd: Option<f64>,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
+    /// Where the answer goes (JSON `{deliver, channel, to}`), for runs started by webhooks.
+    pub delivery: Option<String>,
 }
 
 fn run_row(r: &SqliteRow) -> Result<RunRow, sqlx::Error> {
@@ -48,6 +50,7 @@ fn run_row(r: &SqliteRow) -> Result<RunRow, sqlx::Error> {
         cost_usd: r.try_get("cost_usd")?,
         finish_reason: r.try_get("finish_reason")?,
         error: r.try_get("error")?,
+        delivery: r.try_get("delivery")?,
     })
 }
 
@@ -55,7 +58,7 @@ impl Store {
     pub async fn run_insert(&self, r: &RunRow) -> Result<(), GatewayError> {
         sqlx::query(
             "INSERT INTO runs (run_id, root_run_id, parent_run_id, agent_id, session_key, task, status, \
-             depth, client_id, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             depth, client_id, started_at, delivery) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&r.run_id)
         .bind(&r.root_run_id)
@@ -67,6 +70,7 @@ impl Store {
         .bind(r.depth)
         .bind(&r.client_id)
         .bind(r.started_at)
+        .bind(&r.delivery)
         .execute(self.pool())
         .await?;
         Ok(())

@@ -122,7 +122,10 @@ fn insert_sql(n: usize) -> &'static str {
             })
             .collect()
     });
-    let at = CHUNKS.iter().position(|&c| c == n).unwrap_or(CHUNKS.len() - 1);
+    let at = CHUNKS
+        .iter()
+        .position(|&c| c == n)
+        .unwrap_or(CHUNKS.len() - 1);
     &all[at]
 }
 

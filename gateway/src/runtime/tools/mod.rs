@@ -1,6 +1,7 @@
 //! Built-in tools the model can call: the registry, argument validation against each tool's
 //! JSON Schema, and the context a tool runs in. One module per tool.
 
+mod files;
 mod memory;
 mod notes;
 mod time;
@@ -16,6 +17,8 @@ use crate::store::Store;
 /// What a tool call may touch.
 pub struct ToolContext<'a> {
     pub store: &'a Store,
+    /// Where files the agent saves go.
+    pub media: &'a crate::media::MediaStore,
     pub agent_id: &'a str,
     /// The conversation, when the turn has a stored session.
     pub session_key: Option<&'a str>,
@@ -71,6 +74,7 @@ impl Tools {
             Arc::new(memory::MemorySearch),
             Arc::new(notes::NoteAdd),
             Arc::new(notes::NotesList),
+            Arc::new(files::SaveFile),
         ];
         let list = tools
             .into_iter()

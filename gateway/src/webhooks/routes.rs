@@ -1,0 +1,366 @@
+//! `POST <base>/webhook` (strict, always signed) and `POST <base>/<path>` (mapped): the spec's
+//! "Webhook routing" and "Webhook responses". Agent runs are queued and acknowledged at
+//! once; their answers land in the mapping's session.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use poem::web::Data;
+use poem::{handler, Body, IntoResponse, Request, Response};
+use serde_json::{json, Value};
+
+use super::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
+use super::{message_of, session_part, untrusted, RequestContext, Webhooks};
+use crate::http::json_error;
+use crate::http::limits::{read_body, BodyError};
+use crate::rpc::generated::methods::Scope;
+use crate::runtime::agents::Agent;
+use crate::runtime::engine::Engine;
+use crate::runtime::heartbeat::heartbeat_message;
+use crate::runtime::runs::RunSpec;
+use crate::runtime::sessions::SessionIdent;
+use crate::state::AppState;
+
+/// The strict endpoint's path below the base.
+pub const STRICT_PATH: &str = "webhook";
+/// Channel name of webhook sessions (the mapping id is their namespace).
+pub const WEBHOOK_CHANNEL: &str = "webhook";
+
+fn ok(body: Value) -> Response {
+    (StatusCode::OK, poem::web::Json(body)).into_response()
+}
+
+fn internal() -> Response {
+    json_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal error")
+}
+
+/// Every webhook request.
+#[handler]
+pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Response {
+    let state = *state;
+    let Some(hooks) = state.webhooks.clone() else {
+        return json_error(StatusCode::NOT_FOUND, "Not found");
+    };
+    let path = settings::normalize(req.uri().path());
+    let strict = path == STRICT_PATH;
+    let g = &state.config.gateway;
+    let limit = if strict {
+        g.http_body_limit_bytes
+    } else {
+        hooks.max_body_bytes
+    };
+    let bytes = match read_body(
+        req,
+        body,
+        limit,
+        Duration::from_millis(g.body_read_timeout_ms),
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) if strict => {
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("Request body exceeds {limit} bytes"),
+            )
+        }
+        Err(BodyError::TooLarge) => {
+            return json_error(StatusCode::BAD_REQUEST, "Request body exceeds maximum size")
+        }
+        Err(BodyError::Timeout) => {
+            return json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "Request body not received in time",
+            )
+        }
+        Err(BodyError::Io) => {
+            return json_error(StatusCode::BAD_REQUEST, "Request body could not be read")
+        }
+    };
+    let engine = &state.engine;
+    // Signed before anything else is looked at, so unsigned requests cannot probe paths.
+    let verifier = if strict {
+        match hooks.strict.as_ref() {
+            Some(v) => Some(v),
+            None => {
+                return json_error(
+                    StatusCode::UNAUTHORIZED,
+                    "Webhook signing secret not configured",
+                )
+            }
+        }
+    } else {
+        hooks.mapped.as_ref()
+    };
+    let delivery = match verifier {
+        None => None,
+        Some(v) => match v.verify(req.headers(), &bytes, chrono::Utc::now().timestamp()) {
+            Ok(verified) => Some(verified.delivery),
+            Err(rejection) => {
+                engine.emit(
+                    "audit:event",
+                    json!({"kind": "webhook.rejected", "path": path, "reason": rejection.message()}),
+                );
+                return json_error(StatusCode::UNAUTHORIZED, rejection.message());
+            }
+        },
+    };
+    let Ok(payload) = serde_json::from_slice::<Value>(&bytes) else {
+        return json_error(StatusCode::BAD_REQUEST, "Invalid JSON body");
+    };
+    if strict {
+        let issues = strict_issues(&payload);
+        if !issues.is_empty() {
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                poem::web::Json(json!({"error": "Validation failed", "issues": issues})),
+            )
+                .into_response();
+        }
+    }
+    let ctx = RequestContext {
+        headers: header_map(req),
+        query: query_map(req),
+        path: path.clone(),
+        now: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        payload,
+    };
+    let matched = hooks.route(&path, &ctx.payload).map(|m| m.mapping.clone());
+    let Some(mapping) = matched else {
+        if strict {
+            // A strict event no mapping takes is recorded and acknowledged.
+            engine.emit(
+                "webhook:received",
+                json!({"path": path, "event": ctx.payload.get("event"), "source": ctx.payload.get("source"), "mapping": null}),
+            );
+            return ok(json!({"received": true}));
+        }
+        return json_error(StatusCode::NOT_FOUND, "No matching webhook mapping");
+    };
+    let ack = if strict {
+        json!({"received": true})
+    } else {
+        json!({"received": true, "mapping": mapping.id})
+    };
+    // One delivery per endpoint path: the same body sent to two paths is two deliveries.
+    let delivery = delivery.map(|d| {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(path.as_bytes());
+        h.update([0]);
+        h.update(d);
+        <[u8; 32]>::from(h.finalize())
+    });
+    if delivery.is_some_and(|d| !hooks.replay.first_seen(d, Instant::now())) {
+        engine.emit(
+            "webhook:received",
+            json!({"path": path, "mapping": mapping.id, "replay": true}),
+        );
+        return ok(ack);
+    }
+    match act(state, &hooks, &mapping, &ctx) {
+        None => ok(ack),
+        Some(refusal) => refusal,
+    }
+}
+
+/// Runs the mapping's action (queued); Some is the response to send instead of 200.
+fn act(
+    state: &Arc<AppState>,
+    hooks: &Webhooks,
+    m: &MappingConfig,
+    ctx: &RequestContext,
+) -> Option<Response> {
+    let engine = &state.engine;
+    let agent_id = m
+        .agent_id
+        .clone()
+        .or_else(|| engine.agents.default_id())
+        .unwrap_or_default();
+    let agent = match engine.agents.require(&agent_id) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(mapping = %m.id, agent = %agent_id, error = %e, "webhook mapping names no usable agent");
+            return Some(internal());
+        }
+    };
+    let source = format!("webhook mapping '{}'", m.id);
+    let text = untrusted(&source, &message_of(m, ctx));
+    let (action, wake_mode) = super::describe(m);
+    let (task, session) = match m.action {
+        Action::Agent => {
+            let rendered = m
+                .session_key
+                .as_deref()
+                .map(|t| session_part(&ctx.render(t)))
+                .unwrap_or_default();
+            let part = if rendered.is_empty() {
+                uuid::Uuid::new_v4().simple().to_string()
+            } else {
+                rendered
+            };
+            (
+                text,
+                SessionIdent::new(&agent.id, WEBHOOK_CHANNEL, &m.id, &part),
+            )
+        }
+        Action::Wake => {
+            state.control.wakes.push(&agent.id, text);
+            if m.wake_mode == WakeMode::NextHeartbeat {
+                engine.emit(
+                    "webhook:received",
+                    json!({"path": ctx.path, "mapping": m.id, "action": action, "wakeMode": wake_mode, "agentId": agent.id}),
+                );
+                return None;
+            }
+            let events = state.control.wakes.take(&agent.id);
+            (
+                heartbeat_message(&events),
+                SessionIdent::new(&agent.id, "heartbeat", "system", "main"),
+            )
+        }
+    };
+    let Some(place) = hooks.reserve() else {
+        let mut resp = json_error(StatusCode::SERVICE_UNAVAILABLE, "Webhook run queue is full");
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("5"),
+        );
+        return Some(resp);
+    };
+    let delivery = (m.deliver.is_some() || m.channel.is_some() || m.to.is_some()).then(|| {
+        json!({"deliver": m.deliver.unwrap_or(false), "channel": m.channel, "to": m.to}).to_string()
+    });
+    engine.emit(
+        "webhook:received",
+        json!({"path": ctx.path, "mapping": m.id, "action": action, "wakeMode": wake_mode,
+               "agentId": agent.id, "sessionKey": session.key}),
+    );
+    let spec = RunSpec {
+        agent: agent.clone(),
+        session,
+        task,
+        client_id: format!("webhook:{}", m.id),
+        scopes: BTreeSet::from([Scope::Rpc]),
+        parent_run_id: None,
+        max_steps: None,
+        model: m.model.clone(),
+        only_tools: None,
+        timeout: Some(Duration::from_secs(
+            m.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECS),
+        )),
+        delivery,
+    };
+    let engine = engine.clone();
+    tokio::spawn(run_queued(engine, place, spec, agent));
+    None
+}
+
+/// Waits for a run slot, then runs to the end (the slot is held until then).
+async fn run_queued(
+    engine: Arc<Engine>,
+    place: super::QueuePlace,
+    spec: RunSpec,
+    agent: Arc<Agent>,
+) {
+    let Some(_slot) = place.run_slot().await else {
+        return;
+    };
+    match engine.start_run(spec).await {
+        Ok(started) => {
+            if let Err(e) = started.done.await {
+                tracing::error!(agent = %agent.id, error = %e, "webhook run task failed");
+            }
+        }
+        Err(e) => tracing::warn!(agent = %agent.id, error = %e, "webhook run not started"),
+    }
+}
+
+/// Request headers by lowercase name (first value; secrets are left to the template rules).
+fn header_map(req: &Request) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (name, value) in req.headers() {
+        if let Ok(v) = value.to_str() {
+            out.entry(name.as_str().to_owned())
+                .or_insert_with(|| v.to_owned());
+        }
+    }
+    out
+}
+
+/// Query parameters (first value); credentials some senders put in URLs render empty.
+fn query_map(req: &Request) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(q) = req.uri().query() {
+        for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
+            let value = if super::template::is_sensitive_header(&k.to_lowercase()) {
+                String::new()
+            } else {
+                v.into_owned()
+            };
+            out.entry(k.into_owned()).or_insert(value);
+        }
+    }
+    out
+}
+
+/// What is wrong with a strict payload (`event`, `source`, `data`, optional `timestamp`;
+/// nothing else), as `{path, message}` entries.
+pub fn strict_issues(v: &Value) -> Vec<Value> {
+    let issue = |path: &str, message: &str| json!({"path": path, "message": message});
+    let Some(obj) = v.as_object() else {
+        return vec![issue("", "Expected a JSON object")];
+    };
+    let mut out = Vec::new();
+    for key in ["event", "source"] {
+        match obj.get(key) {
+            None => out.push(issue(key, "Required")),
+            Some(Value::String(s)) if !s.trim().is_empty() => {}
+            Some(Value::String(_)) => out.push(issue(key, "Must not be empty")),
+            Some(_) => out.push(issue(key, "Expected a string")),
+        }
+    }
+    match obj.get("data") {
+        None => out.push(issue("data", "Required")),
+        Some(Value::Object(_)) => {}
+        Some(_) => out.push(issue("data", "Expected an object")),
+    }
+    match obj.get("timestamp") {
+        None => {}
+        Some(Value::String(s)) if chrono::DateTime::parse_from_rfc3339(s).is_ok() => {}
+        Some(_) => out.push(issue(
+            "timestamp",
+            "Expected an ISO 8601 date-time string (e.g. 2026-01-31T12:00:00Z)",
+        )),
+    }
+    for key in obj.keys() {
+        if !matches!(key.as_str(), "event" | "source" | "data" | "timestamp") {
+            out.push(issue(key, "Unknown field"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_payload_rules() {
+        assert!(strict_issues(&json!({"event": "e", "source": "s", "data": {}})).is_empty());
+        assert!(strict_issues(
+            &json!({"event": "e", "source": "s", "data": {"a": 1}, "timestamp": "2026-01-31T12:00:00Z"})
+        )
+        .is_empty());
+        let bad = strict_issues(&json!({"event": 1, "data": [], "timestamp": "yesterday", "x": 1}));
+        let paths: Vec<&str> = bad.iter().filter_map(|i| i["path"].as_str()).collect();
+        assert_eq!(paths, ["event", "source", "data", "timestamp", "x"]);
+        assert_eq!(strict_issues(&json!([1])).len(), 1);
+        assert_eq!(
+            strict_issues(&json!({"event": " ", "source": "s", "data": {}}))[0]["message"],
+            "Must not be empty"
+        );
+    }
+}

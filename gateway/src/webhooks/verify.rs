@@ -1,0 +1,863 @@
+//! HMAC signature checks for incoming webhooks, plus a small memory of recent deliveries.
+//!
+//! The sender signs the raw request body with a shared secret (as GitHub does) and may send a
+//! Unix timestamp header. The signature covers the body only, so the timestamp is not
+//! authenticated: it bounds how long an honest delivery stays acceptable, and [`ReplayGuard`]
+//! stops a redelivery of the same signed request from running twice.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use http::{HeaderMap, HeaderName};
+use sha2::{Digest, Sha256, Sha384, Sha512};
+use subtle::ConstantTimeEq;
+
+/// The hash behind the HMAC; the sender and the gateway must agree on it.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// HMAC-SHA-256: what GitHub and most senders use.
+    #[default]
+    Sha256,
+    /// HMAC-SHA-384.
+    Sha384,
+    /// HMAC-SHA-512.
+    Sha512,
+}
+
+impl Algorithm {
+    /// The name used in configuration and in a `<algorithm>=` signature prefix.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Sha256 => "sha256",
+            Algorithm::Sha384 => "sha384",
+            Algorithm::Sha512 => "sha512",
+        }
+    }
+
+    /// Hex digest length: a signature of any other length is refused before hashing anything.
+    pub fn hex_len(self) -> usize {
+        match self {
+            Algorithm::Sha256 => 64,
+            Algorithm::Sha384 => 96,
+            Algorithm::Sha512 => 128,
+        }
+    }
+}
+
+/// The longest digest (SHA-512) in bytes: room for any decoded signature.
+const MAX_DIGEST_BYTES: usize = 64;
+
+/// HMAC state already keyed with the secret. Each request clones it, so the key is not hashed
+/// again per request and the raw secret is not kept in memory by the verifier.
+#[derive(Clone)]
+enum Keyed {
+    Sha256(Hmac<Sha256>),
+    Sha384(Hmac<Sha384>),
+    Sha512(Hmac<Sha512>),
+}
+
+impl Keyed {
+    /// `None` cannot happen (HMAC takes keys of any length); it keeps the code free of panics.
+    fn new(algorithm: Algorithm, secret: &[u8]) -> Option<Self> {
+        Some(match algorithm {
+            Algorithm::Sha256 => Keyed::Sha256(Hmac::new_from_slice(secret).ok()?),
+            Algorithm::Sha384 => Keyed::Sha384(Hmac::new_from_slice(secret).ok()?),
+            Algorithm::Sha512 => Keyed::Sha512(Hmac::new_from_slice(secret).ok()?),
+        })
+    }
+
+    fn tag(&self, body: &[u8]) -> Vec<u8> {
+        fn run<M: Mac + Clone>(mac: &M, body: &[u8]) -> Vec<u8> {
+            mac.clone()
+                .chain_update(body)
+                .finalize()
+                .into_bytes()
+                .to_vec()
+        }
+        match self {
+            Keyed::Sha256(mac) => run(mac, body),
+            Keyed::Sha384(mac) => run(mac, body),
+            Keyed::Sha512(mac) => run(mac, body),
+        }
+    }
+}
+
+/// Checks one webhook's signature and timestamp headers; built once per configured webhook.
+pub struct Verifier {
+    /// `None` only if HMAC refused the key, which it never does: then nothing verifies.
+    keyed: Option<Keyed>,
+    algorithm: Algorithm,
+    /// `None` when the configured name is not a valid header name: the header is then always
+    /// missing, so every request is refused rather than accepted.
+    header_name: Option<HeaderName>,
+    timestamp_header_name: Option<HeaderName>,
+    max_age_sec: u64,
+    require_timestamp: bool,
+}
+
+impl fmt::Debug for Verifier {
+    /// Written by hand so that logging a verifier never shows the secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Verifier")
+            .field("secret", &"<redacted>")
+            .field("algorithm", &self.algorithm)
+            .field("header_name", &self.header_name)
+            .field("timestamp_header_name", &self.timestamp_header_name)
+            .field("max_age_sec", &self.max_age_sec)
+            .field("require_timestamp", &self.require_timestamp)
+            .finish()
+    }
+}
+
+/// A header name in the form `HeaderMap` stores (lowercase), or `None` if it is not valid.
+fn header_name(name: &str) -> Option<HeaderName> {
+    HeaderName::from_bytes(name.trim().as_bytes()).ok()
+}
+
+impl Verifier {
+    /// Header names are matched case-insensitively. An invalid header name can never match,
+    /// so the configuration should be validated first; an empty secret is accepted here and
+    /// should be refused by the configuration too.
+    pub fn new(
+        secret: &[u8],
+        algorithm: Algorithm,
+        header_name: &str,
+        timestamp_header_name: &str,
+        max_age_sec: u64,
+        require_timestamp: bool,
+    ) -> Self {
+        Self {
+            keyed: Keyed::new(algorithm, secret),
+            algorithm,
+            header_name: self::header_name(header_name),
+            timestamp_header_name: self::header_name(timestamp_header_name),
+            max_age_sec,
+            require_timestamp,
+        }
+    }
+
+    /// Checks the request. `now_unix`: current Unix time in seconds.
+    ///
+    /// Cheap checks (header shape, timestamp window) run before the HMAC, so junk is refused
+    /// without hashing the body. A timestamp exactly `max_age_sec` away, in either direction,
+    /// is accepted.
+    pub fn verify(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now_unix: i64,
+    ) -> Result<Verified, Rejection> {
+        let raw = self
+            .header_name
+            .as_ref()
+            .and_then(|name| headers.get(name))
+            .ok_or(Rejection::MissingSignature)?;
+        let mut buf = [0u8; MAX_DIGEST_BYTES];
+        let claimed = self.parse_signature(raw.as_bytes(), &mut buf)?;
+
+        let timestamp_text = match self
+            .timestamp_header_name
+            .as_ref()
+            .and_then(|name| headers.get(name))
+        {
+            Some(value) => Some(
+                std::str::from_utf8(value.as_bytes())
+                    .map_err(|_| Rejection::MalformedTimestamp)?
+                    .trim(),
+            ),
+            None if self.require_timestamp => return Err(Rejection::MissingTimestamp),
+            None => None,
+        };
+        let timestamp = match timestamp_text {
+            Some(text) => {
+                let at: i64 = text.parse().map_err(|_| Rejection::MalformedTimestamp)?;
+                if now_unix.abs_diff(at) > self.max_age_sec {
+                    return Err(Rejection::StaleTimestamp);
+                }
+                Some(at)
+            }
+            None => None,
+        };
+
+        let keyed = self.keyed.as_ref().ok_or(Rejection::BadSignature)?;
+        let expected = keyed.tag(body);
+        if !bool::from(expected.as_slice().ct_eq(claimed)) {
+            return Err(Rejection::BadSignature);
+        }
+
+        let delivery = Sha256::new()
+            .chain_update(timestamp_text.unwrap_or("").as_bytes())
+            .chain_update([0u8])
+            .chain_update(body)
+            .finalize()
+            .into();
+        Ok(Verified {
+            timestamp,
+            delivery,
+        })
+    }
+
+    /// The hex signature for `body` (lowercase, no prefix): used by tests and by clients' docs.
+    pub fn sign(&self, body: &[u8]) -> String {
+        self.keyed
+            .as_ref()
+            .map(|keyed| hex::encode(keyed.tag(body)))
+            .unwrap_or_default()
+    }
+
+    /// Decodes the header into `buf`. Only shape is checked here (UTF-8, optional prefix naming
+    /// this algorithm, exact length, hex digits), so a malformed value costs no hashing.
+    fn parse_signature<'b>(
+        &self,
+        raw: &[u8],
+        buf: &'b mut [u8; MAX_DIGEST_BYTES],
+    ) -> Result<&'b [u8], Rejection> {
+        let text = std::str::from_utf8(raw)
+            .map_err(|_| Rejection::MalformedSignature)?
+            .trim();
+        let digits = match text.split_once('=') {
+            Some((prefix, rest)) if prefix.eq_ignore_ascii_case(self.algorithm.as_str()) => rest,
+            Some(_) => return Err(Rejection::MalformedSignature),
+            None => text,
+        };
+        if digits.len() != self.algorithm.hex_len() {
+            return Err(Rejection::MalformedSignature);
+        }
+        let out = buf
+            .get_mut(..digits.len() / 2)
+            .ok_or(Rejection::MalformedSignature)?;
+        hex::decode_to_slice(digits, out).map_err(|_| Rejection::MalformedSignature)?;
+        Ok(out)
+    }
+}
+
+/// What a successful check tells the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The timestamp header's value when present.
+    pub timestamp: Option<i64>,
+    /// SHA-256 over (timestamp header text, trimmed, or "", 0x00, body): the identity of one
+    /// signed delivery, for replay detection.
+    pub delivery: [u8; 32],
+}
+
+/// Why a request was refused; every variant is answered with 401.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// No signature header.
+    MissingSignature,
+    /// The signature header is not hex of the right length, or names another algorithm.
+    MalformedSignature,
+    /// Well formed, but not the HMAC of this body with this secret.
+    BadSignature,
+    /// `requireTimestamp` is set and the timestamp header is absent.
+    MissingTimestamp,
+    /// The timestamp header is not an integer number of seconds.
+    MalformedTimestamp,
+    /// The timestamp is more than `maxAgeSec` away from now, in the past or the future.
+    StaleTimestamp,
+}
+
+impl Rejection {
+    /// The 401 body's message. Malformed and wrong signatures share one message so that the
+    /// answer does not help anyone probe the format.
+    pub fn message(self) -> &'static str {
+        match self {
+            Rejection::MissingSignature => "Missing signature header",
+            Rejection::MalformedSignature | Rejection::BadSignature => "Invalid signature",
+            Rejection::MissingTimestamp => "Missing timestamp header",
+            Rejection::MalformedTimestamp => "Invalid timestamp",
+            Rejection::StaleTimestamp => "Timestamp outside the allowed window",
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// Remembers signed deliveries for a window, so that a redelivery of the same signed body within
+/// maxAgeSec is acknowledged but not run twice. Bounded: at most `capacity` entries (oldest
+/// evicted first), expired entries pruned on insert. Thread-safe (&self methods, std Mutex).
+///
+/// A timestamp is accepted while it is within maxAgeSec of now on either side, so a window of
+/// `2 * maxAgeSec + 1` seconds covers every moment the same signed request can be accepted.
+pub struct ReplayGuard {
+    window: Duration,
+    capacity: usize,
+    inner: Mutex<ReplayState>,
+}
+
+/// Entries by delivery, plus their insertion order for pruning and eviction. Each insertion gets
+/// a sequence number so that a stale queue entry for a re-inserted delivery is recognised.
+#[derive(Default)]
+struct ReplayState {
+    seen: HashMap<[u8; 32], (Instant, u64)>,
+    order: VecDeque<([u8; 32], u64)>,
+    next_seq: u64,
+}
+
+impl ReplayState {
+    /// Drops the oldest queue entry and, unless it was superseded, its map entry.
+    fn pop_oldest(&mut self) {
+        if let Some((delivery, seq)) = self.order.pop_front() {
+            if self.seen.get(&delivery).is_some_and(|&(_, s)| s == seq) {
+                self.seen.remove(&delivery);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ReplayGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplayGuard")
+            .field("window", &self.window)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplayGuard {
+    /// `capacity` is raised to at least 1. Memory grows with use, not with `capacity`.
+    pub fn new(window: Duration, capacity: usize) -> Self {
+        Self {
+            window,
+            capacity: capacity.max(1),
+            inner: Mutex::new(ReplayState::default()),
+        }
+    }
+
+    /// true the first time `delivery` is seen within the window; false for a repeat.
+    ///
+    /// The window runs from the first sighting; repeats do not extend it. Under a flood of
+    /// distinct deliveries beyond `capacity`, the oldest are forgotten early.
+    pub fn first_seen(&self, delivery: [u8; 32], now: Instant) -> bool {
+        // A panic elsewhere while holding the lock leaves the maps consistent, so keep going.
+        let mut state = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let expired = |at: Instant| now.saturating_duration_since(at) > self.window;
+
+        if let Some(&(at, _)) = state.seen.get(&delivery) {
+            if !expired(at) {
+                return false;
+            }
+        }
+
+        // Prune from the oldest end; stops at the first live entry (insertion order is close to
+        // time order, so this is enough to keep expired entries from piling up).
+        while let Some(&(oldest, seq)) = state.order.front() {
+            match state.seen.get(&oldest) {
+                Some(&(at, s)) if s == seq && !expired(at) => break,
+                _ => state.pop_oldest(),
+            }
+        }
+        while state.order.len() >= self.capacity {
+            state.pop_oldest();
+        }
+
+        let seq = state.next_seq;
+        state.next_seq = state.next_seq.wrapping_add(1);
+        state.seen.insert(delivery, (now, seq));
+        state.order.push_back((delivery, seq));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use std::sync::Arc;
+
+    const SECRET: &[u8] = b"It's a Secret to Everybody";
+    const BODY: &[u8] = b"Hello, World!";
+    const SHA256_HEX: &str = "757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+    // Computed with Python's hmac/hashlib for the same secret and body.
+    const SHA384_HEX: &str = "8ae941e23ce94331d5a5986b762bbdb2039fec41c133145da82908f381ba6123\
+                              79307f45738b252be379438ef60839c2";
+    const SHA512_HEX: &str = "11ed355a617e98134e842012a7944ccf59c10256cb182357bd7e3a42013ff07c\
+                              376f8c14cf5cc1923da20b51d64256b2fb8ebbf100aa67a61326f61fea8111bc";
+    const NOW: i64 = 1_700_000_000;
+    const MAX_AGE: u64 = 300;
+
+    fn verifier(algorithm: Algorithm, require_timestamp: bool) -> Verifier {
+        Verifier::new(
+            SECRET,
+            algorithm,
+            "x-webhook-signature",
+            "x-webhook-timestamp",
+            MAX_AGE,
+            require_timestamp,
+        )
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn check(v: &Verifier, pairs: &[(&str, &str)]) -> Result<Verified, Rejection> {
+        v.verify(&headers(pairs), BODY, NOW)
+    }
+
+    fn sig(value: &str) -> Vec<(&'static str, String)> {
+        vec![("x-webhook-signature", value.to_string())]
+    }
+
+    fn check_sig(v: &Verifier, value: &str) -> Result<Verified, Rejection> {
+        let pairs = sig(value);
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        check(v, &pairs)
+    }
+
+    fn with_ts(ts: &str) -> Result<Verified, Rejection> {
+        check(
+            &verifier(Algorithm::Sha256, false),
+            &[
+                ("x-webhook-signature", SHA256_HEX),
+                ("x-webhook-timestamp", ts),
+            ],
+        )
+    }
+
+    #[test]
+    fn github_published_example_verifies() {
+        let v = Verifier::new(
+            SECRET,
+            Algorithm::Sha256,
+            "X-Hub-Signature-256",
+            "x-webhook-timestamp",
+            MAX_AGE,
+            false,
+        );
+        let h = headers(&[("x-hub-signature-256", &format!("sha256={SHA256_HEX}"))]);
+        let ok = v.verify(&h, BODY, NOW).unwrap();
+        assert_eq!(ok.timestamp, None);
+        assert_eq!(v.sign(BODY), SHA256_HEX);
+    }
+
+    #[test]
+    fn upper_case_hex_and_prefix_and_bare_hex_verify() {
+        let v = verifier(Algorithm::Sha256, false);
+        let upper = SHA256_HEX.to_uppercase();
+        assert!(check_sig(&v, &format!("sha256={upper}")).is_ok());
+        assert!(check_sig(&v, &upper).is_ok());
+        assert!(check_sig(&v, SHA256_HEX).is_ok());
+        assert!(check_sig(&v, &format!("SHA256={SHA256_HEX}")).is_ok());
+        assert!(check_sig(&v, &format!("  sha256={SHA256_HEX}\t")).is_ok());
+    }
+
+    #[test]
+    fn sha384_and_sha512_vectors() {
+        for (algorithm, hex) in [
+            (Algorithm::Sha384, SHA384_HEX),
+            (Algorithm::Sha512, SHA512_HEX),
+        ] {
+            let v = verifier(algorithm, false);
+            assert_eq!(hex.len(), algorithm.hex_len());
+            assert_eq!(v.sign(BODY), hex);
+            assert!(check_sig(&v, hex).is_ok());
+            assert!(check_sig(&v, &hex.to_uppercase()).is_ok());
+            assert!(check_sig(&v, &format!("{}={hex}", algorithm.as_str())).is_ok());
+            // The SHA-256 signature is refused by length before any hashing.
+            assert_eq!(
+                check_sig(&v, SHA256_HEX),
+                Err(Rejection::MalformedSignature)
+            );
+            assert_eq!(
+                check_sig(&v, &format!("sha256={hex}")),
+                Err(Rejection::MalformedSignature)
+            );
+        }
+    }
+
+    #[test]
+    fn missing_signature_header() {
+        let v = verifier(Algorithm::Sha256, false);
+        assert_eq!(check(&v, &[]), Err(Rejection::MissingSignature));
+        assert_eq!(
+            check(&v, &[("x-hub-signature-256", SHA256_HEX)]),
+            Err(Rejection::MissingSignature)
+        );
+    }
+
+    #[test]
+    fn prefix_naming_another_algorithm_is_refused() {
+        let v = verifier(Algorithm::Sha256, false);
+        for prefix in ["sha1", "sha512", "md5", ""] {
+            assert_eq!(
+                check_sig(&v, &format!("{prefix}={SHA256_HEX}")),
+                Err(Rejection::MalformedSignature),
+                "{prefix}"
+            );
+        }
+        assert_eq!(
+            check_sig(&v, &format!("sha256=sha256={SHA256_HEX}")),
+            Err(Rejection::MalformedSignature)
+        );
+    }
+
+    #[test]
+    fn wrong_length_is_malformed() {
+        let v = verifier(Algorithm::Sha256, false);
+        assert_eq!(
+            check_sig(&v, &SHA256_HEX[..63]),
+            Err(Rejection::MalformedSignature)
+        );
+        assert_eq!(
+            check_sig(&v, &format!("{SHA256_HEX}0")),
+            Err(Rejection::MalformedSignature)
+        );
+        assert_eq!(check_sig(&v, ""), Err(Rejection::MalformedSignature));
+        assert_eq!(check_sig(&v, "sha256="), Err(Rejection::MalformedSignature));
+        let huge = "a".repeat(100_000);
+        assert_eq!(check_sig(&v, &huge), Err(Rejection::MalformedSignature));
+    }
+
+    #[test]
+    fn non_hex_is_malformed() {
+        let v = verifier(Algorithm::Sha256, false);
+        let bad = format!("{}g", &SHA256_HEX[..63]);
+        assert_eq!(check_sig(&v, &bad), Err(Rejection::MalformedSignature));
+        let spaced = format!("{} {}", &SHA256_HEX[..31], &SHA256_HEX[32..]);
+        assert_eq!(check_sig(&v, &spaced), Err(Rejection::MalformedSignature));
+    }
+
+    #[test]
+    fn non_utf8_header_is_malformed() {
+        let v = verifier(Algorithm::Sha256, false);
+        let mut h = HeaderMap::new();
+        let mut bytes = SHA256_HEX.as_bytes().to_vec();
+        bytes[0] = 0xff;
+        h.insert(
+            "x-webhook-signature",
+            HeaderValue::from_bytes(&bytes).unwrap(),
+        );
+        assert_eq!(v.verify(&h, BODY, NOW), Err(Rejection::MalformedSignature));
+    }
+
+    #[test]
+    fn one_flipped_hex_char_is_bad() {
+        let v = verifier(Algorithm::Sha256, false);
+        for i in [0, 31, 63] {
+            let mut chars: Vec<char> = SHA256_HEX.chars().collect();
+            chars[i] = if chars[i] == '0' { '1' } else { '0' };
+            let flipped: String = chars.into_iter().collect();
+            assert_eq!(check_sig(&v, &flipped), Err(Rejection::BadSignature));
+        }
+    }
+
+    #[test]
+    fn other_body_or_secret_is_bad() {
+        let v = verifier(Algorithm::Sha256, false);
+        let h = headers(&[("x-webhook-signature", SHA256_HEX)]);
+        assert_eq!(
+            v.verify(&h, b"Hello, World?", NOW),
+            Err(Rejection::BadSignature)
+        );
+        let other = Verifier::new(
+            b"another secret",
+            Algorithm::Sha256,
+            "x-webhook-signature",
+            "x-webhook-timestamp",
+            MAX_AGE,
+            false,
+        );
+        assert_eq!(other.verify(&h, BODY, NOW), Err(Rejection::BadSignature));
+    }
+
+    #[test]
+    fn first_of_several_signature_headers_is_used() {
+        let v = verifier(Algorithm::Sha256, false);
+        let wrong = "0".repeat(64);
+        assert!(check(
+            &v,
+            &[
+                ("x-webhook-signature", SHA256_HEX),
+                ("x-webhook-signature", &wrong)
+            ]
+        )
+        .is_ok());
+        assert_eq!(
+            check(
+                &v,
+                &[
+                    ("x-webhook-signature", &wrong),
+                    ("x-webhook-signature", SHA256_HEX)
+                ]
+            ),
+            Err(Rejection::BadSignature)
+        );
+    }
+
+    #[test]
+    fn timestamp_window_edges() {
+        let max = MAX_AGE as i64;
+        let ok = with_ts(&(NOW - max).to_string()).unwrap();
+        assert_eq!(ok.timestamp, Some(NOW - max));
+        assert_eq!(
+            with_ts(&(NOW - max - 1).to_string()),
+            Err(Rejection::StaleTimestamp)
+        );
+        assert!(with_ts(&(NOW + max).to_string()).is_ok());
+        assert_eq!(
+            with_ts(&(NOW + max + 1).to_string()),
+            Err(Rejection::StaleTimestamp)
+        );
+        assert!(with_ts(&NOW.to_string()).is_ok());
+        assert!(with_ts(&format!(" {NOW} ")).is_ok());
+        assert_eq!(with_ts("0"), Err(Rejection::StaleTimestamp));
+        assert_eq!(
+            with_ts(&i64::MIN.to_string()),
+            Err(Rejection::StaleTimestamp)
+        );
+        assert_eq!(
+            with_ts(&i64::MAX.to_string()),
+            Err(Rejection::StaleTimestamp)
+        );
+    }
+
+    #[test]
+    fn non_integer_timestamp_is_refused() {
+        for ts in ["12.5", "abc", "", "1e9", "0x10", "99999999999999999999"] {
+            assert_eq!(with_ts(ts), Err(Rejection::MalformedTimestamp), "{ts:?}");
+        }
+    }
+
+    #[test]
+    fn require_timestamp() {
+        let v = verifier(Algorithm::Sha256, true);
+        assert_eq!(
+            check(&v, &[("x-webhook-signature", SHA256_HEX)]),
+            Err(Rejection::MissingTimestamp)
+        );
+        let now = NOW.to_string();
+        let ok = check(
+            &v,
+            &[
+                ("x-webhook-signature", SHA256_HEX),
+                ("x-webhook-timestamp", &now),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ok.timestamp, Some(NOW));
+        // Without the requirement, a missing timestamp is fine.
+        let v = verifier(Algorithm::Sha256, false);
+        assert!(check(&v, &[("x-webhook-signature", SHA256_HEX)]).is_ok());
+    }
+
+    #[test]
+    fn header_names_are_case_insensitive() {
+        let v = Verifier::new(
+            SECRET,
+            Algorithm::Sha256,
+            "X-Webhook-Signature",
+            "X-WEBHOOK-TIMESTAMP",
+            MAX_AGE,
+            true,
+        );
+        let now = NOW.to_string();
+        let h = headers(&[
+            ("X-WEBHOOK-SIGNATURE", SHA256_HEX),
+            ("x-Webhook-Timestamp", &now),
+        ]);
+        assert_eq!(v.verify(&h, BODY, NOW).unwrap().timestamp, Some(NOW));
+    }
+
+    #[test]
+    fn invalid_header_name_refuses_everything() {
+        let v = Verifier::new(
+            SECRET,
+            Algorithm::Sha256,
+            "bad header",
+            "x-webhook-timestamp",
+            MAX_AGE,
+            false,
+        );
+        let h = headers(&[("x-webhook-signature", SHA256_HEX)]);
+        assert_eq!(v.verify(&h, BODY, NOW), Err(Rejection::MissingSignature));
+    }
+
+    #[test]
+    fn delivery_identity() {
+        let v = verifier(Algorithm::Sha256, false);
+        // SHA-256 of "\0Hello, World!" and of "1700000000\0Hello, World!", computed in Python.
+        let without = check(&v, &[("x-webhook-signature", SHA256_HEX)]).unwrap();
+        assert_eq!(
+            hex::encode(without.delivery),
+            "3849f3f72cf1ba6b90fa3cf8713a8567bf8e6d57c30e11118be99ca3a6fb2359"
+        );
+        let with = with_ts("1700000000").unwrap();
+        assert_eq!(
+            hex::encode(with.delivery),
+            "0a3c4d6c1a9a00542802f1e5a7119cdd22dcb8547567d0271bf4b2cd2ec16989"
+        );
+        assert_ne!(with_ts("1700000001").unwrap().delivery, with.delivery);
+    }
+
+    #[test]
+    fn rejection_messages() {
+        assert_eq!(
+            Rejection::MissingSignature.message(),
+            "Missing signature header"
+        );
+        assert_eq!(Rejection::MalformedSignature.message(), "Invalid signature");
+        assert_eq!(Rejection::BadSignature.message(), "Invalid signature");
+        assert_eq!(
+            Rejection::MissingTimestamp.message(),
+            "Missing timestamp header"
+        );
+        assert_eq!(Rejection::MalformedTimestamp.message(), "Invalid timestamp");
+        assert_eq!(
+            Rejection::StaleTimestamp.message(),
+            "Timestamp outside the allowed window"
+        );
+        assert_eq!(Rejection::BadSignature.to_string(), "Invalid signature");
+    }
+
+    #[test]
+    fn algorithm_serde_and_schema() {
+        assert_eq!(Algorithm::default(), Algorithm::Sha256);
+        assert_eq!(
+            serde_json::to_string(&Algorithm::Sha384).unwrap(),
+            "\"sha384\""
+        );
+        let parsed: Algorithm = serde_json::from_str("\"sha512\"").unwrap();
+        assert_eq!(parsed, Algorithm::Sha512);
+        assert!(serde_json::from_str::<Algorithm>("\"SHA256\"").is_err());
+        let schema = serde_json::to_string(&schemars::schema_for!(Algorithm)).unwrap();
+        assert!(schema.contains("sha256") && schema.contains("sha512"));
+        for a in [Algorithm::Sha256, Algorithm::Sha384, Algorithm::Sha512] {
+            assert_eq!(
+                serde_json::to_string(&a).unwrap(),
+                format!("\"{}\"", a.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn debug_does_not_show_the_secret() {
+        let v = verifier(Algorithm::Sha256, false);
+        let text = format!("{v:?} {v:#?}");
+        assert!(!text.contains("Secret to Everybody"), "{text}");
+        assert!(!text.contains(&hex::encode(SECRET)), "{text}");
+        assert!(!text.contains(&format!("{:?}", &SECRET[..8])), "{text}");
+        assert!(text.contains("redacted"));
+    }
+
+    #[test]
+    fn replay_guard_first_and_repeat() {
+        let guard = ReplayGuard::new(Duration::from_secs(600), 100);
+        let t0 = Instant::now();
+        assert!(guard.first_seen([1; 32], t0));
+        assert!(!guard.first_seen([1; 32], t0));
+        assert!(!guard.first_seen([1; 32], t0 + Duration::from_secs(600)));
+        assert!(guard.first_seen([2; 32], t0 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn replay_guard_forgets_after_the_window() {
+        let guard = ReplayGuard::new(Duration::from_secs(10), 100);
+        let t0 = Instant::now();
+        assert!(guard.first_seen([1; 32], t0));
+        assert!(guard.first_seen([2; 32], t0 + Duration::from_secs(5)));
+        let later = t0 + Duration::from_secs(11);
+        assert!(guard.first_seen([1; 32], later));
+        assert!(!guard.first_seen([1; 32], later));
+        assert!(!guard.first_seen([2; 32], later));
+        // Expired entries are pruned on insert.
+        assert!(guard.first_seen([3; 32], t0 + Duration::from_secs(100)));
+        let state = guard.inner.lock().unwrap();
+        assert_eq!(state.seen.len(), 1);
+        assert_eq!(state.order.len(), 1);
+    }
+
+    #[test]
+    fn replay_guard_evicts_oldest_at_capacity() {
+        let guard = ReplayGuard::new(Duration::from_secs(600), 2);
+        let t0 = Instant::now();
+        assert!(guard.first_seen([1; 32], t0));
+        assert!(guard.first_seen([2; 32], t0));
+        assert!(guard.first_seen([3; 32], t0));
+        // [1] was evicted; [2] and [3] are still remembered... until [1] evicts [2].
+        assert!(!guard.first_seen([3; 32], t0));
+        assert!(guard.first_seen([1; 32], t0));
+        assert!(guard.first_seen([2; 32], t0));
+        let state = guard.inner.lock().unwrap();
+        assert!(state.seen.len() <= 2 && state.order.len() <= 2);
+    }
+
+    #[test]
+    fn replay_guard_bounded_under_flood() {
+        let guard = ReplayGuard::new(Duration::from_secs(600), 50);
+        let t0 = Instant::now();
+        for i in 0..10_000u32 {
+            let mut d = [0u8; 32];
+            d[..4].copy_from_slice(&i.to_le_bytes());
+            assert!(guard.first_seen(d, t0));
+        }
+        let state = guard.inner.lock().unwrap();
+        assert_eq!(state.seen.len(), 50);
+        assert_eq!(state.order.len(), 50);
+    }
+
+    #[test]
+    fn replay_guard_zero_capacity_still_remembers_one() {
+        let guard = ReplayGuard::new(Duration::from_secs(600), 0);
+        let t0 = Instant::now();
+        assert!(guard.first_seen([1; 32], t0));
+        assert!(!guard.first_seen([1; 32], t0));
+    }
+
+    #[test]
+    fn replay_guard_one_winner_across_threads() {
+        let guard = Arc::new(ReplayGuard::new(Duration::from_secs(600), 100));
+        let now = Instant::now();
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let guard = Arc::clone(&guard);
+                std::thread::spawn(move || guard.first_seen([7; 32], now))
+            })
+            .collect();
+        let winners = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|&first| first)
+            .count();
+        assert_eq!(winners, 1);
+    }
+
+    #[test]
+    fn replay_guard_tolerates_out_of_order_instants() {
+        let guard = ReplayGuard::new(Duration::from_secs(10), 100);
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(5);
+        assert!(guard.first_seen([1; 32], t1));
+        // An earlier instant (another thread read the clock first) must not panic or expire.
+        assert!(!guard.first_seen([1; 32], t0));
+        assert!(guard.first_seen([2; 32], t0));
+    }
+}

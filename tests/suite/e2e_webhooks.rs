@@ -1,0 +1,406 @@
+//! Webhooks on loopback: every row of the spec's webhook response table on the strict and the
+//! mapped endpoints, the signature and timestamp window at the edge and one past it, replays,
+//! routing and presets, agent runs landing in their namespaced session (marked untrusted),
+//! heartbeat wakes, and the body limit (also chunked).
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+use crate::common::*;
+
+const HOOK_TOKEN: &str = "hook-token-0123456789abcdefghijklmnopqrstuv";
+const STRICT_SECRET: &str = "strict-secret-0123456789abcdefghijklmnopqrs";
+
+const SCRIPT: &str = r#"
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "hello"
+        steps:
+          - reply: "Hello there, friend."
+      - match: "Heartbeat"
+        steps:
+          - reply: "HEARTBEAT_OK"
+agents:
+  default: {model: script/m1, maxSteps: 2}
+"#;
+
+fn sign(secret: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+struct Sent {
+    status: u16,
+    body: Value,
+}
+
+async fn post_raw(gw: &Gateway, path: &str, headers: &[(&str, String)], body: Vec<u8>) -> Sent {
+    let mut req = reqwest::Client::builder()
+        .timeout(STEP)
+        .build()
+        .unwrap()
+        .post(gw.url(path))
+        .header("content-type", "application/json")
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(*k, v.as_str());
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    Sent {
+        status,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+async fn history(gw: &Gateway, key: &str, want: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let h = gw
+            .call(ADMIN, "session.history", json!({"session_key": key}))
+            .await;
+        let msgs = h["result"]["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if msgs.len() >= want || tokio::time::Instant::now() > deadline {
+            return msgs;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn texts(msgs: &[Value]) -> Vec<String> {
+    msgs.iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn strict_endpoint_answers_every_row_of_the_table() {
+    let gw = start(&format!(
+        "  httpBodyLimitBytes: 4096\nwebhooks:\n  enabled: true\n  hmac:\n    secret: {STRICT_SECRET}\n    maxAgeSec: 300\n{SCRIPT}"
+    ))
+    .await;
+    let sig = |b: &[u8]| vec![("x-webhook-signature", sign(STRICT_SECRET, b))];
+    let good = br#"{"event":"build.finished","source":"ci","data":{"ok":true},"timestamp":"2026-01-31T12:00:00Z"}"#.to_vec();
+
+    let r = post_raw(&gw, "/hooks/webhook", &sig(&good), good.clone()).await;
+    assert_eq!((r.status, r.body.clone()), (200, json!({"received": true})));
+    // Missing, wrong, malformed, other algorithm, other length.
+    let r = post_raw(&gw, "/hooks/webhook", &[], good.clone()).await;
+    assert_eq!(r.status, 401);
+    assert!(r.body["error"].as_str().is_some());
+    let mut wrong = sign(STRICT_SECRET, &good);
+    wrong.replace_range(0..1, if wrong.starts_with('0') { "1" } else { "0" });
+    for bad in [
+        wrong,
+        "zz".repeat(32),
+        format!("sha1={}", sign(STRICT_SECRET, &good)),
+        sign(STRICT_SECRET, &good)[..40].to_owned(),
+        format!("{}00", sign(STRICT_SECRET, &good)),
+    ] {
+        let r = post_raw(
+            &gw,
+            "/hooks/webhook",
+            &[("x-webhook-signature", bad.clone())],
+            good.clone(),
+        )
+        .await;
+        assert_eq!(r.status, 401, "{bad}");
+    }
+    // GitHub's prefix and upper-case hex are accepted.
+    let prefixed = format!("sha256={}", sign(STRICT_SECRET, &good).to_uppercase());
+    let r = post_raw(
+        &gw,
+        "/hooks/webhook",
+        &[("x-webhook-signature", prefixed)],
+        good.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // Not JSON -> 400; schema violations -> 422 with issues.
+    let junk = b"{not json".to_vec();
+    let r = post_raw(&gw, "/hooks/webhook", &sig(&junk), junk).await;
+    assert_eq!(
+        (r.status, r.body.clone()),
+        (400, json!({"error": "Invalid JSON body"}))
+    );
+    let invalid = br#"{"event":"e","data":[],"timestamp":"yesterday","extra":1}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/webhook", &sig(&invalid), invalid).await;
+    assert_eq!(r.status, 422);
+    assert_eq!(r.body["error"], "Validation failed");
+    let paths: Vec<&str> = r.body["issues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["path"].as_str())
+        .collect();
+    assert_eq!(paths, ["source", "data", "timestamp", "extra"]);
+    // The timestamp window: at the edge and one second past it, both directions.
+    for (offset, want) in [(-300, 200), (-301, 401), (300, 200), (301, 401)] {
+        let body = format!(r#"{{"event":"e","source":"s","data":{{"n":{offset}}}}}"#).into_bytes();
+        let headers = vec![
+            ("x-webhook-signature", sign(STRICT_SECRET, &body)),
+            ("x-webhook-timestamp", (now() + offset).to_string()),
+        ];
+        let r = post_raw(&gw, "/hooks/webhook", &headers, body).await;
+        assert_eq!(r.status, want, "timestamp offset {offset}");
+    }
+    let headers = vec![
+        ("x-webhook-signature", sign(STRICT_SECRET, &good)),
+        ("x-webhook-timestamp", "12.5".to_owned()),
+    ];
+    assert_eq!(
+        post_raw(&gw, "/hooks/webhook", &headers, good.clone())
+            .await
+            .status,
+        401
+    );
+    // Body limit of POST endpoints: at the limit is read, one byte more is 413.
+    let pad = |n: usize| {
+        let head = br#"{"event":"e","source":"s","data":{"p":""#.to_vec();
+        let tail = br#""}}"#.to_vec();
+        let fill = n - head.len() - tail.len();
+        [head, vec![b'a'; fill], tail].concat()
+    };
+    let at = pad(4096);
+    assert_eq!(
+        post_raw(&gw, "/hooks/webhook", &sig(&at), at).await.status,
+        200
+    );
+    let over = pad(4097);
+    assert_eq!(
+        post_raw(&gw, "/hooks/webhook", &sig(&over), over)
+            .await
+            .status,
+        413
+    );
+    // Other methods are not served.
+    let r = reqwest::get(gw.url("/hooks/webhook")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    gw.stop().await;
+}
+
+fn mapped_config() -> String {
+    format!(
+        r##"webhooks:
+  enabled: true
+  token: {HOOK_TOKEN}
+  maxBodyBytes: 2048
+  presets: [github, gmail, no-such-preset]
+  hmac:
+    headerName: x-hub-signature-256
+  mappings:
+    - id: echo
+      match: {{path: /Echo/}}
+      sessionKey: "{{{{payload.id}}}}"
+      messageTemplate: "hello {{{{payload.name}}}} auth=[{{{{headers.authorization}}}}] sig=[{{{{headers.x-hub-signature-256}}}}] q={{{{query.q}}}} path={{{{path}}}}"
+      deliver: true
+      channel: slack
+      to: "#ops"
+    - id: ci
+      match: {{source: ci}}
+      textTemplate: "hello from ci {{{{payload.data}}}}"
+    - id: mymail
+      match: {{path: gmail}}
+      textTemplate: "hello mail {{{{payload.messages[0].subject}}}}"
+    - id: wake-later
+      match: {{path: later}}
+      action: wake
+      wakeMode: next-heartbeat
+      textTemplate: "queued event {{{{payload.n}}}}"
+    - id: wake-now
+      match: {{path: wake}}
+      action: wake
+      textTemplate: "urgent event {{{{payload.n}}}}"
+{SCRIPT}"##
+    )
+}
+
+fn hub(body: &[u8]) -> Vec<(&'static str, String)> {
+    vec![(
+        "x-hub-signature-256",
+        format!("sha256={}", sign(HOOK_TOKEN, body)),
+    )]
+}
+
+#[tokio::test]
+async fn mapped_endpoints_route_run_and_acknowledge() {
+    let gw = start(&mapped_config()).await;
+
+    // Unsigned requests are refused before routing (paths cannot be probed).
+    let body = br#"{"name":"Ann","id":"d1"}"#.to_vec();
+    for path in ["/hooks/echo", "/hooks/no-such-path"] {
+        let r = post_raw(&gw, path, &[], body.clone()).await;
+        assert_eq!(r.status, 401, "{path}");
+    }
+    // Matched: acknowledged at once, the run lands in the mapping's namespaced session.
+    let mut headers = hub(&body);
+    headers.push(("authorization", format!("Bearer {RPC}")));
+    let r = post_raw(&gw, "/hooks/ECHO/?q=42", &headers, body.clone()).await;
+    assert_eq!(
+        (r.status, r.body.clone()),
+        (200, json!({"received": true, "mapping": "echo"}))
+    );
+    let key = "agent:default:webhook:echo:d1";
+    let msgs = history(&gw, key, 2).await;
+    let t = texts(&msgs);
+    assert_eq!(t.len(), 2, "{msgs:?}");
+    assert!(t[0].contains("EXTERNAL_UNTRUSTED_CONTENT"), "{}", t[0]);
+    assert!(
+        t[0].contains("hello Ann auth=[] sig=[] q=42 path=echo"),
+        "{}",
+        t[0]
+    );
+    assert!(!t[0].contains(RPC));
+    assert_eq!(t[1], "Hello there, friend.");
+    // A redelivery of the same signed body is acknowledged but not run again.
+    let r = post_raw(&gw, "/hooks/echo?q=42", &headers, body.clone()).await;
+    assert_eq!(r.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(history(&gw, key, 2).await.len(), 2);
+
+    // The run is recorded with its delivery settings.
+    let db = gw.dir.path().join("data").join("gateway.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, delivery FROM runs WHERE client_id = 'webhook:echo'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1);
+    let delivery: Value = serde_json::from_str(rows[0].1.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        delivery,
+        json!({"deliver": true, "channel": "slack", "to": "#ops"})
+    );
+
+    // Source match on any path; first match wins; no match -> 404.
+    let ci = br#"{"source":"ci","data":"build 7"}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/anything", &hub(&ci), ci).await;
+    assert_eq!(r.body, json!({"received": true, "mapping": "ci"}));
+    let other = br#"{"source":"elsewhere"}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/anything", &hub(&other), other).await;
+    assert_eq!(
+        (r.status, r.body),
+        (404, json!({"error": "No matching webhook mapping"}))
+    );
+    // A configured mapping of the same path overrides the gmail preset.
+    let mail = br#"{"messages":[{"id":"m1","subject":"Hi"}]}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/gmail", &hub(&mail), mail).await;
+    assert_eq!(r.body["mapping"], "mymail");
+
+    // Bad JSON and the body limit (also chunked, without Content-Length).
+    let junk = b"not json".to_vec();
+    let r = post_raw(&gw, "/hooks/echo", &hub(&junk), junk).await;
+    assert_eq!(
+        (r.status, r.body),
+        (400, json!({"error": "Invalid JSON body"}))
+    );
+    let fill = |n: usize| {
+        let mut b = br#"{"id":"big","name":""#.to_vec();
+        let fill = n - b.len() - 2;
+        b.extend(std::iter::repeat_n(b'x', fill));
+        b.extend_from_slice(br#""}"#);
+        b
+    };
+    let at = fill(2048);
+    assert_eq!(
+        post_raw(&gw, "/hooks/echo", &hub(&at), at).await.status,
+        200
+    );
+    let over = fill(2049);
+    let r = post_raw(&gw, "/hooks/echo", &hub(&over), over.clone()).await;
+    assert_eq!(
+        (r.status, r.body),
+        (400, json!({"error": "Request body exceeds maximum size"}))
+    );
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        over.chunks(100).map(|c| Ok(c.to_vec())).collect();
+    let r = reqwest::Client::new()
+        .post(gw.url("/hooks/echo"))
+        .header(
+            "x-hub-signature-256",
+            format!("sha256={}", sign(HOOK_TOKEN, &over)),
+        )
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+
+    // Wakes: next-heartbeat waits; now runs a heartbeat turn with every pending event.
+    let later = br#"{"n":1}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/later", &hub(&later), later).await;
+    assert_eq!(r.body["mapping"], "wake-later");
+    let now_body = br#"{"n":2}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/wake", &hub(&now_body), now_body).await;
+    assert_eq!(r.body["mapping"], "wake-now");
+    let msgs = history(&gw, "agent:default:heartbeat:system:main", 2).await;
+    let t = texts(&msgs);
+    assert!(t[0].starts_with("Heartbeat"), "{t:?}");
+    assert!(
+        t[0].contains("queued event 1") && t[0].contains("urgent event 2"),
+        "{t:?}"
+    );
+    assert_eq!(t[1], "HEARTBEAT_OK");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn github_preset_takes_a_github_delivery_without_a_template() {
+    let gw = start(&mapped_config()).await;
+    // The shape GitHub sends for a push (trimmed), signed with the shared secret.
+    let body = br#"{"ref":"refs/heads/main","action":"hello","repository":{"full_name":"octo/hello-world"},"sender":{"login":"octocat"}}"#.to_vec();
+    let mut headers = hub(&body);
+    headers.push(("x-github-event", "push".to_owned()));
+    headers.push((
+        "x-github-delivery",
+        "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_owned(),
+    ));
+    headers.push(("user-agent", "GitHub-Hookshot/044aadd".to_owned()));
+    let r = post_raw(&gw, "/hooks/github", &headers, body).await;
+    assert_eq!(
+        (r.status, r.body),
+        (200, json!({"received": true, "mapping": "github"}))
+    );
+    let key = "agent:default:webhook:github:72d3162e-cc78-11e3-81ab-4c9367dc0958";
+    let t = texts(&history(&gw, key, 2).await);
+    assert!(
+        t[0].contains("GitHub event 'push' on octo/hello-world: action 'hello' by octocat"),
+        "{t:?}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn secrets_shorter_than_32_characters_refuse_to_start() {
+    for extra in [
+        "webhooks:\n  enabled: true\n  token: short\n",
+        "webhooks:\n  enabled: true\n  hmac:\n    secret: short\n",
+        "webhooks:\n  enabled: true\n  path: /api\n",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.yaml");
+        std::fs::write(&path, config_yaml(dir.path(), extra)).unwrap();
+        let err = agent_gateway::server::start(Some(path)).await.err();
+        assert!(err.is_some(), "{extra}");
+    }
+}
