@@ -215,3 +215,51 @@ async fn traversal_in_every_encoding_never_leaves_the_media_root() {
     assert!(text.ends_with("inside"));
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_file_an_agent_saves_is_served() {
+    let gw = start(
+        r#"
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "write the report"
+        steps:
+          - toolCalls: [{name: save_file, arguments: {fileName: report.md, content: "Report: all good"}}]
+          - reply: "Saved."
+agents:
+  default: {model: script/m1, maxSteps: 3}
+"#,
+    )
+    .await;
+    let r = gw
+        .call(
+            RPC,
+            "agent.execute",
+            serde_json::json!({"message": "write the report"}),
+        )
+        .await;
+    assert_eq!(r["result"]["response"], "Saved.", "{r}");
+    let files: Vec<String> = std::fs::read_dir(gw.dir.path().join("data/media/files"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].ends_with(".md"));
+    let resp = get(&gw, &format!("/media/{}", files[0]), Some(RPC)).await;
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/markdown"));
+    assert_eq!(resp.text().await.unwrap(), "Report: all good");
+    let meta: Value = get(&gw, &format!("/media/{}/meta", files[0]), Some(RPC))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(meta["fileName"], "report.md");
+    gw.stop().await;
+}

@@ -404,3 +404,31 @@ async fn secrets_shorter_than_32_characters_refuse_to_start() {
         assert!(err.is_some(), "{extra}");
     }
 }
+
+#[tokio::test]
+async fn without_a_token_mapped_requests_are_unsigned_and_strict_ones_refused() {
+    let gw = start(&format!(
+        "webhooks:\n  enabled: true\n  mappings:\n    - id: open\n      match: {{path: open}}\n      textTemplate: \"hello {{{{payload.x}}}}\"\n    - id: ghost\n      match: {{path: ghost}}\n      agentId: nobody\n      textTemplate: x\n{SCRIPT}"
+    ))
+    .await;
+    let body = br#"{"x":1}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/open", &[], body.clone()).await;
+    assert_eq!(
+        (r.status, r.body),
+        (200, json!({"received": true, "mapping": "open"}))
+    );
+    // The spec's 500 row: a mapping whose agent does not exist.
+    let r = post_raw(&gw, "/hooks/ghost", &[], body.clone()).await;
+    assert_eq!(
+        (r.status, r.body),
+        (500, json!({"error": "Internal error"}))
+    );
+    let strict = br#"{"event":"e","source":"s","data":{}}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/webhook", &[], strict).await;
+    assert_eq!(r.status, 401);
+    // Disabled webhooks: the routes do not exist.
+    let off = start(SCRIPT).await;
+    assert_eq!(post_raw(&off, "/hooks/open", &[], body).await.status, 404);
+    off.stop().await;
+    gw.stop().await;
+}
