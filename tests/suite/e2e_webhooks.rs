@@ -432,3 +432,80 @@ async fn without_a_token_mapped_requests_are_unsigned_and_strict_ones_refused() 
     off.stop().await;
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn gmail_preset_model_override_and_run_timeout() {
+    let gw = start(
+        r#"webhooks:
+  enabled: true
+  presets: [gmail]
+  mappings:
+    - id: slow
+      match: {path: slow}
+      textTemplate: "slow {{payload.n}}"
+      model: script/m2
+      timeoutSeconds: 1
+providers:
+  script:
+    type: scripted
+    models: [m1, m2]
+    script:
+      - match: "New email from"
+        steps:
+          - reply: "Noted the email."
+      - match: "slow"
+        steps:
+          - reply: "too late"
+            delayMs: 30000
+agents:
+  default: {model: script/m1, maxSteps: 2}
+"#,
+    )
+    .await;
+    // A Gmail-style push: the preset builds the message and a session per first message id.
+    let mail = br#"{"messages":[{"id":"18c2f","from":"ann@example.com","subject":"Invoice","snippet":"Please find","body":"Please find the invoice attached."}]}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/gmail", &[], mail).await;
+    assert_eq!(r.body, json!({"received": true, "mapping": "gmail"}));
+    let t = texts(&history(&gw, "agent:default:webhook:gmail:18c2f", 2).await);
+    assert!(
+        t[0].contains("New email from ann@example.com\nSubject: Invoice\nPlease find"),
+        "{t:?}"
+    );
+    assert!(t[0].contains("Please find the invoice attached."), "{t:?}");
+    assert_eq!(t[1], "Noted the email.");
+
+    // The mapping's model runs, and its timeout ends the run (the step would take 30 s).
+    let started = std::time::Instant::now();
+    let slow = br#"{"n":1}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/slow", &[], slow).await;
+    assert_eq!(r.body["mapping"], "slow");
+    let db = gw.dir.path().join("data").join("gateway.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let row = loop {
+        let row: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT status, finish_reason FROM runs WHERE client_id = 'webhook:slow' AND completed_at IS NOT NULL",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+        if let Some(r) = row {
+            break r;
+        }
+        assert!(
+            started.elapsed() < STEP,
+            "the run did not end at its timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(row.1.as_deref(), Some("error"), "{row:?}");
+    let model: Option<String> = sqlx::query_scalar(
+        "SELECT last_model FROM sessions WHERE session_key LIKE 'agent:default:webhook:slow:%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(model.as_deref(), Some("script/m2"));
+    gw.stop().await;
+}
