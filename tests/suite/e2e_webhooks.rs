@@ -361,6 +361,22 @@ async fn mapped_endpoints_route_run_and_acknowledge() {
         "{t:?}"
     );
     assert_eq!(t[1], "HEARTBEAT_OK");
+    // Refused signatures and accepted deliveries are system events.
+    let activity: Value = reqwest::Client::new()
+        .get(gw.url("/api/activity?limit=100"))
+        .bearer_auth(RPC)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let events = activity.to_string();
+    assert!(
+        events.contains("\"webhook:received\"") && events.contains("\"audit:event\""),
+        "{events}"
+    );
+    assert!(events.contains("webhook.rejected"), "{events}");
     gw.stop().await;
 }
 
