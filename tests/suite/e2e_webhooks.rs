@@ -525,3 +525,57 @@ agents:
     assert_eq!(model.as_deref(), Some("script/m2"));
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_full_run_queue_answers_503_until_a_slot_frees() {
+    let gw = start(
+        r#"webhooks:
+  enabled: true
+  maxConcurrentRuns: 1
+  maxQueuedRuns: 1
+  mappings:
+    - id: slow
+      textTemplate: "slow {{payload.n}}"
+      timeoutSeconds: 1
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "slow"
+        steps:
+          - reply: "too late"
+            delayMs: 30000
+agents:
+  default: {model: script/m1, maxSteps: 2}
+"#,
+    )
+    .await;
+    let send = |n: u32| {
+        let body = format!(r#"{{"n":{n}}}"#).into_bytes();
+        post_raw(&gw, "/hooks/any", &[], body)
+    };
+    // One runs, one waits: both acknowledged; the third finds the queue full.
+    assert_eq!(send(1).await.status, 200);
+    assert_eq!(send(2).await.status, 200);
+    let r = send(3).await;
+    assert_eq!(
+        (r.status, r.body),
+        (503, json!({"error": "Webhook run queue is full"}))
+    );
+    // Each run ends at its 1 s timeout; then the queue takes requests again.
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let r = send(4).await;
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    gw.stop().await;
+}
