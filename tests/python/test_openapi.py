@@ -62,6 +62,7 @@ def test_document_covers_the_routes(doc):
     assert {
         "createChatCompletion", "listModels", "retrieveModel", "createEmbedding", "createResponse",
         "listAgents", "listActivity", "searchMemory", "chat", "chatHistory", "events", "chatStream",
+        "mediaFile", "mediaMeta",
     } <= ops
 
 

@@ -1,128 +1,179 @@
-//! `GET /media/<id>` and `GET /media/<id>/meta`: files saved by agents and tools. A bearer
-//! token with scope `rpc` (or `admin`) is required, since this gateway always has a token
-//! store; invalid ids and paths outside the media root are simply not found.
+//! `GET /media/<id>` and `GET /media/<id>/meta`: files saved by agents and tools, as typed
+//! operations of the OpenAPI document. A bearer token with scope `rpc` (or `admin`) is
+//! required, since this gateway always has a token store; invalid ids and paths outside the
+//! media root are simply not found.
 
 use std::sync::Arc;
 
 use http::{header, HeaderValue, StatusCode};
-use poem::web::{Data, Path};
-use poem::{handler, Body, IntoResponse, Request, Response};
+use poem::web::Data;
+use poem::{Body, IntoResponse, Response};
+use poem_openapi::param::Path;
+use poem_openapi::payload::Json;
+use poem_openapi::registry::{
+    MetaMediaType, MetaResponse, MetaResponses, MetaSchema, MetaSchemaRef, Registry,
+};
+use poem_openapi::{ApiResponse, Object, OpenApi, Tags};
 
-use crate::http::json_error;
+use crate::http::problem::{Problem, RestError};
+use crate::http::security::RestBearer;
 use crate::media::{MediaError, MediaFile};
-use crate::rpc::generated::methods::Scope;
 use crate::state::AppState;
 
-/// Why a media request is refused.
-enum Refused {
-    /// No or an unknown token.
-    Unauthorized,
-    /// A token without `rpc` (e.g. `mcp-client`).
-    Forbidden,
-    Media(MediaError),
+#[derive(Tags)]
+enum MediaTag {
+    /// Files saved by agents and tools.
+    Media,
 }
 
-impl Refused {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Unauthorized => {
-                let mut r = json_error(StatusCode::UNAUTHORIZED, "Unauthorized");
-                r.headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                r
-            }
-            Self::Forbidden => {
-                json_error(StatusCode::FORBIDDEN, "Insufficient scope: requires 'rpc'")
-            }
-            Self::Media(MediaError::Expired) => json_error(StatusCode::GONE, "Media expired"),
-            Self::Media(MediaError::Io(detail)) => {
+/// A media file's metadata.
+#[derive(Object)]
+#[oai(rename_all = "camelCase")]
+pub struct MediaMetaOut {
+    pub id: String,
+    /// From the sidecar, else from the extension.
+    pub content_type: String,
+    /// Unix epoch milliseconds.
+    pub saved_at: i64,
+    /// Bytes.
+    pub size: u64,
+    /// The name the file was saved under, when known.
+    #[oai(skip_serializing_if_is_none)]
+    pub file_name: Option<String>,
+}
+
+impl From<MediaError> for Problem {
+    fn from(e: MediaError) -> Self {
+        match e {
+            MediaError::Expired => Problem::new(StatusCode::GONE, "Media expired"),
+            MediaError::Io(detail) => {
                 tracing::error!(error = %detail, "media read failed");
-                json_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal error")
+                Problem::internal()
             }
             // Invalid ids are not found: they never name a file.
-            Self::Media(_) => json_error(StatusCode::NOT_FOUND, "Media not found"),
+            _ => Problem::not_found("Media not found"),
         }
     }
 }
 
-/// The caller's token must carry `rpc` (or `admin`); then the file is looked up.
-async fn lookup(req: &Request, state: &AppState, id: &str) -> Result<MediaFile, Refused> {
-    let p = state
-        .tokens
-        .authenticate(req, false)
-        .ok_or(Refused::Unauthorized)?;
-    if !(p.scopes.contains(&Scope::Rpc) || p.scopes.contains(&Scope::Admin)) {
-        return Err(Refused::Forbidden);
-    }
-    state
-        .engine
-        .media
-        .get(id, crate::store::now_ms())
-        .await
-        .map_err(Refused::Media)
+/// The file's bytes with its own content type (any type, so declared as `*/*`).
+pub struct MediaBody {
+    file: MediaFile,
+    body: Body,
 }
 
-fn nosniff(mut r: Response) -> Response {
-    r.headers_mut().insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    r
-}
-
-/// The file, with its content type; active content (HTML, SVG, ...) as an attachment.
-#[handler]
-pub async fn file_bytes(
-    req: &Request,
-    Path(id): Path<String>,
-    state: Data<&Arc<AppState>>,
-) -> Response {
-    let f = match lookup(req, &state, &id).await {
-        Ok(f) => f,
-        Err(r) => return nosniff(r.into_response()),
-    };
-    let opened = match tokio::fs::File::open(&f.path).await {
-        Ok(o) => o,
-        // Swept between the lookup and here.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return nosniff(Refused::Media(MediaError::NotFound).into_response())
+impl IntoResponse for MediaBody {
+    fn into_response(self) -> Response {
+        let f = self.file;
+        let mut resp = Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_LENGTH, f.meta.size)
+            .header(header::CACHE_CONTROL, "private, max-age=0")
+            .body(self.body);
+        if let Ok(v) = HeaderValue::from_str(&f.meta.content_type) {
+            resp.headers_mut().insert(header::CONTENT_TYPE, v);
         }
-        Err(e) => return nosniff(Refused::Media(MediaError::Io(e.to_string())).into_response()),
-    };
-    let mut resp = Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_LENGTH, f.meta.size)
-        .header(header::CACHE_CONTROL, "private, max-age=0")
-        .body(Body::from_async_read(opened));
-    if let Ok(v) = HeaderValue::from_str(&f.meta.content_type) {
-        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+        let disposition = if f.inline() {
+            "inline".to_owned()
+        } else {
+            format!("attachment; filename=\"{}\"", f.meta.id)
+        };
+        if let Ok(v) = HeaderValue::from_str(&disposition) {
+            resp.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+        }
+        if !f.inline() {
+            resp.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static("sandbox; default-src 'none'"),
+            );
+        }
+        resp
     }
-    let disposition = if f.inline() {
-        "inline".to_owned()
-    } else {
-        format!("attachment; filename=\"{}\"", f.meta.id)
-    };
-    if let Ok(v) = HeaderValue::from_str(&disposition) {
-        resp.headers_mut().insert(header::CONTENT_DISPOSITION, v);
-    }
-    if !f.inline() {
-        resp.headers_mut().insert(
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static("sandbox; default-src 'none'"),
-        );
-    }
-    nosniff(resp)
 }
 
-/// `{id, contentType, savedAt, size, fileName?}`.
-#[handler]
-pub async fn file_meta(
-    req: &Request,
-    Path(id): Path<String>,
-    state: Data<&Arc<AppState>>,
-) -> Response {
-    match lookup(req, &state, &id).await {
-        Ok(f) => nosniff(poem::web::Json(&f.meta).into_response()),
-        Err(r) => nosniff(r.into_response()),
+impl ApiResponse for MediaBody {
+    fn meta() -> MetaResponses {
+        MetaResponses {
+            responses: vec![MetaResponse {
+                description:
+                    "The file with its content type; HTML, SVG, XML and scripts as an attachment",
+                status: Some(200),
+                status_range: None,
+                content: vec![MetaMediaType {
+                    content_type: "*/*",
+                    schema: MetaSchemaRef::Inline(Box::new(MetaSchema {
+                        format: Some("binary"),
+                        ..MetaSchema::new("string")
+                    })),
+                }],
+                headers: vec![],
+            }],
+        }
+    }
+
+    fn register(_registry: &mut Registry) {}
+}
+
+pub struct MediaApi;
+
+async fn lookup(state: &AppState, id: &str) -> Result<MediaFile, RestError> {
+    Ok(state.engine.media.get(id, crate::store::now_ms()).await?)
+}
+
+#[OpenApi]
+impl MediaApi {
+    /// A media file
+    ///
+    /// 404 for a missing or invalid id, 410 once the file is older than `media.ttlSeconds`.
+    #[oai(
+        path = "/media/:id",
+        method = "get",
+        tag = "MediaTag::Media",
+        operation_id = "mediaFile"
+    )]
+    async fn file(
+        &self,
+        state: Data<&Arc<AppState>>,
+        _auth: RestBearer,
+        /// Letters, digits, `.`, `-` and `_`.
+        id: Path<String>,
+    ) -> Result<MediaBody, RestError> {
+        let file = lookup(&state, &id).await?;
+        let opened = tokio::fs::File::open(&file.path).await.map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                // Swept between the lookup and here.
+                MediaError::NotFound
+            } else {
+                MediaError::Io(e.to_string())
+            }
+        })?;
+        Ok(MediaBody {
+            file,
+            body: Body::from_async_read(opened),
+        })
+    }
+
+    /// A media file's metadata
+    #[oai(
+        path = "/media/:id/meta",
+        method = "get",
+        tag = "MediaTag::Media",
+        operation_id = "mediaMeta"
+    )]
+    async fn meta(
+        &self,
+        state: Data<&Arc<AppState>>,
+        _auth: RestBearer,
+        /// Letters, digits, `.`, `-` and `_`.
+        id: Path<String>,
+    ) -> Result<Json<MediaMetaOut>, RestError> {
+        let m = lookup(&state, &id).await?.meta;
+        Ok(Json(MediaMetaOut {
+            id: m.id,
+            content_type: m.content_type,
+            saved_at: m.saved_at,
+            size: m.size,
+            file_name: m.file_name,
+        }))
     }
 }

@@ -89,9 +89,7 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     let web = &state.config.gateway.web;
     let mut route = Route::new()
         .at("/ws", get(crate::rpc::ws::upgrade))
-        .at("/rpc", post(crate::rpc::http::handle))
-        .at("/media/:id", get(media::file_bytes))
-        .at("/media/:id/meta", get(media::file_meta));
+        .at("/rpc", post(crate::rpc::http::handle));
     if let Some(hooks) = &state.webhooks {
         route = route.nest(&hooks.base, post(crate::webhooks::routes::hook));
     }
@@ -120,6 +118,7 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     }
     let route = route
         .at("/health", typed.clone())
+        .nest_no_strip("/media", typed.clone())
         .nest_no_strip("/v1", typed);
     route.data(state).around(move |ep, req: Request| {
         let state = limiter_state.clone();
@@ -141,11 +140,17 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
                     return Ok(resp);
                 }
             }
-            match ep.call(req).await {
-                Ok(r) => Ok(r.into_response()),
-                Err(e) if problem::is_final(&e) => Ok(e.into_response()),
-                Err(e) => Ok(Problem::from_poem(&e).into_area_response(Area::Rest)),
-            }
+            let mut resp = match ep.call(req).await {
+                Ok(r) => r.into_response(),
+                Err(e) if problem::is_final(&e) => e.into_response(),
+                Err(e) => Problem::from_poem(&e).into_area_response(Area::Rest),
+            };
+            // No browser guesses a type the gateway did not declare (media files above all).
+            resp.headers_mut().insert(
+                http::header::X_CONTENT_TYPE_OPTIONS,
+                http::HeaderValue::from_static("nosniff"),
+            );
+            Ok(resp)
         }
     })
 }

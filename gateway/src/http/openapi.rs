@@ -7,6 +7,7 @@ use poem_openapi::{OpenApi, OpenApiService, Tags};
 
 use crate::http::api::types::Health;
 use crate::http::api::RestApi;
+use crate::http::media::MediaApi;
 use crate::http::v1::V1Api;
 
 #[derive(Tags)]
@@ -33,18 +34,18 @@ impl CoreApi {
     }
 }
 
-pub type Apis = (CoreApi, RestApi, V1Api);
+pub type Apis = (CoreApi, RestApi, V1Api, MediaApi);
 
 const DESCRIPTION: &str = "One authenticated front door for a fleet of AI agents. \
 `/v1` is OpenAI-compatible (point an OpenAI SDK's base URL at it); `/api` is the REST API \
-with server-sent event streams. Every route except `/health` and `/api/health` needs \
+with server-sent event streams; `/media` serves files agents saved. Every route except `/health` and `/api/health` needs \
 `Authorization: Bearer <token>` (the SSE routes also take `?token=`). JSON-RPC (`/ws`, \
 `/rpc`) is described by `generated/openrpc.json`.";
 
 /// The service (routes and document).
 pub fn service() -> OpenApiService<Apis, ()> {
     OpenApiService::new(
-        (CoreApi, RestApi, V1Api),
+        (CoreApi, RestApi, V1Api, MediaApi),
         "agent-gateway",
         env!("CARGO_PKG_VERSION"),
     )

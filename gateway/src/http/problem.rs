@@ -209,6 +209,10 @@ const STATUSES: &[(u16, &str)] = &[
         409,
         "The resource refuses the operation in its current state (e.g. a suspended agent)",
     ),
+    (
+        410,
+        "The media file expired (`media.ttlSeconds`; media routes only)",
+    ),
     (413, "Request body over gateway.httpBodyLimitBytes"),
     (
         415,
