@@ -189,6 +189,23 @@ fn act(
     let source = format!("webhook mapping '{}'", m.id);
     let text = untrusted(&source, &message_of(m, ctx));
     let (action, wake_mode) = super::describe(m);
+    if m.action == Action::Wake && m.wake_mode == WakeMode::NextHeartbeat {
+        state.control.wakes.push(&agent.id, text);
+        engine.emit(
+            "webhook:received",
+            json!({"path": ctx.path, "mapping": m.id, "action": action, "wakeMode": wake_mode, "agentId": agent.id}),
+        );
+        return None;
+    }
+    // A place in the queue first, so that a refused wake takes no pending event with it.
+    let Some(place) = hooks.reserve() else {
+        let mut resp = json_error(StatusCode::SERVICE_UNAVAILABLE, "Webhook run queue is full");
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("5"),
+        );
+        return Some(resp);
+    };
     let (task, session) = match m.action {
         Action::Agent => {
             let rendered = m
@@ -208,27 +225,12 @@ fn act(
         }
         Action::Wake => {
             state.control.wakes.push(&agent.id, text);
-            if m.wake_mode == WakeMode::NextHeartbeat {
-                engine.emit(
-                    "webhook:received",
-                    json!({"path": ctx.path, "mapping": m.id, "action": action, "wakeMode": wake_mode, "agentId": agent.id}),
-                );
-                return None;
-            }
             let events = state.control.wakes.take(&agent.id);
             (
                 heartbeat_message(&events),
                 SessionIdent::new(&agent.id, "heartbeat", "system", "main"),
             )
         }
-    };
-    let Some(place) = hooks.reserve() else {
-        let mut resp = json_error(StatusCode::SERVICE_UNAVAILABLE, "Webhook run queue is full");
-        resp.headers_mut().insert(
-            http::header::RETRY_AFTER,
-            http::HeaderValue::from_static("5"),
-        );
-        return Some(resp);
     };
     let delivery = (m.deliver.is_some() || m.channel.is_some() || m.to.is_some()).then(|| {
         json!({"deliver": m.deliver.unwrap_or(false), "channel": m.channel, "to": m.to}).to_string()
