@@ -52,11 +52,6 @@ impl std::fmt::Debug for Webhooks {
     }
 }
 
-/// A matched request, ready to act on.
-pub struct Matched<'a> {
-    pub mapping: &'a MappingConfig,
-}
-
 impl Webhooks {
     /// The routes in force for `c`; None when webhooks are disabled.
     pub fn new(c: &WebhooksConfig) -> Result<Option<Self>, ConfigError> {
@@ -108,20 +103,17 @@ impl Webhooks {
     }
 
     /// The first mapping (in order) matching a normalized path and the payload.
-    pub fn route(&self, path: &str, payload: &Value) -> Option<Matched<'_>> {
+    pub fn route(&self, path: &str, payload: &Value) -> Option<&MappingConfig> {
         let source = payload.get("source").and_then(Value::as_str);
-        self.mappings
-            .iter()
-            .find(|m| match &m.matches {
-                None => true,
-                Some(x) => {
-                    x.path
-                        .as_deref()
-                        .is_none_or(|p| settings::normalize(p) == path)
-                        && x.source.as_deref().is_none_or(|s| source == Some(s))
-                }
-            })
-            .map(|mapping| Matched { mapping })
+        self.mappings.iter().find(|m| match &m.matches {
+            None => true,
+            Some(x) => {
+                x.path
+                    .as_deref()
+                    .is_none_or(|p| settings::normalize(p) == path)
+                    && x.source.as_deref().is_none_or(|s| source == Some(s))
+            }
+        })
     }
 
     /// Takes a place in the run queue, or None when it is full.

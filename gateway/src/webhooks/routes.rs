@@ -127,7 +127,7 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
         now: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         payload,
     };
-    let matched = hooks.route(&path, &ctx.payload).map(|m| m.mapping.clone());
+    let matched = hooks.route(&path, &ctx.payload).cloned();
     let Some(mapping) = matched else {
         if strict {
             // A strict event no mapping takes is recorded and acknowledged.
