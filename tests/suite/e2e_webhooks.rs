@@ -82,6 +82,14 @@ async fn history(gw: &Gateway, key: &str, want: usize) -> Vec<Value> {
     }
 }
 
+/// The gateway's own SQLite file (run rows are not exposed by a route).
+async fn database(gw: &Gateway) -> sqlx::SqlitePool {
+    let db = gw.dir.path().join("data").join("gateway.db");
+    sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap()
+}
+
 fn texts(msgs: &[Value]) -> Vec<String> {
     msgs.iter()
         .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
@@ -274,10 +282,7 @@ async fn mapped_endpoints_route_run_and_acknowledge() {
     assert_eq!(history(&gw, key, 2).await.len(), 2);
 
     // The run is recorded with its delivery settings.
-    let db = gw.dir.path().join("data").join("gateway.db");
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap();
+    let pool = database(&gw).await;
     let rows: Vec<(String, Option<String>)> =
         sqlx::query_as("SELECT status, delivery FROM runs WHERE client_id = 'webhook:echo'")
             .fetch_all(&pool)
@@ -407,7 +412,7 @@ async fn github_preset_takes_a_github_delivery_without_a_template() {
 }
 
 #[tokio::test]
-async fn secrets_shorter_than_32_characters_refuse_to_start() {
+async fn short_secrets_and_a_shadowing_base_path_refuse_to_start() {
     for extra in [
         "webhooks:\n  enabled: true\n  token: short\n",
         "webhooks:\n  enabled: true\n  hmac:\n    secret: short\n",
@@ -495,10 +500,7 @@ agents:
     let slow = br#"{"n":1}"#.to_vec();
     let r = post_raw(&gw, "/hooks/slow", &[], slow).await;
     assert_eq!(r.body["mapping"], "slow");
-    let db = gw.dir.path().join("data").join("gateway.db");
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap();
+    let pool = database(&gw).await;
     let row = loop {
         let row: Option<(String, Option<String>)> = sqlx::query_as(
             "SELECT status, finish_reason FROM runs WHERE client_id = 'webhook:slow' AND completed_at IS NOT NULL",

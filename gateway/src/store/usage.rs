@@ -129,35 +129,57 @@ fn insert_sql(n: usize) -> &'static str {
     &all[at]
 }
 
-/// The batch in one transaction.
-async fn insert_batch(pool: &SqlitePool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
+/// The batch split into statement-sized chunks, largest first.
+fn chunks(batch: &[UsageRow]) -> Vec<&[UsageRow]> {
+    let mut out = Vec::new();
     let mut rest = batch;
     for size in CHUNKS {
         while rest.len() >= size {
             let (chunk, tail) = rest.split_at(size);
-            let mut q = sqlx::query(insert_sql(size));
-            for u in chunk {
-                q = q
-                    .bind(u.ts)
-                    .bind(&u.agent_id)
-                    .bind(&u.session_key)
-                    .bind(&u.provider)
-                    .bind(&u.model)
-                    .bind(&u.operation)
-                    .bind(u.input_tokens)
-                    .bind(u.output_tokens)
-                    .bind(u.cached_tokens)
-                    .bind(u.cost_usd)
-                    .bind(u.latency_ms)
-                    .bind(u.ok)
-                    .bind(&u.error_kind);
-            }
-            q.execute(&mut *tx).await?;
+            out.push(chunk);
             rest = tail;
         }
     }
-    tx.commit().await
+    out
+}
+
+/// The INSERT of one chunk, every value bound.
+fn insert(
+    chunk: &[UsageRow],
+) -> sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'_>> {
+    let mut q = sqlx::query(insert_sql(chunk.len()));
+    for u in chunk {
+        q = q
+            .bind(u.ts)
+            .bind(&u.agent_id)
+            .bind(&u.session_key)
+            .bind(&u.provider)
+            .bind(&u.model)
+            .bind(&u.operation)
+            .bind(u.input_tokens)
+            .bind(u.output_tokens)
+            .bind(u.cached_tokens)
+            .bind(u.cost_usd)
+            .bind(u.latency_ms)
+            .bind(u.ok)
+            .bind(&u.error_kind);
+    }
+    q
+}
+
+/// The batch atomically: one statement on its own, several in one transaction.
+async fn insert_batch(pool: &SqlitePool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
+    match chunks(batch).as_slice() {
+        [] => Ok(()),
+        [one] => insert(one).execute(pool).await.map(drop),
+        many => {
+            let mut tx = pool.begin().await?;
+            for chunk in many {
+                insert(chunk).execute(&mut *tx).await?;
+            }
+            tx.commit().await
+        }
+    }
 }
 
 impl Store {
@@ -236,5 +258,46 @@ impl Store {
             out.push((r.try_get("model")?, r.try_get("cached")?));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+
+    #[test]
+    fn batches_split_into_statement_sizes_largest_first() {
+        let rows = |n| vec![UsageRow::default(); n];
+        let sizes = |n| chunks(&rows(n)).iter().map(|c| c.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(0), Vec::<usize>::new());
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(64), [64]);
+        assert_eq!(sizes(27), [16, 4, 4, 1, 1, 1]);
+        assert_eq!(sizes(MAX_BATCH).iter().sum::<usize>(), MAX_BATCH);
+    }
+
+    #[tokio::test]
+    async fn one_statement_and_many_statement_batches_are_all_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        for (n, total) in [(1usize, 1i64), (27, 28), (64, 92)] {
+            let batch: Vec<UsageRow> = (0..n)
+                .map(|i| UsageRow {
+                    ts: i as i64,
+                    agent_id: "a".into(),
+                    provider: "p".into(),
+                    model: "p/m".into(),
+                    operation: "chat".into(),
+                    ok: true,
+                    ..UsageRow::default()
+                })
+                .collect();
+            insert_batch(store.pool(), &batch).await.unwrap();
+            let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM usage")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            assert_eq!(count, total);
+        }
     }
 }

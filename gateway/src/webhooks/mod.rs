@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use settings::{Action, MappingConfig, WakeMode, WebhooksConfig};
+use settings::{MappingConfig, WebhooksConfig};
 use verify::{ReplayGuard, Verifier};
 
 use crate::config::ConfigError;
@@ -212,18 +212,4 @@ pub fn message_of(m: &MappingConfig, ctx: &RequestContext) -> String {
         .or(m.text_template.as_deref())
         .map(|t| ctx.render(t))
         .unwrap_or_default()
-}
-
-/// Whether a mapping runs an agent (else it wakes the heartbeat), and when.
-pub fn describe(m: &MappingConfig) -> (&'static str, Option<&'static str>) {
-    match m.action {
-        Action::Agent => ("agent", None),
-        Action::Wake => (
-            "wake",
-            Some(match m.wake_mode {
-                WakeMode::Now => "now",
-                WakeMode::NextHeartbeat => "next-heartbeat",
-            }),
-        ),
-    }
 }

@@ -188,13 +188,18 @@ fn act(
     };
     let source = format!("webhook mapping '{}'", m.id);
     let text = untrusted(&source, &message_of(m, ctx));
-    let (action, wake_mode) = super::describe(m);
-    if m.action == Action::Wake && m.wake_mode == WakeMode::NextHeartbeat {
-        state.control.wakes.push(&agent.id, text);
+    // What `webhook:received` says about a mapping that acted (wakeMode only for wakes).
+    let received = |session_key: Option<&str>| {
+        let wake_mode = (m.action == Action::Wake).then(|| m.wake_mode.as_str());
         engine.emit(
             "webhook:received",
-            json!({"path": ctx.path, "mapping": m.id, "action": action, "wakeMode": wake_mode, "agentId": agent.id}),
+            json!({"path": ctx.path, "mapping": m.id, "action": m.action.as_str(),
+                   "wakeMode": wake_mode, "agentId": agent.id, "sessionKey": session_key}),
         );
+    };
+    if m.action == Action::Wake && m.wake_mode == WakeMode::NextHeartbeat {
+        state.control.wakes.push(&agent.id, text);
+        received(None);
         return None;
     }
     // A place in the queue first, so that a refused wake takes no pending event with it.
@@ -235,11 +240,7 @@ fn act(
     let delivery = (m.deliver.is_some() || m.channel.is_some() || m.to.is_some()).then(|| {
         json!({"deliver": m.deliver.unwrap_or(false), "channel": m.channel, "to": m.to}).to_string()
     });
-    engine.emit(
-        "webhook:received",
-        json!({"path": ctx.path, "mapping": m.id, "action": action, "wakeMode": wake_mode,
-               "agentId": agent.id, "sessionKey": session.key}),
-    );
+    received(Some(&session.key));
     let spec = RunSpec {
         agent: agent.clone(),
         session,

@@ -192,6 +192,26 @@ pub enum WakeMode {
     NextHeartbeat,
 }
 
+impl Action {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Wake => "wake",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+impl WakeMode {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Now => "now",
+            Self::NextHeartbeat => "next-heartbeat",
+        }
+    }
+}
+
 /// The default timeout of a webhook agent run.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
 
