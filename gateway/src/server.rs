@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use poem::web::{LocalAddr, RemoteAddr};
-use poem::{Endpoint, EndpointExt};
+use poem::Endpoint;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -149,7 +149,7 @@ pub async fn run(
 }
 
 async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &CancellationToken) -> Exit {
-    let ep = Arc::new(crate::http::app(state.clone()).map_to_response().boxed());
+    let ep = Arc::new(crate::http::app(state.clone()));
     let tracker = TaskTracker::new();
     let conn_stop = CancellationToken::new();
     let g = &state.config.gateway;
@@ -195,11 +195,11 @@ async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &Cancella
     exit
 }
 
-async fn connection(
+async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
     stream: tokio::net::TcpStream,
     local: Option<SocketAddr>,
     remote: SocketAddr,
-    ep: Arc<poem::endpoint::BoxEndpoint<'static, poem::Response>>,
+    ep: Arc<E>,
     header_timeout: Duration,
     stop: CancellationToken,
 ) {

@@ -34,56 +34,104 @@ fn to_dashboard() -> Redirect {
     Redirect::temporary("/app/")
 }
 
-/// Reads POST bodies under `gateway.httpBodyLimitBytes` (counted as they arrive, chunked
-/// too) before the typed routes parse them; turns framework errors into the area's body.
-async fn typed_area<E: Endpoint>(ep: Arc<E>, mut req: Request) -> poem::Result<Response> {
-    let area = Area::of(req.uri().path());
-    let Some(state) = req.data::<Arc<AppState>>().cloned() else {
-        return Ok(Problem::internal().into_area_response(area));
+/// Reads a typed route's POST body under `gateway.httpBodyLimitBytes` (counted as it
+/// arrives, chunked too) before poem-openapi parses it; a refusal is the area's error answer.
+async fn buffer_body(state: &AppState, req: &mut Request) -> Result<(), Response> {
+    let g = &state.config.gateway;
+    let body = req.take_body();
+    let refusal = match read_body(
+        req,
+        body,
+        g.http_body_limit_bytes,
+        Duration::from_millis(g.body_read_timeout_ms),
+    )
+    .await
+    {
+        Ok(bytes) => {
+            req.set_body(bytes);
+            return Ok(());
+        }
+        Err(BodyError::TooLarge) => Problem::new(
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Request body exceeds {} bytes", g.http_body_limit_bytes),
+        ),
+        Err(BodyError::Timeout) => Problem::new(
+            http::StatusCode::REQUEST_TIMEOUT,
+            "Request body not received in time",
+        ),
+        Err(BodyError::Io) => Problem::bad_request("Request body could not be read"),
     };
-    if req.method() == http::Method::POST {
-        let g = &state.config.gateway;
-        let body = req.take_body();
-        match read_body(
-            &req,
-            body,
-            g.http_body_limit_bytes,
-            Duration::from_millis(g.body_read_timeout_ms),
-        )
-        .await
-        {
-            Ok(bytes) => req.set_body(bytes),
-            Err(BodyError::TooLarge) => {
-                return Ok(Problem::new(
-                    http::StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("Request body exceeds {} bytes", g.http_body_limit_bytes),
-                )
-                .into_area_response(area))
+    Err(refusal.into_area_response(Area::of(req.uri().path())))
+}
+
+/// The path prefixes poem-openapi serves (their POST bodies are read by [`buffer_body`]).
+struct TypedPaths {
+    api: bool,
+}
+
+impl TypedPaths {
+    fn contains(&self, path: &str) -> bool {
+        let under = |prefix: &str| {
+            path.strip_prefix(prefix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        };
+        path == "/health" || under("/v1") || under("/media") || (self.api && under("/api"))
+    }
+}
+
+/// Everything every request goes through, in one layer: the rate limit, the typed routes'
+/// body reading, framework errors turned into the area's error body, and `nosniff`.
+async fn front<E: Endpoint>(
+    ep: Arc<E>,
+    state: Arc<AppState>,
+    typed: Arc<TypedPaths>,
+    mut req: Request,
+) -> poem::Result<Response> {
+    let path = req.uri().path();
+    let area = Area::of(path);
+    if !limits::RATE_EXEMPT.contains(&path) {
+        let ip = req
+            .remote_addr()
+            .as_socket_addr()
+            .map(|a| a.ip())
+            .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+        if let Err(l) = state.http_limiter.check(ip, Instant::now()) {
+            let mut resp = Problem::new(http::StatusCode::TOO_MANY_REQUESTS, "Too many requests")
+                .into_area_response(area);
+            let secs = l.retry_after.as_secs().max(1).to_string();
+            if let Ok(v) = http::HeaderValue::from_str(&secs) {
+                resp.headers_mut().insert(http::header::RETRY_AFTER, v);
             }
-            Err(BodyError::Timeout) => {
-                return Ok(Problem::new(
-                    http::StatusCode::REQUEST_TIMEOUT,
-                    "Request body not received in time",
-                )
-                .into_area_response(area))
-            }
-            Err(BodyError::Io) => {
-                return Ok(
-                    Problem::bad_request("Request body could not be read").into_area_response(area)
-                )
-            }
+            return Ok(resp);
         }
     }
+    let mut resp = if req.method() == http::Method::POST && typed.contains(path) {
+        match buffer_body(&state, &mut req).await {
+            Ok(()) => answer(&*ep, req, area).await,
+            Err(refused) => refused,
+        }
+    } else {
+        answer(&*ep, req, area).await
+    };
+    // No browser guesses a type the gateway did not declare (media files above all).
+    resp.headers_mut().insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
+    Ok(resp)
+}
+
+/// The endpoint's answer; a framework error becomes the area's error body.
+async fn answer<E: Endpoint>(ep: &E, req: Request, area: Area) -> Response {
     match ep.call(req).await {
-        Ok(resp) => Ok(resp.into_response()),
-        Err(e) if problem::is_final(&e) => Ok(e.into_response()),
-        Err(e) => Ok(Problem::from_poem(&e).into_area_response(area)),
+        Ok(r) => r.into_response(),
+        Err(e) if problem::is_final(&e) => e.into_response(),
+        Err(e) => Problem::from_poem(&e).into_area_response(area),
     }
 }
 
 /// Builds the endpoint of one server generation.
 pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
-    let limiter_state = state.clone();
     let service = openapi::service();
     let docs = state.config.gateway.docs.enabled;
     let web = &state.config.gateway.web;
@@ -107,11 +155,9 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
             );
         }
     }
-    let typed = Arc::new(
-        poem::IntoEndpoint::into_endpoint(service)
-            .around(typed_area)
-            .boxed(),
-    );
+    // One instance of the typed API behind every prefix it serves (no wrapper of its own:
+    // `front` reads its bodies and maps its errors).
+    let typed = Arc::new(poem::IntoEndpoint::into_endpoint(service));
     // The REST API exists only while `gateway.web.enabled`; elsewhere /api/* is a plain 404.
     if web.enabled {
         route = route.nest_no_strip("/api", typed.clone());
@@ -120,37 +166,9 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
         .at("/health", typed.clone())
         .nest_no_strip("/media", typed.clone())
         .nest_no_strip("/v1", typed);
-    route.data(state).around(move |ep, req: Request| {
-        let state = limiter_state.clone();
-        async move {
-            if !limits::RATE_EXEMPT.contains(&req.uri().path()) {
-                let ip = req
-                    .remote_addr()
-                    .as_socket_addr()
-                    .map(|a| a.ip())
-                    .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
-                if let Err(l) = state.http_limiter.check(ip, Instant::now()) {
-                    let mut resp =
-                        Problem::new(http::StatusCode::TOO_MANY_REQUESTS, "Too many requests")
-                            .into_area_response(Area::of(req.uri().path()));
-                    let secs = l.retry_after.as_secs().max(1).to_string();
-                    if let Ok(v) = http::HeaderValue::from_str(&secs) {
-                        resp.headers_mut().insert(http::header::RETRY_AFTER, v);
-                    }
-                    return Ok(resp);
-                }
-            }
-            let mut resp = match ep.call(req).await {
-                Ok(r) => r.into_response(),
-                Err(e) if problem::is_final(&e) => e.into_response(),
-                Err(e) => Problem::from_poem(&e).into_area_response(Area::Rest),
-            };
-            // No browser guesses a type the gateway did not declare (media files above all).
-            resp.headers_mut().insert(
-                http::header::X_CONTENT_TYPE_OPTIONS,
-                http::HeaderValue::from_static("nosniff"),
-            );
-            Ok(resp)
-        }
+    let paths = Arc::new(TypedPaths { api: web.enabled });
+    let route = Arc::new(route.data(state.clone()));
+    poem::endpoint::make(move |req: Request| {
+        front(route.clone(), state.clone(), paths.clone(), req)
     })
 }

@@ -66,8 +66,9 @@ impl UsageQueue {
 }
 
 /// How long the writer lets rows gather after the first one: under load a batch holds
-/// every row of the window; alone, a row waits this long (readers flush, so nobody sees it).
-const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+/// every row of the window (a few large INSERTs and one commit instead of many small ones);
+/// alone, a row waits this long (readers and shutdown flush first, so nobody sees the wait).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
 
 async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Item>) {
     while let Some(first) = rx.recv().await {
