@@ -24,7 +24,7 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 pub struct AnthropicProvider {
     id: String,
     /// Full URL of the messages endpoint.
-    messages_url: String,
+    messages_url: http::Uri,
     api_key_env: Option<String>,
     http: Http,
 }
@@ -43,13 +43,18 @@ impl AnthropicProvider {
     /// (as MissingKey), so the provider can exist before its key is set.
     pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
         let base = transport::base_url(&settings, DEFAULT_BASE_URL)?;
-        let http = Http::new(&settings, &base)?;
+        let mut http =
+            Http::new(&settings, &base)?.with_header("anthropic-version", API_VERSION, false)?;
+        if let Some(key) = http.api_key().map(str::to_owned) {
+            http = http.with_header("x-api-key", &key, true)?;
+        }
         // A base URL that already names the version ("…/v1") is not given a second one.
-        let messages_url = if base.ends_with("/v1") {
-            format!("{base}/messages")
+        let path = if base.ends_with("/v1") {
+            "/messages"
         } else {
-            format!("{base}/v1/messages")
+            "/v1/messages"
         };
+        let messages_url = transport::endpoint(&settings.id, &base, path)?;
         Ok(Self {
             id: settings.id,
             messages_url,
@@ -63,7 +68,7 @@ impl AnthropicProvider {
         req: &ChatRequest,
         sink: Option<&DeltaSink>,
     ) -> Result<ChatResponse, ProviderError> {
-        let Some(key) = self.http.api_key() else {
+        if self.http.api_key().is_none() {
             let source = match self.api_key_env.as_deref() {
                 Some(var) => format!("set the environment variable {var}"),
                 None => "configure apiKeyEnv for it".to_string(),
@@ -72,17 +77,10 @@ impl AnthropicProvider {
                 ErrorKind::MissingKey,
                 format!("provider {} has no Anthropic API key: {source}", self.id),
             ));
-        };
+        }
         let body = request_body(req, sink.is_some());
         tracing::debug!(provider = %self.id, model = %req.model, stream = sink.is_some(), "anthropic chat");
-        let request = self
-            .http
-            .client()
-            .post(&self.messages_url)
-            .header("x-api-key", key)
-            .header("anthropic-version", API_VERSION)
-            .json(&body);
-        let response = self.http.send(request).await?;
+        let response = self.http.post_json(&self.messages_url, &body).await?;
         match sink {
             Some(sink) => self.read_stream(response, sink).await,
             None => {
@@ -94,10 +92,10 @@ impl AnthropicProvider {
 
     async fn read_stream(
         &self,
-        response: reqwest::Response,
+        response: transport::Answer,
         sink: &DeltaSink,
     ) -> Result<ChatResponse, ProviderError> {
-        let mut events = SseReader::new(response);
+        let mut events = SseReader::new(response.into_body());
         let mut state = StreamState::default();
         while !state.stopped {
             let event = events
@@ -158,7 +156,7 @@ impl Provider for AnthropicProvider {
         sink: Option<&'a DeltaSink>,
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
-        Box::pin(transport::with_cancel(cancel, self.chat_once(req, sink)))
+        Box::pin(self.http.run(cancel, self.chat_once(req, sink)))
     }
 
     fn embed<'a>(

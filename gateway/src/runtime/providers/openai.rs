@@ -22,10 +22,8 @@ pub struct OpenAiProvider {
     id: String,
     base: String,
     /// `<base>/chat/completions` and `<base>/embeddings`, parsed once (not per call).
-    chat_url: reqwest::Url,
-    embeddings_url: reqwest::Url,
-    /// `Bearer <key>`, built once and marked sensitive (never logged).
-    auth: Option<reqwest::header::HeaderValue>,
+    chat_url: http::Uri,
+    embeddings_url: http::Uri,
     http: Http,
 }
 
@@ -43,54 +41,17 @@ impl OpenAiProvider {
     /// without an Authorization header (local servers need none).
     pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
         let base = transport::base_url(&settings, DEFAULT_BASE_URL)?;
-        let http = Http::new(&settings, &base)?;
-        let endpoint = |path: &str| {
-            reqwest::Url::parse(&format!("{base}{path}")).map_err(|err| {
-                ProviderError::new(
-                    ErrorKind::InvalidRequest,
-                    format!("provider {}: invalid base_url {base:?}: {err}", settings.id),
-                )
-            })
-        };
-        let chat_url = endpoint("/chat/completions")?;
-        let embeddings_url = endpoint("/embeddings")?;
-        let auth = match http.api_key() {
-            Some(key) => {
-                let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
-                    .map_err(|_| {
-                        ProviderError::new(
-                            ErrorKind::InvalidRequest,
-                            format!(
-                                "provider {}: the API key contains characters not allowed in a header",
-                                settings.id
-                            ),
-                        )
-                    })?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-            None => None,
-        };
+        let mut http = Http::new(&settings, &base)?;
+        if let Some(key) = http.api_key().map(str::to_owned) {
+            http = http.with_header("authorization", &format!("Bearer {key}"), true)?;
+        }
         Ok(Self {
+            chat_url: transport::endpoint(&settings.id, &base, "/chat/completions")?,
+            embeddings_url: transport::endpoint(&settings.id, &base, "/embeddings")?,
             id: settings.id,
             base,
-            chat_url,
-            embeddings_url,
-            auth,
             http,
         })
-    }
-
-    fn post<B: serde::Serialize + ?Sized>(
-        &self,
-        url: &reqwest::Url,
-        body: &B,
-    ) -> reqwest::RequestBuilder {
-        let request = self.http.client().post(url.clone()).json(body);
-        match &self.auth {
-            Some(auth) => request.header(reqwest::header::AUTHORIZATION, auth.clone()),
-            None => request,
-        }
     }
 
     async fn chat_once(
@@ -100,9 +61,11 @@ impl OpenAiProvider {
     ) -> Result<ChatResponse, ProviderError> {
         let body = request_body(req, sink.is_some());
         tracing::debug!(provider = %self.id, model = %req.model, stream = sink.is_some(), "openai chat");
-        let response = self.http.send(self.post(&self.chat_url, &body)).await?;
+        let response = self.http.post_json(&self.chat_url, &body).await?;
         match sink {
-            Some(sink) if !is_json(&response) => self.read_stream(response, sink).await,
+            Some(sink) if !transport::is_json(response.headers()) => {
+                self.read_stream(response, sink).await
+            }
             _ => {
                 let completion: Completion = self.http.json(response, "chat completion").await?;
                 let result = self.completion_response(completion)?;
@@ -147,10 +110,10 @@ impl OpenAiProvider {
 
     async fn read_stream(
         &self,
-        response: reqwest::Response,
+        response: transport::Answer,
         sink: &DeltaSink,
     ) -> Result<ChatResponse, ProviderError> {
-        let mut events = SseReader::new(response);
+        let mut events = SseReader::new(response.into_body());
         let mut state = StreamState::default();
         loop {
             let event = events
@@ -207,10 +170,7 @@ impl OpenAiProvider {
             });
         }
         let body = json!({"model": model, "input": inputs, "encoding_format": "float"});
-        let response = self
-            .http
-            .send(self.post(&self.embeddings_url, &body))
-            .await?;
+        let response = self.http.post_json(&self.embeddings_url, &body).await?;
         let answer: EmbeddingAnswer = self.http.json(response, "embeddings answer").await?;
         let mut data = answer.data;
         data.sort_by_key(|d| d.index);
@@ -234,7 +194,7 @@ impl Provider for OpenAiProvider {
         sink: Option<&'a DeltaSink>,
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
-        Box::pin(transport::with_cancel(cancel, self.chat_once(req, sink)))
+        Box::pin(self.http.run(cancel, self.chat_once(req, sink)))
     }
 
     fn embed<'a>(
@@ -243,19 +203,8 @@ impl Provider for OpenAiProvider {
         inputs: &'a [String],
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
-        Box::pin(transport::with_cancel(
-            cancel,
-            self.embed_once(model, inputs),
-        ))
+        Box::pin(self.http.run(cancel, self.embed_once(model, inputs)))
     }
-}
-
-fn is_json(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"))
 }
 
 /// The Chat Completions request body.

@@ -1,12 +1,11 @@
 //! Server-Sent-Events parsing for the streaming HTTP providers: a byte-level line parser that
 //! tolerates chunk boundaries anywhere (inside a line, a CRLF pair or a UTF-8 character), and a
-//! reader that pulls events out of a reqwest response body.
+//! reader that pulls events out of a response body.
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
-use futures_util::stream::BoxStream;
-use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 
 /// One dispatched event: its `event:` name (None means the default `message`) and its data,
 /// with the lines of a multi-line `data:` joined by `\n`.
@@ -109,16 +108,16 @@ impl SseParser {
 
 /// Reads SSE events from a response body.
 pub(crate) struct SseReader {
-    body: BoxStream<'static, reqwest::Result<Bytes>>,
+    body: Incoming,
     parser: SseParser,
     ready: VecDeque<SseEvent>,
     ended: bool,
 }
 
 impl SseReader {
-    pub(crate) fn new(response: reqwest::Response) -> Self {
+    pub(crate) fn new(body: Incoming) -> Self {
         Self {
-            body: response.bytes_stream().boxed(),
+            body,
             parser: SseParser::new(),
             ready: VecDeque::new(),
             ended: false,
@@ -126,7 +125,7 @@ impl SseReader {
     }
 
     /// The next event; Ok(None) once the body has ended and every event was taken.
-    pub(crate) async fn next(&mut self) -> Result<Option<SseEvent>, reqwest::Error> {
+    pub(crate) async fn next(&mut self) -> Result<Option<SseEvent>, hyper::Error> {
         loop {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(Some(event));
@@ -134,8 +133,12 @@ impl SseReader {
             if self.ended {
                 return Ok(None);
             }
-            match self.body.next().await {
-                Some(Ok(chunk)) => self.parser.push(&chunk, &mut self.ready),
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(chunk) = frame.data_ref() {
+                        self.parser.push(chunk, &mut self.ready);
+                    }
+                }
                 Some(Err(err)) => return Err(err),
                 None => {
                     self.ended = true;

@@ -1,12 +1,28 @@
-//! HTTP plumbing shared by the remote providers (openai, anthropic): the pooled client, sending
-//! under cancellation, mapping transport failures and error answers to [`ProviderError`]
-//! (with Retry-After), and keeping the API key out of every error message.
+//! HTTP plumbing shared by the remote providers (openai, anthropic): one pooled hyper client
+//! per provider (HTTP/1.1 and HTTP/2 over rustls, or plain HTTP; through `HTTPS_PROXY` /
+//! `HTTP_PROXY` / `ALL_PROXY` by CONNECT unless `NO_PROXY` or a loopback base URL says
+//! otherwise), the call deadline and cancellation, mapping transport failures and error
+//! answers to [`ProviderError`] (with Retry-After), and keeping the API key out of every
+//! error message.
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, USER_AGENT};
+use http::Uri;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::proxy::matcher::Matcher;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -22,50 +38,153 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// An error answer that is not JSON is quoted up to this many characters.
 const ERROR_TEXT_CHARS: usize = 300;
+const USER_AGENT_VALUE: &str = concat!("agent-gateway/", env!("CARGO_PKG_VERSION"));
 
-/// The client and credentials of one provider instance.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Conn = TokioIo<tokio::net::TcpStream>;
+
+/// Opens the TCP connection of a call: straight to the server, or through the proxy the
+/// environment names for it (an HTTP CONNECT tunnel, for `http://` and `https://` servers
+/// alike; TLS to the server then runs inside the tunnel).
+#[derive(Clone)]
+struct Connect {
+    direct: HttpConnector,
+    proxies: Option<Arc<Matcher>>,
+}
+
+impl tower_service::Service<Uri> for Connect {
+    type Response = Conn;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Conn, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let direct = self.direct.clone();
+        match self.proxies.as_ref().and_then(|m| m.intercept(&dst)) {
+            Some(proxy) => {
+                let mut tunnel = Tunnel::new(proxy.uri().clone(), direct);
+                if let Some(auth) = proxy.basic_auth() {
+                    tunnel = tunnel.with_auth(auth.clone());
+                }
+                Box::pin(async move { tunnel.call(dst).await.map_err(BoxError::from) })
+            }
+            None => {
+                let mut direct = direct;
+                Box::pin(async move { direct.call(dst).await.map_err(BoxError::from) })
+            }
+        }
+    }
+}
+
+/// The client, credentials and deadline of one provider instance.
 pub(crate) struct Http {
-    client: reqwest::Client,
+    client: Client<HttpsConnector<Connect>, Full<Bytes>>,
     api_key: Option<String>,
+    /// Sent with every call (the credentials, API version headers).
+    headers: HeaderMap,
     timeout: Duration,
 }
 
+/// A 2xx answer whose body has not been read yet.
+pub(crate) struct Answer {
+    headers: HeaderMap,
+    body: Incoming,
+}
+
+impl Answer {
+    pub(crate) fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    pub(crate) fn into_body(self) -> Incoming {
+        self.body
+    }
+}
+
+/// The TLS settings: the webpki roots, HTTP/2 or HTTP/1.1 by ALPN.
+fn tls_config() -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 impl Http {
-    /// Builds the pooled client for `base_url` (already validated by [`base_url`]).
+    /// Builds the pooled client for `base_url` (already validated by [`base_url`]), through the
+    /// proxies the environment names (none for a loopback base URL: a local model server is
+    /// never reached through a proxy).
     pub(crate) fn new(settings: &ProviderSettings, base_url: &str) -> Result<Self, ProviderError> {
+        let proxies = (!is_loopback(base_url)).then(Matcher::from_env);
+        Self::with_proxies(settings, proxies)
+    }
+
+    fn with_proxies(
+        settings: &ProviderSettings,
+        proxies: Option<Matcher>,
+    ) -> Result<Self, ProviderError> {
         let timeout = settings.timeout;
-        let mut builder = reqwest::Client::builder()
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .tcp_keepalive(Duration::from_secs(60))
-            // A redirect could carry the key header to another host; API endpoints never need one.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("agent-gateway/", env!("CARGO_PKG_VERSION")));
-        if timeout.is_zero() {
-            builder = builder.connect_timeout(CONNECT_TIMEOUT);
+        let mut direct = HttpConnector::new();
+        direct.enforce_http(false);
+        direct.set_nodelay(true);
+        direct.set_keepalive(Some(Duration::from_secs(60)));
+        direct.set_connect_timeout(Some(if timeout.is_zero() {
+            CONNECT_TIMEOUT
         } else {
-            builder = builder
-                .connect_timeout(CONNECT_TIMEOUT.min(timeout))
-                .timeout(timeout);
-        }
-        if is_loopback(base_url) {
-            // A local model server is never reached through an HTTP(S)_PROXY.
-            builder = builder.no_proxy();
-        }
-        let client = builder.build().map_err(|err| {
+            CONNECT_TIMEOUT.min(timeout)
+        }));
+        let proxies = proxies.map(Arc::new);
+        let tls = tls_config().map_err(|e| {
             ProviderError::new(
                 ErrorKind::Unavailable,
-                format!("cannot build the HTTP client: {}", error_chain(&err)),
+                format!("cannot build the TLS settings: {e}"),
             )
         })?;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(Connect { direct, proxies });
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        let mut headers = HeaderMap::new();
+        headers.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         Ok(Self {
             client,
             api_key: settings.api_key.clone().filter(|k| !k.is_empty()),
+            headers,
             timeout,
         })
     }
 
-    pub(crate) fn client(&self) -> &reqwest::Client {
-        &self.client
+    /// Adds a header sent with every call; `secret` ones (credentials) are marked sensitive so
+    /// that they are never logged.
+    pub(crate) fn with_header(
+        mut self,
+        name: &'static str,
+        value: &str,
+        secret: bool,
+    ) -> Result<Self, ProviderError> {
+        let mut value = HeaderValue::from_str(value).map_err(|_| {
+            ProviderError::new(
+                ErrorKind::InvalidRequest,
+                format!("the value of header {name} contains characters not allowed in a header"),
+            )
+        })?;
+        value.set_sensitive(secret);
+        self.headers.insert(HeaderName::from_static(name), value);
+        Ok(self)
     }
 
     pub(crate) fn api_key(&self) -> Option<&str> {
@@ -93,43 +212,65 @@ impl Http {
         )
     }
 
-    /// Maps a reqwest failure (connecting, sending, reading the body) to a provider error.
-    pub(crate) fn transport_error(&self, err: &reqwest::Error) -> ProviderError {
-        let kind = if err.is_timeout() {
-            ErrorKind::Timeout
-        } else if err.is_builder() {
-            ErrorKind::InvalidRequest
-        } else {
-            // connect, request and body errors: unreachable or the connection broke (reqwest
-            // reports a broken body as a "decode" error; bodies are never decoded by it here)
-            ErrorKind::Network
-        };
-        let detail = error_chain(err);
-        let message = match kind {
-            ErrorKind::Timeout if !self.timeout.is_zero() => {
-                format!("timed out after {:?}: {detail}", self.timeout)
-            }
-            _ => detail,
-        };
-        self.error(kind, &message)
+    /// A connection that failed (connecting, sending, reading the answer).
+    pub(crate) fn transport_error(&self, err: &dyn std::error::Error) -> ProviderError {
+        self.error(ErrorKind::Network, &error_chain(err))
     }
 
-    /// Sends the request; a non-2xx answer becomes an error carrying its status, the
-    /// message from its body and its Retry-After.
-    pub(crate) async fn send(
+    /// Runs one call under the provider's timeout (the whole call, answer body included) and
+    /// the caller's cancellation; whichever ends it first drops `work` (closing its
+    /// connection).
+    pub(crate) async fn run<T>(
         &self,
-        request: reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, ProviderError> {
-        let response = request
-            .send()
+        cancel: &CancellationToken,
+        work: impl Future<Output = Result<T, ProviderError>>,
+    ) -> Result<T, ProviderError> {
+        let timeout = self.timeout;
+        let deadline = async move {
+            if timeout.is_zero() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(timeout).await;
+        };
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err(ProviderError::new(ErrorKind::Cancelled, "the call was cancelled")),
+            result = work => result,
+            () = deadline => Err(ProviderError::new(
+                ErrorKind::Timeout,
+                format!("timed out after {timeout:?}"),
+            )),
+        }
+    }
+
+    /// POSTs `body` as JSON to `uri` with the provider's headers; a non-2xx answer becomes an
+    /// error carrying its status, the message from its body and its Retry-After.
+    pub(crate) async fn post_json<B: serde::Serialize + ?Sized>(
+        &self,
+        uri: &Uri,
+        body: &B,
+    ) -> Result<Answer, ProviderError> {
+        let body = serde_json::to_vec(body)
+            .map_err(|e| self.error(ErrorKind::InvalidRequest, &e.to_string()))?;
+        let mut request = http::Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = uri.clone();
+        *request.headers_mut() = self.headers.clone();
+        let response = self
+            .client
+            .request(request)
             .await
             .map_err(|err| self.transport_error(&err))?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
+        let (parts, body) = response.into_parts();
+        if parts.status.is_success() {
+            return Ok(Answer {
+                headers: parts.headers,
+                body,
+            });
         }
-        let retry_after = retry_after(response.headers());
-        let body = self.read_limited(response).await;
+        let status = parts.status;
+        let retry_after = retry_after(&parts.headers);
+        let body = read_limited(body).await;
         let detail = error_detail(&body).unwrap_or_else(|| {
             status
                 .canonical_reason()
@@ -145,42 +286,51 @@ impl Http {
     /// The whole body, parsed as JSON.
     pub(crate) async fn json<T: DeserializeOwned>(
         &self,
-        response: reqwest::Response,
+        answer: Answer,
         what: &str,
     ) -> Result<T, ProviderError> {
-        let bytes = response
-            .bytes()
+        let bytes = answer
+            .body
+            .collect()
             .await
-            .map_err(|err| self.transport_error(&err))?;
+            .map_err(|err| self.transport_error(&err))?
+            .to_bytes();
         serde_json::from_slice(&bytes).map_err(|err| self.malformed(what, &err))
-    }
-
-    /// Up to [`ERROR_BODY_LIMIT`] bytes of an error answer; a failure while reading just ends it.
-    async fn read_limited(&self, response: reqwest::Response) -> Vec<u8> {
-        let mut body = Vec::new();
-        let mut stream = response.bytes_stream();
-        while let Some(Ok(chunk)) = stream.next().await {
-            let room = ERROR_BODY_LIMIT.saturating_sub(body.len());
-            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            if body.len() >= ERROR_BODY_LIMIT {
-                break;
-            }
-        }
-        body
     }
 }
 
-/// Runs `work` unless `cancel` fires first; then `work` is dropped (closing its connection)
-/// and the call ends as Cancelled.
-pub(crate) async fn with_cancel<T>(
-    cancel: &CancellationToken,
-    work: impl Future<Output = Result<T, ProviderError>>,
-) -> Result<T, ProviderError> {
-    tokio::select! {
-        biased;
-        () = cancel.cancelled() => Err(ProviderError::new(ErrorKind::Cancelled, "the call was cancelled")),
-        result = work => result,
+/// Up to [`ERROR_BODY_LIMIT`] bytes of an error answer; a failure while reading just ends it.
+async fn read_limited(mut body: Incoming) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
+        let room = ERROR_BODY_LIMIT.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= ERROR_BODY_LIMIT {
+            break;
+        }
     }
+    out
+}
+
+/// Whether an answer says it is JSON.
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
+}
+
+/// `<base><path>` as a request URI.
+pub(crate) fn endpoint(id: &str, base: &str, path: &str) -> Result<Uri, ProviderError> {
+    format!("{base}{path}").parse().map_err(|err| {
+        ProviderError::new(
+            ErrorKind::InvalidRequest,
+            format!("provider {id}: invalid base_url {base:?}: {err}"),
+        )
+    })
 }
 
 /// The configured base URL (or `default`), validated, without a trailing slash.
@@ -226,7 +376,7 @@ fn is_loopback(base_url: &str) -> bool {
     }
 }
 
-/// A reqwest error and its sources, joined (reqwest's own text omits the cause).
+/// An error and its sources, joined (the outer texts often omit the cause).
 fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
@@ -242,7 +392,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// The server's wait hint: `retry-after-ms`, else `Retry-After` in seconds or as an HTTP date.
-pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let header = |name: &str| {
         headers
             .get(name)
@@ -326,7 +476,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::{HeaderMap, HeaderValue};
 
     #[test]
     fn retry_after_forms() {
@@ -408,5 +557,182 @@ mod tests {
         let a = new_call_id();
         assert!(a.starts_with("call_"));
         assert_ne!(a, new_call_id());
+    }
+}
+
+#[cfg(test)]
+mod proxy_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// Reads up to the end of a request head.
+    async fn head(stream: &mut TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap() == 0 {
+                break;
+            }
+            buf.push(byte[0]);
+        }
+        String::from_utf8(buf).unwrap()
+    }
+
+    /// A server answering one JSON request; returns its port and the request head it saw.
+    async fn upstream() -> (u16, tokio::task::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let head = head(&mut s).await;
+            let body = r#"{"ok":true}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+            head
+        });
+        (port, task)
+    }
+
+    /// An HTTP CONNECT proxy that tunnels any host to `127.0.0.1`; returns its port and the
+    /// CONNECT head it saw.
+    async fn connect_proxy() -> (u16, tokio::task::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let (mut client, _) = listener.accept().await.unwrap();
+            let head = head(&mut client).await;
+            let target = head.split_whitespace().nth(1).unwrap().to_owned();
+            let target_port = target.rsplit(':').next().unwrap().to_owned();
+            let mut server = TcpStream::connect(format!("127.0.0.1:{target_port}"))
+                .await
+                .unwrap();
+            client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .unwrap();
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            head
+        });
+        (port, task)
+    }
+
+    fn settings() -> ProviderSettings {
+        ProviderSettings {
+            id: "p".into(),
+            kind: super::super::ProviderKind::Openai,
+            base_url: None,
+            api_key: Some("sk-test-key".into()),
+            api_key_env: None,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_go_through_the_proxy_by_connect_with_its_credentials() {
+        let (up_port, up) = upstream().await;
+        let (proxy_port, proxy) = connect_proxy().await;
+        let matcher = Matcher::builder()
+            .all(format!("http://user:secret@127.0.0.1:{proxy_port}"))
+            .build();
+        let http = Http::with_proxies(&settings(), Some(matcher))
+            .unwrap()
+            .with_header("authorization", "Bearer sk-test-key", true)
+            .unwrap();
+        // A name only the proxy resolves: the gateway never looks it up itself.
+        let uri = endpoint(
+            "p",
+            &format!("http://models.example.test:{up_port}"),
+            "/v1/x",
+        )
+        .unwrap();
+        let cancel = CancellationToken::new();
+        let answer: Value = http
+            .run(&cancel, async {
+                let a = http.post_json(&uri, &serde_json::json!({"q": 1})).await?;
+                http.json(a, "answer").await
+            })
+            .await
+            .unwrap();
+        assert_eq!(answer, serde_json::json!({"ok": true}));
+        let connect = proxy.await.unwrap();
+        assert!(
+            connect.starts_with(&format!(
+                "CONNECT models.example.test:{up_port} HTTP/1.1\r\n"
+            )),
+            "{connect}"
+        );
+        // user:secret, base64
+        assert!(
+            connect
+                .to_ascii_lowercase()
+                .contains("proxy-authorization: basic dxnlcjpzzwnyzxq="),
+            "{connect}"
+        );
+        let request = up.await.unwrap();
+        assert!(request.starts_with("POST /v1/x HTTP/1.1\r\n"), "{request}");
+        let lower = request.to_ascii_lowercase();
+        assert!(lower.contains("authorization: bearer sk-test-key"));
+        assert!(lower.contains("content-type: application/json"));
+        assert!(!lower.contains("proxy-authorization"), "{request}");
+    }
+
+    #[tokio::test]
+    async fn a_loopback_base_url_never_uses_a_proxy() {
+        // Whatever proxy the environment names, a loopback base URL is called directly.
+        let (up_port, up) = upstream().await;
+        let base = format!("http://127.0.0.1:{up_port}");
+        assert!(is_loopback(&base));
+        let http = Http::new(&settings(), &base).unwrap();
+        let uri = endpoint("p", &base, "/v1/x").unwrap();
+        let a = http.post_json(&uri, &serde_json::json!({})).await.unwrap();
+        let v: Value = http.json(a, "answer").await.unwrap();
+        assert_eq!(v, serde_json::json!({"ok": true}));
+        assert!(up.await.unwrap().starts_with("POST /v1/x"));
+    }
+
+    #[tokio::test]
+    async fn the_deadline_covers_the_whole_call() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accepts and never answers.
+        let _hold = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(s);
+        });
+        let mut s = settings();
+        s.timeout = Duration::from_millis(200);
+        let base = format!("http://127.0.0.1:{port}");
+        let http = Http::new(&s, &base).unwrap();
+        let uri = endpoint("p", &base, "/x").unwrap();
+        let started = std::time::Instant::now();
+        let err = http
+            .run(&CancellationToken::new(), async {
+                http.post_json(&uri, &serde_json::json!({})).await.map(drop)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Timeout);
+        assert!(
+            err.message.contains("timed out after 200ms"),
+            "{}",
+            err.message
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_header_value_that_cannot_be_sent_is_refused() {
+        let http = Http::with_proxies(&settings(), None).unwrap();
+        let err = http
+            .with_header("x-api-key", "bad\nvalue", true)
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidRequest);
+        assert!(!err.message.contains("bad"));
     }
 }
