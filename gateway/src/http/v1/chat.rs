@@ -14,7 +14,7 @@ use poem_openapi::ApiResponse;
 
 use super::types::*;
 use crate::auth::Principal;
-use crate::http::problem::{Problem, V1Error};
+use crate::http::problem::{Area, Problem, V1Error};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{openai_finish, resolve_target, run_to_end, Render, StreamingTurn};
 use crate::runtime::sessions::SessionIdent;
@@ -34,7 +34,13 @@ pub enum ChatCompletionResponse {
 impl IntoResponse for ChatCompletionResponse {
     fn into_response(self) -> Response {
         match self {
-            Self::Json(j) => j.into_response(),
+            // Written straight from the typed value (poem-openapi's `Json` builds a JSON tree first).
+            Self::Json(j) => match serde_json::to_vec(&j.0) {
+                Ok(body) => Response::builder()
+                    .content_type("application/json; charset=utf-8")
+                    .body(body),
+                Err(_) => Problem::internal().into_area_response(Area::V1),
+            },
             Self::Stream(s) => s.into_response(),
         }
     }
