@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -16,16 +17,25 @@ pub const SUBSCRIBER_BUFFER: usize = 256;
 /// Events kept for the activity feed.
 pub const RECENT: usize = 100;
 
-/// One published event.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One published event, serialized as `/api/events` and `/api/activity` send it.
+#[derive(Debug, Serialize)]
 pub struct Event {
     /// Increases by one per event in this process.
     pub seq: u64,
     /// The spec's event name, e.g. `message:received`.
+    #[serde(rename = "event")]
     pub name: &'static str,
     /// Unix epoch milliseconds.
     pub ts: i64,
-    pub data: Value,
+    /// The payload, serialized once when published (every subscriber sends the same text).
+    pub data: Box<RawValue>,
+}
+
+impl Event {
+    /// The payload as a JSON tree.
+    pub fn data_value(&self) -> Value {
+        serde_json::from_str(self.data.get()).unwrap_or(Value::Null)
+    }
 }
 
 pub struct EventBus {
@@ -51,7 +61,14 @@ impl EventBus {
     }
 
     /// Publishes an event to every current subscriber and the activity feed.
-    pub fn publish(&self, name: &'static str, data: Value) {
+    pub fn publish<T: Serialize + ?Sized>(&self, name: &'static str, data: &T) {
+        let data = match serde_json::value::to_raw_value(data) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(event = name, error = %e, "event payload not serializable");
+                return;
+            }
+        };
         let event = Arc::new(Event {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             name,
@@ -96,7 +113,7 @@ mod tests {
         let bus = EventBus::new(4);
         let mut slow = bus.subscribe();
         for i in 0..10 {
-            bus.publish("system:error", json!({"i": i}));
+            bus.publish("system:error", &json!({"i": i}));
         }
         assert!(matches!(
             slow.recv().await,
@@ -104,7 +121,11 @@ mod tests {
         ));
         let recent = bus.recent(3);
         assert_eq!(recent.len(), 3);
-        assert_eq!(recent[0].data, json!({"i": 9}));
+        assert_eq!(recent[0].data_value(), json!({"i": 9}));
+        assert_eq!(
+            serde_json::to_value(&*recent[0]).unwrap(),
+            json!({"seq": 10, "event": "system:error", "ts": recent[0].ts, "data": {"i": 9}})
+        );
         assert_eq!(recent[0].seq, 10);
     }
 }

@@ -121,6 +121,65 @@ fn canonical(v: &Value) -> String {
     sort(v).to_string()
 }
 
+/// The payloads of the events every turn publishes (typed: serialized once, no JSON tree).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageReceived<'a> {
+    agent_id: &'a str,
+    session_key: Option<&'a str>,
+    streaming: bool,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageSent<'a> {
+    agent_id: &'a str,
+    session_key: Option<&'a str>,
+    finish_reason: &'a str,
+    model: &'a str,
+    steps: u32,
+    tokens_used: Tokens,
+}
+
+#[derive(serde::Serialize)]
+struct Tokens {
+    input: u64,
+    output: u64,
+    total: u64,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TokenUsage<'a> {
+    agent_id: &'a str,
+    provider: &'a str,
+    model: &'a str,
+    operation: &'a str,
+    input_tokens: i64,
+    output_tokens: i64,
+    cached_tokens: i64,
+    cost_usd: f64,
+    latency_ms: i64,
+    ok: bool,
+}
+
+impl<'a> TokenUsage<'a> {
+    fn of(row: &'a UsageRow) -> Self {
+        Self {
+            agent_id: &row.agent_id,
+            provider: &row.provider,
+            model: &row.model,
+            operation: &row.operation,
+            input_tokens: row.input_tokens,
+            output_tokens: row.output_tokens,
+            cached_tokens: row.cached_tokens,
+            cost_usd: row.cost_usd,
+            latency_ms: row.latency_ms,
+            ok: row.ok,
+        }
+    }
+}
+
 /// Whom a model call's usage is recorded for.
 pub(crate) struct CallFor<'a> {
     pub agent_id: &'a str,
@@ -152,7 +211,11 @@ impl Engine {
         let session_key = req.session.as_ref().map(|s| s.key.clone());
         self.emit(
             "message:received",
-            json!({"agentId": agent.id, "sessionKey": session_key, "streaming": req.sink.is_some()}),
+            MessageReceived {
+                agent_id: &agent.id,
+                session_key: session_key.as_deref(),
+                streaming: req.sink.is_some(),
+            },
         );
         let snap = self.providers.snapshot();
         let primary = req
@@ -387,15 +450,18 @@ impl Engine {
         }
         self.emit(
             "message:sent",
-            json!({
-                "agentId": agent.id,
-                "sessionKey": session_key,
-                "finishReason": out.finish.as_str(),
-                "model": out.model,
-                "steps": out.steps,
-                "tokensUsed": {"input": out.input_tokens, "output": out.output_tokens,
-                               "total": out.input_tokens + out.output_tokens},
-            }),
+            MessageSent {
+                agent_id: &agent.id,
+                session_key: session_key.as_deref(),
+                finish_reason: out.finish.as_str(),
+                model: &out.model,
+                steps: out.steps,
+                tokens_used: Tokens {
+                    input: out.input_tokens,
+                    output: out.output_tokens,
+                    total: out.input_tokens + out.output_tokens,
+                },
+            },
         );
         Ok(out)
     }
@@ -476,18 +542,10 @@ impl Engine {
                 ok: result.is_ok(),
                 error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
             };
-            if let Err(e) = self.store.usage_record(row.clone()) {
+            self.emit("observability:token_usage", TokenUsage::of(&row));
+            if let Err(e) = self.store.usage_record(row) {
                 tracing::error!(error = %e, "usage not recorded");
             }
-            self.emit(
-                "observability:token_usage",
-                json!({
-                    "agentId": row.agent_id, "provider": row.provider, "model": row.model,
-                    "operation": row.operation, "inputTokens": row.input_tokens,
-                    "outputTokens": row.output_tokens, "cachedTokens": row.cached_tokens,
-                    "costUsd": row.cost_usd, "latencyMs": row.latency_ms, "ok": row.ok,
-                }),
-            );
             match result {
                 Ok(response) => return Ok(Called { response, model }),
                 Err(e) if e.kind == ErrorKind::Cancelled => return Err(e),

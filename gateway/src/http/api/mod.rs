@@ -48,7 +48,7 @@ fn event_out(e: &crate::events::Event) -> EventOut {
         seq: e.seq,
         event: e.name.to_owned(),
         ts: e.ts,
-        data: Any(e.data.clone()),
+        data: Any(e.data_value()),
     }
 }
 
@@ -388,7 +388,7 @@ impl RestApi {
                     _ = ticker.tick() => sse::comment("keep-alive"),
                     r = rx.recv() => match r {
                         Ok(ev) => {
-                            let json = serde_json::to_string(&event_out(&ev)).unwrap_or_default();
+                            let json = serde_json::to_string(&*ev).unwrap_or_default();
                             sse::frame(Some(ev.name), &json)
                         }
                         Err(RecvError::Lagged(missed)) => {
