@@ -9,6 +9,7 @@ pub mod openapi;
 pub mod problem;
 pub mod security;
 pub mod sse;
+pub mod strict_json;
 pub mod turns;
 pub mod v1;
 

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::http::problem::{Problem, V1Error};
 use crate::http::security::V1Auth;
+use crate::http::strict_json::StrictJson;
 use crate::runtime::embed::EmbedError;
 use crate::state::AppState;
 use types::*;
@@ -78,7 +79,7 @@ impl V1Api {
         &self,
         auth: V1Auth,
         Data(state): Data<&Arc<AppState>>,
-        body: Json<ChatCompletionRequest>,
+        body: StrictJson<ChatCompletionRequest>,
     ) -> Result<chat::ChatCompletionResponse, V1Error> {
         chat::complete(state, &auth.0, body.0).await
     }

@@ -7,12 +7,15 @@ use poem_openapi::types::Any;
 use poem_openapi::{Enum, Object};
 
 use crate::http::either::either;
-use serde::Serialize;
+use crate::http::problem::Problem;
+use crate::http::strict_json::Validate;
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 /// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum, Deserialize)]
 #[oai(rename_all = "lowercase", rename = "ChatRole")]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     System,
     User,
@@ -21,15 +24,22 @@ pub enum Role {
 
 /// One block of a content array. Only `text` blocks are supported; `image_url` is refused
 /// with a 400 that says so.
-#[derive(Debug, Clone, PartialEq, Object, Serialize)]
+#[derive(Debug, Clone, PartialEq, Object, Serialize, Deserialize)]
 #[oai(rename = "ChatContentPart")]
 pub struct ContentPart {
     /// `text` (or `image_url`, which this endpoint refuses).
     #[oai(rename = "type")]
     #[serde(rename = "type")]
     pub kind: String,
+    #[serde(default)]
     pub text: Option<String>,
+    #[serde(default, deserialize_with = "any_value")]
     pub image_url: Option<Any<Value>>,
+}
+
+/// Any JSON value (`Any` has no serde of its own for reading).
+fn any_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Any<Value>>, D::Error> {
+    Option::<Value>::deserialize(d).map(|v| v.map(Any))
 }
 
 either! {
@@ -37,35 +47,90 @@ either! {
     Content as "ChatContent" { Text(String), Parts(Vec<ContentPart>) }
 }
 
-#[derive(Debug, Clone, Object)]
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Text(String),
+            Parts(Vec<ContentPart>),
+        }
+        Wire::deserialize(d).map(|w| match w {
+            Wire::Text(t) => Self::Text(t),
+            Wire::Parts(p) => Self::Parts(p),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Object, Deserialize)]
 #[oai(rename = "ChatMessage", deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct ChatMessageIn {
     pub role: Role,
     pub content: Content,
 }
 
-#[derive(Debug, Clone, Object)]
+#[derive(Debug, Clone, Object, Deserialize)]
 #[oai(rename = "StreamOptions", deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     /// Adds a chunk with empty `choices` and the token usage before `[DONE]`.
+    #[serde(default)]
     pub include_usage: Option<bool>,
 }
 
+// Parsed with serde (`http::strict_json`); the validators below document the rules that its
+// `Validate` impl applies.
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Object)]
+#[derive(Debug, Clone, Object, Deserialize)]
 #[oai(rename = "ChatCompletionRequest", deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {
     /// `<provider>/<model>`, a bare model id, an alias, or an agent id.
     #[oai(validator(min_length = 1))]
     pub model: String,
     #[oai(validator(min_items = 1))]
     pub messages: Vec<ChatMessageIn>,
+    #[serde(default)]
     pub stream: Option<bool>,
     #[oai(validator(minimum(value = "0"), maximum(value = "2")))]
+    #[serde(default)]
     pub temperature: Option<f64>,
     #[oai(validator(minimum(value = "1"), maximum(value = "4294967295")))]
+    #[serde(default)]
     pub max_tokens: Option<u64>,
+    #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+}
+
+impl Validate for ChatCompletionRequest {
+    fn validate(&self) -> Result<(), Problem> {
+        if self.model.is_empty() {
+            return Err(Problem::invalid_param("model", "'model' must not be empty"));
+        }
+        if self.messages.is_empty() {
+            return Err(Problem::invalid_param(
+                "messages",
+                "'messages' must hold at least one message",
+            ));
+        }
+        if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+            return Err(Problem::invalid_param(
+                "temperature",
+                "'temperature' must be between 0 and 2",
+            ));
+        }
+        if self
+            .max_tokens
+            .is_some_and(|m| !(1..=u64::from(u32::MAX)).contains(&m))
+        {
+            return Err(Problem::invalid_param(
+                "max_tokens",
+                "'max_tokens' must be an integer from 1 to 4294967295",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Object, Serialize)]
