@@ -39,7 +39,14 @@ fn run_once(model: &ChatModel, req: &ChatRequest) -> Result<Run, String> {
     let (resp, first, last) = std::thread::scope(|s| {
         let gen = s.spawn(|| {
             let mut weights = model.weights.blocking_lock();
-            let r = model.generate(&mut weights, &prompt, max_new, None, Some(&tx), &cancel);
+            let r = model.generate(
+                &mut weights,
+                &prompt,
+                max_new,
+                None,
+                Some(&tx.clone().into()),
+                &cancel,
+            );
             drop(tx);
             r
         });

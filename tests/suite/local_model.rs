@@ -108,7 +108,10 @@ async fn greedy_chat_answers_and_streams_its_text() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let req = ask("What is the capital of France?", 24);
-    let resp = p.chat(&req, Some(&tx), &cancel).await.unwrap();
+    let resp = p
+        .chat(&req, Some(&tx.clone().into()), &cancel)
+        .await
+        .unwrap();
     drop(tx);
     let mut streamed = String::new();
     let mut pieces = 0;
@@ -193,7 +196,8 @@ async fn cancellation_stops_generation() {
         cancel.cancel();
     };
     let started = std::time::Instant::now();
-    let (result, ()) = tokio::join!(p.chat(&req, Some(&tx), &cancel), canceller);
+    let sink = tx.clone().into();
+    let (result, ()) = tokio::join!(p.chat(&req, Some(&sink), &cancel), canceller);
     let err = result.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Cancelled, "{err}");
     assert!(started.elapsed() < Duration::from_secs(60));

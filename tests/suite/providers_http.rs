@@ -388,7 +388,7 @@ async fn chat_streamed(
 ) -> (Result<ChatResponse, ProviderError>, Vec<String>) {
     let cancel = CancellationToken::new();
     let (tx, mut rx) = unbounded_channel();
-    let result = timeout(STEP, provider.chat(req, Some(&tx), &cancel))
+    let result = timeout(STEP, provider.chat(req, Some(&tx.clone().into()), &cancel))
         .await
         .expect("chat finished in time");
     drop(tx);
@@ -414,7 +414,8 @@ async fn check_cancel_mid_stream(provider: &dyn Provider, fixture: &Fixture, req
         (first, Instant::now())
     };
     let (result, (first, cancelled_at)) = timeout(STEP, async {
-        tokio::join!(provider.chat(req, Some(&tx), &cancel), canceller)
+        let sink = tx.clone().into();
+        tokio::join!(provider.chat(req, Some(&sink), &cancel), canceller)
     })
     .await
     .expect("cancelled call ended");

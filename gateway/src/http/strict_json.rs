@@ -42,22 +42,34 @@ fn param_of(path: &serde_path_to_error::Path) -> Option<String> {
     (text != "." && !text.is_empty()).then_some(text)
 }
 
-/// Parses `bytes` into `T` and applies its rules.
+/// Parses `bytes` into `T` and applies its rules. The path of a failure is found by a second
+/// parse that tracks it, so a good body is read once without that bookkeeping.
 pub fn parse<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, Problem> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let message = format!("Invalid request: {}", e.inner());
-        match param_of(e.path()) {
-            Some(param) if !e.inner().is_syntax() && !e.inner().is_eof() => {
-                Problem::invalid_param(&param, message)
-            }
-            _ => Problem::bad_request(message),
-        }
-    })?;
-    de.end()
-        .map_err(|e| Problem::bad_request(format!("Invalid request: {e}")))?;
+    let value: T = match serde_json::from_slice(bytes) {
+        Ok(v) => v,
+        Err(_) => return Err(refusal::<T>(bytes)),
+    };
     value.validate()?;
     Ok(value)
+}
+
+/// Why `bytes` is not a `T`, naming the offending member's path when there is one.
+fn refusal<T: DeserializeOwned>(bytes: &[u8]) -> Problem {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let e = match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(_) => match de.end() {
+            Ok(()) => return Problem::bad_request("Invalid request"),
+            Err(e) => return Problem::bad_request(format!("Invalid request: {e}")),
+        },
+        Err(e) => e,
+    };
+    let message = format!("Invalid request: {}", e.inner());
+    match param_of(e.path()) {
+        Some(param) if !e.inner().is_syntax() && !e.inner().is_eof() => {
+            Problem::invalid_param(&param, message)
+        }
+        _ => Problem::bad_request(message),
+    }
 }
 
 impl<T: Type + DeserializeOwned + Validate> ParsePayload for StrictJson<T> {

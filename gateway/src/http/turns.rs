@@ -87,7 +87,7 @@ impl StreamingTurn {
     fn start(engine: Arc<Engine>, mut req: TurnRequest) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
-        req.sink = Some(tx);
+        req.sink = Some(tx.into());
         req.cancel = cancel.clone();
         let done = tokio::spawn(async move { engine.run_turn(req).await });
         Self {

@@ -48,17 +48,30 @@ either! {
 }
 
 impl<'de> Deserialize<'de> for Content {
+    /// A string or an array of blocks, read in place (no buffering to try each shape).
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Wire {
-            Text(String),
-            Parts(Vec<ContentPart>),
+        struct Shape;
+        impl<'de> serde::de::Visitor<'de> for Shape {
+            type Value = Content;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of content blocks")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Content, E> {
+                Ok(Content::Text(v.to_owned()))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Content, E> {
+                Ok(Content::Text(v))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Content, A::Error> {
+                Vec::<ContentPart>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(Content::Parts)
+            }
         }
-        Wire::deserialize(d).map(|w| match w {
-            Wire::Text(t) => Self::Text(t),
-            Wire::Parts(p) => Self::Parts(p),
-        })
+        d.deserialize_any(Shape)
     }
 }
 

@@ -172,8 +172,44 @@ pub struct ChatResponse {
 }
 
 /// Receives text deltas while a call streams. Sending never blocks; a closed receiver is
-/// ignored (the call still completes so its usage is recorded).
-pub type DeltaSink = tokio::sync::mpsc::UnboundedSender<String>;
+/// ignored (the call still completes so its usage is recorded). A sink knows whether it has
+/// passed a delta on: a retry must not repeat text the caller already has.
+#[derive(Debug, Clone)]
+pub struct DeltaSink {
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DeltaSink {
+    pub fn new(tx: tokio::sync::mpsc::UnboundedSender<String>) -> Self {
+        Self {
+            tx,
+            sent: std::sync::Arc::default(),
+        }
+    }
+
+    /// Passes a delta on.
+    pub fn send(&self, text: String) -> Result<(), tokio::sync::mpsc::error::SendError<String>> {
+        self.sent.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.tx.send(text)
+    }
+
+    /// A sink to the same receiver that counts only its own deltas (one per attempt).
+    pub fn attempt(&self) -> Self {
+        Self::new(self.tx.clone())
+    }
+
+    /// Whether a delta went through this sink.
+    pub fn sent_any(&self) -> bool {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl From<tokio::sync::mpsc::UnboundedSender<String>> for DeltaSink {
+    fn from(tx: tokio::sync::mpsc::UnboundedSender<String>) -> Self {
+        Self::new(tx)
+    }
+}
 
 /// Embedding vectors, one per input, and the tokens used.
 #[derive(Debug, Clone, PartialEq)]

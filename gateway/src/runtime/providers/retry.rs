@@ -2,8 +2,6 @@
 //! attempts. A streaming call is retried only while it has not sent any delta yet (a caller
 //! must never see text twice).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -57,25 +55,10 @@ pub async fn chat_with_retry(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        // Forward deltas through a relay so we know whether any reached the caller.
-        let sent = Arc::new(AtomicBool::new(false));
-        let (relay, forward) = match sink {
-            Some(out) => {
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-                let out = out.clone();
-                let sent = sent.clone();
-                let task = tokio::spawn(async move {
-                    while let Some(d) = rx.recv().await {
-                        sent.store(true, Ordering::SeqCst);
-                        let _ = out.send(d);
-                    }
-                });
-                (Some(tx), Some(task))
-            }
-            None => (None, None),
-        };
+        // A fresh sink per attempt: it tells whether this attempt's deltas reached the caller.
+        let attempt_sink = sink.map(DeltaSink::attempt);
         let result = tokio::select! {
-            r = tokio::time::timeout(policy.timeout, provider.chat(req, relay.as_ref(), cancel)) => match r {
+            r = tokio::time::timeout(policy.timeout, provider.chat(req, attempt_sink.as_ref(), cancel)) => match r {
                 Ok(r) => r,
                 Err(_) => Err(ProviderError::new(
                     ErrorKind::Timeout,
@@ -84,16 +67,13 @@ pub async fn chat_with_retry(
             },
             () = cancel.cancelled() => Err(ProviderError::new(ErrorKind::Cancelled, "cancelled")),
         };
-        drop(relay);
-        if let Some(task) = forward {
-            let _ = task.await;
-        }
+        let sent = attempt_sink.as_ref().is_some_and(DeltaSink::sent_any);
         match result {
             Ok(r) => return (Ok(r), attempt),
             Err(e) => {
                 let again = e.retryable()
                     && attempt <= policy.max_retries
-                    && !sent.load(Ordering::SeqCst)
+                    && !sent
                     && !cancel.is_cancelled();
                 if !again {
                     return (Err(e), attempt);
@@ -113,5 +93,123 @@ pub async fn chat_with_retry(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::super::{BoxFuture, Embeddings, StopReason, Usage};
+    use super::*;
+
+    /// Fails its first `fail` attempts with a retryable error, sending `delta` first when set;
+    /// then answers "ok".
+    struct Flaky {
+        fail: u32,
+        delta_before_failing: bool,
+        calls: AtomicU32,
+    }
+
+    impl Provider for Flaky {
+        fn chat<'a>(
+            &'a self,
+            _req: &'a ChatRequest,
+            sink: Option<&'a DeltaSink>,
+            _cancel: &'a CancellationToken,
+        ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
+            Box::pin(async move {
+                let n = self.calls.fetch_add(1, Ordering::SeqCst);
+                if n < self.fail {
+                    if self.delta_before_failing {
+                        if let Some(s) = sink {
+                            let _ = s.send("partial".into());
+                        }
+                    }
+                    return Err(ProviderError::new(ErrorKind::Network, "reset"));
+                }
+                if let Some(s) = sink {
+                    let _ = s.send("ok".into());
+                }
+                Ok(ChatResponse {
+                    content: "ok".into(),
+                    tool_calls: Vec::new(),
+                    usage: Usage::default(),
+                    stop: StopReason::Stop,
+                })
+            })
+        }
+
+        fn embed<'a>(
+            &'a self,
+            _model: &'a str,
+            _inputs: &'a [String],
+            _cancel: &'a CancellationToken,
+        ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+            Box::pin(async { Err(ProviderError::new(ErrorKind::InvalidRequest, "no")) })
+        }
+    }
+
+    fn request() -> ChatRequest {
+        ChatRequest {
+            model: "m".into(),
+            system: None,
+            messages: Vec::new(),
+            tools: Vec::new(),
+            max_tokens: None,
+            temperature: None,
+        }
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            base_backoff: Duration::from_millis(1),
+            ..RetryPolicy::new(2, Duration::from_secs(5))
+        }
+    }
+
+    async fn run(p: &Flaky) -> (Result<ChatResponse, ProviderError>, u32, Vec<String>) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink = DeltaSink::new(tx);
+        let (result, attempts) = chat_with_retry(
+            p,
+            &request(),
+            Some(&sink),
+            policy(),
+            &CancellationToken::new(),
+        )
+        .await;
+        drop(sink);
+        let mut deltas = Vec::new();
+        while let Some(d) = rx.recv().await {
+            deltas.push(d);
+        }
+        (result, attempts, deltas)
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_failed_before_its_first_delta_is_retried() {
+        let p = Flaky {
+            fail: 2,
+            delta_before_failing: false,
+            calls: AtomicU32::new(0),
+        };
+        let (result, attempts, deltas) = run(&p).await;
+        assert_eq!(result.unwrap().content, "ok");
+        assert_eq!(attempts, 3);
+        assert_eq!(deltas, ["ok"]);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_sent_text_is_never_retried() {
+        let p = Flaky {
+            fail: 1,
+            delta_before_failing: true,
+            calls: AtomicU32::new(0),
+        };
+        let (result, attempts, deltas) = run(&p).await;
+        assert_eq!(result.unwrap_err().kind, ErrorKind::Network);
+        assert_eq!(attempts, 1);
+        assert_eq!(deltas, ["partial"]);
     }
 }
