@@ -67,6 +67,21 @@ pub enum BodyError {
     Io,
 }
 
+/// Reads a body under the gateway's limits (`httpBodyLimitBytes`, `bodyReadTimeoutMs`).
+pub async fn read_gateway_body(
+    req: &poem::Request,
+    body: poem::Body,
+    g: &crate::config::GatewayConfig,
+) -> Result<Bytes, BodyError> {
+    read_body(
+        req,
+        body,
+        g.http_body_limit_bytes,
+        Duration::from_millis(g.body_read_timeout_ms),
+    )
+    .await
+}
+
 /// Reads a request body, refusing it as soon as more than `limit` bytes have arrived (or are
 /// announced), and giving up after `deadline`.
 pub async fn read_body(

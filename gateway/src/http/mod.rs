@@ -14,14 +14,14 @@ pub mod turns;
 pub mod v1;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use poem::endpoint::StaticFilesEndpoint;
 use poem::web::Redirect;
 use poem::{get, handler, post, Endpoint, EndpointExt, IntoResponse, Request, Response, Route};
 
 use crate::state::AppState;
-use limits::{read_body, BodyError};
+use limits::{read_gateway_body, BodyError};
 use problem::{Area, Problem};
 
 /// A JSON error body `{error: <message>}` with a status (for the routes outside the typed
@@ -40,14 +40,7 @@ fn to_dashboard() -> Redirect {
 async fn buffer_body(state: &AppState, req: &mut Request) -> Result<(), Response> {
     let g = &state.config.gateway;
     let body = req.take_body();
-    let refusal = match read_body(
-        req,
-        body,
-        g.http_body_limit_bytes,
-        Duration::from_millis(g.body_read_timeout_ms),
-    )
-    .await
-    {
+    let refusal = match read_gateway_body(req, body, g).await {
         Ok(bytes) => {
             req.set_body(bytes);
             return Ok(());

@@ -1,7 +1,6 @@
 //! POST /rpc: JSON-RPC over HTTP with a bearer token.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use poem::web::Data;
 use poem::{IntoResponse, Request, Response};
@@ -10,7 +9,7 @@ use serde_json::Value;
 use super::envelope::{handle_text, Reply};
 use super::RpcError;
 use crate::http::json_error;
-use crate::http::limits::{read_body, BodyError};
+use crate::http::limits::{read_gateway_body, BodyError};
 use crate::state::AppState;
 
 fn rpc_body(status: http::StatusCode, v: Value) -> Response {
@@ -32,14 +31,7 @@ pub async fn handle(
         return r;
     };
     let g = &state.config.gateway;
-    let body = match read_body(
-        req,
-        body,
-        g.http_body_limit_bytes,
-        Duration::from_millis(g.body_read_timeout_ms),
-    )
-    .await
-    {
+    let body = match read_gateway_body(req, body, g).await {
         Ok(b) => b,
         Err(BodyError::TooLarge) => {
             return rpc_body(
