@@ -58,18 +58,31 @@ async fn buffer_body(state: &AppState, req: &mut Request) -> Result<(), Response
     Err(refusal.into_area_response(Area::of(req.uri().path())))
 }
 
-/// The path prefixes poem-openapi serves (their POST bodies are read by [`buffer_body`]).
+/// The paths poem-openapi serves: `/health` itself and everything under each prefix. The
+/// route tree is mounted from this list and [`front`] reads the POST bodies of exactly these
+/// paths, so the two cannot disagree.
 struct TypedPaths {
-    api: bool,
+    prefixes: Vec<&'static str>,
 }
 
 impl TypedPaths {
+    const EXACT: &'static str = "/health";
+
+    fn new(web_enabled: bool) -> Self {
+        let mut prefixes = vec!["/v1", "/media"];
+        // The REST API exists only while `gateway.web.enabled`; elsewhere /api/* is a plain 404.
+        if web_enabled {
+            prefixes.push("/api");
+        }
+        Self { prefixes }
+    }
+
     fn contains(&self, path: &str) -> bool {
-        let under = |prefix: &str| {
-            path.strip_prefix(prefix)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        };
-        path == "/health" || under("/v1") || under("/media") || (self.api && under("/api"))
+        path == Self::EXACT
+            || self.prefixes.iter().any(|prefix| {
+                path.strip_prefix(prefix)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            })
     }
 }
 
@@ -149,20 +162,44 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
             );
         }
     }
-    // One instance of the typed API behind every prefix it serves (no wrapper of its own:
+    // One instance of the typed API behind every path it serves (no wrapper of its own:
     // `front` reads its bodies and maps its errors).
     let typed = Arc::new(poem::IntoEndpoint::into_endpoint(service));
-    // The REST API exists only while `gateway.web.enabled`; elsewhere /api/* is a plain 404.
-    if web.enabled {
-        route = route.nest_no_strip("/api", typed.clone());
+    let paths = Arc::new(TypedPaths::new(web.enabled));
+    route = route.at(TypedPaths::EXACT, typed.clone());
+    for prefix in &paths.prefixes {
+        route = route.nest_no_strip(*prefix, typed.clone());
     }
-    let route = route
-        .at("/health", typed.clone())
-        .nest_no_strip("/media", typed.clone())
-        .nest_no_strip("/v1", typed);
-    let paths = Arc::new(TypedPaths { api: web.enabled });
     let route = Arc::new(route.data(state.clone()));
     poem::endpoint::make(move |req: Request| {
         front(route.clone(), state.clone(), paths.clone(), req)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TypedPaths;
+
+    #[test]
+    fn typed_paths_are_whole_segments() {
+        let on = TypedPaths::new(true);
+        for p in [
+            "/health",
+            "/v1",
+            "/v1/chat/completions",
+            "/media/x",
+            "/api",
+            "/api/agents",
+        ] {
+            assert!(on.contains(p), "{p}");
+        }
+        for p in [
+            "/healthz", "/v10", "/v1x/a", "/rpc", "/hooks/x", "/", "/apix",
+        ] {
+            assert!(!on.contains(p), "{p}");
+        }
+        let off = TypedPaths::new(false);
+        assert!(!off.contains("/api/agents"));
+        assert!(off.contains("/v1/models"));
+    }
 }
