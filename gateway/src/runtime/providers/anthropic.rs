@@ -159,6 +159,10 @@ impl Provider for AnthropicProvider {
         Box::pin(self.http.run(cancel, self.chat_once(req, sink)))
     }
 
+    fn bounds_its_calls(&self) -> bool {
+        true
+    }
+
     fn embed<'a>(
         &'a self,
         _model: &'a str,

@@ -324,6 +324,13 @@ pub trait Provider: Send + Sync {
         cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>>;
 
+    /// Whether the provider itself ends each call at its timeout and on cancellation (the
+    /// HTTP providers do); the retry layer then adds no timer and no cancellation watch of
+    /// its own around the call.
+    fn bounds_its_calls(&self) -> bool {
+        false
+    }
+
     /// Embeddings of each input, in order.
     fn embed<'a>(
         &'a self,

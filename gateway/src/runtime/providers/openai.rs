@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -197,6 +197,10 @@ impl Provider for OpenAiProvider {
         Box::pin(self.http.run(cancel, self.chat_once(req, sink)))
     }
 
+    fn bounds_its_calls(&self) -> bool {
+        true
+    }
+
     fn embed<'a>(
         &'a self,
         model: &'a str,
@@ -207,72 +211,133 @@ impl Provider for OpenAiProvider {
     }
 }
 
-/// The Chat Completions request body.
-fn request_body(req: &ChatRequest, stream: bool) -> Value {
-    let mut messages = Vec::with_capacity(req.messages.len() + 1);
-    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
-        messages.push(json!({"role": "system", "content": system}));
-    }
-    messages.extend(req.messages.iter().map(wire_message));
-    let mut body = Map::new();
-    body.insert("model".into(), json!(req.model));
-    body.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({"type": "function", "function": {
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": tool.parameters,
-                }})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(max) = req.max_tokens {
-        body.insert("max_tokens".into(), json!(max));
-    }
-    if let Some(temperature) = req.temperature {
-        body.insert("temperature".into(), json!(temperature));
-    }
-    if stream {
-        body.insert("stream".into(), json!(true));
-        body.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    Value::Object(body)
+/// The Chat Completions request, serialized straight from the call's own data (borrowed,
+/// no intermediate JSON tree).
+#[derive(Serialize)]
+struct OutRequest<'a> {
+    model: &'a str,
+    messages: Vec<OutMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<OutTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
 }
 
-fn wire_message(message: &ChatMessage) -> Value {
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum OutMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        /// None (JSON null) for a message that only calls tools.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<OutToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct OutToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunctionCall<'a> {
+    name: &'a str,
+    arguments: String,
+}
+
+#[derive(Serialize)]
+struct OutTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+fn request_body(req: &ChatRequest, stream: bool) -> OutRequest<'_> {
+    let mut messages = Vec::with_capacity(req.messages.len() + 1);
+    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(OutMessage::System { content: system });
+    }
+    messages.extend(req.messages.iter().map(wire_message));
+    OutRequest {
+        model: &req.model,
+        messages,
+        tools: req
+            .tools
+            .iter()
+            .map(|tool| OutTool {
+                kind: "function",
+                function: OutFunction {
+                    name: &tool.name,
+                    description: &tool.description,
+                    parameters: &tool.parameters,
+                },
+            })
+            .collect(),
+        max_tokens: req.max_tokens,
+        temperature: req.temperature,
+        stream,
+        stream_options: stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
+    }
+}
+
+fn wire_message(message: &ChatMessage) -> OutMessage<'_> {
     match message.role {
-        Role::User => json!({"role": "user", "content": message.content}),
-        Role::Assistant if message.tool_calls.is_empty() => {
-            json!({"role": "assistant", "content": message.content})
-        }
-        Role::Assistant => {
-            let calls: Vec<Value> = message
+        Role::User => OutMessage::User {
+            content: &message.content,
+        },
+        Role::Assistant => OutMessage::Assistant {
+            content: (!message.content.is_empty() || message.tool_calls.is_empty())
+                .then_some(message.content.as_str()),
+            tool_calls: message
                 .tool_calls
                 .iter()
-                .map(|call| {
-                    json!({"id": call.id, "type": "function", "function": {
-                        "name": call.name,
-                        "arguments": arguments_string(&call.arguments),
-                    }})
+                .map(|call| OutToolCall {
+                    id: &call.id,
+                    kind: "function",
+                    function: OutFunctionCall {
+                        name: &call.name,
+                        arguments: arguments_string(&call.arguments),
+                    },
                 })
-                .collect();
-            let content = if message.content.is_empty() {
-                Value::Null
-            } else {
-                json!(message.content)
-            };
-            json!({"role": "assistant", "content": content, "tool_calls": calls})
-        }
-        Role::Tool => json!({
-            "role": "tool",
-            "tool_call_id": message.tool_call_id.as_deref().unwrap_or_default(),
-            "content": message.content,
-        }),
+                .collect(),
+        },
+        Role::Tool => OutMessage::Tool {
+            tool_call_id: message.tool_call_id.as_deref().unwrap_or_default(),
+            content: &message.content,
+        },
     }
 }
 
@@ -575,7 +640,7 @@ mod tests {
             max_tokens: Some(10),
             temperature: None,
         };
-        let body = request_body(&req, false);
+        let body = serde_json::to_value(request_body(&req, false)).unwrap();
         assert_eq!(
             body["messages"][0],
             json!({"role": "system", "content": "be brief"})
@@ -593,6 +658,25 @@ mod tests {
         assert_eq!(body["max_tokens"], json!(10));
         assert!(body.get("temperature").is_none());
         assert!(body.get("stream").is_none());
+    }
+
+    #[test]
+    fn streaming_body_asks_for_usage_and_sends_numbers_as_given() {
+        let req = ChatRequest {
+            model: "m".into(),
+            system: Some(String::new()),
+            messages: vec![
+                ChatMessage::user("hi"),
+                ChatMessage::assistant("", Vec::new()),
+            ],
+            tools: Vec::new(),
+            max_tokens: None,
+            temperature: Some(0.7),
+        };
+        assert_eq!(
+            serde_json::to_string(&request_body(&req, true)).unwrap(),
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":""}],"temperature":0.7,"stream":true,"stream_options":{"include_usage":true}}"#
+        );
     }
 
     #[test]

@@ -57,15 +57,11 @@ pub async fn chat_with_retry(
         attempt += 1;
         // A fresh sink per attempt: it tells whether this attempt's deltas reached the caller.
         let attempt_sink = sink.map(DeltaSink::attempt);
-        let result = tokio::select! {
-            r = tokio::time::timeout(policy.timeout, provider.chat(req, attempt_sink.as_ref(), cancel)) => match r {
-                Ok(r) => r,
-                Err(_) => Err(ProviderError::new(
-                    ErrorKind::Timeout,
-                    format!("no answer within {} ms", policy.timeout.as_millis()),
-                )),
-            },
-            () = cancel.cancelled() => Err(ProviderError::new(ErrorKind::Cancelled, "cancelled")),
+        let call = provider.chat(req, attempt_sink.as_ref(), cancel);
+        let result = if provider.bounds_its_calls() {
+            call.await
+        } else {
+            bounded(call, policy.timeout, cancel).await
         };
         let sent = attempt_sink.as_ref().is_some_and(DeltaSink::sent_any);
         match result {
@@ -93,6 +89,21 @@ pub async fn chat_with_retry(
                 }
             }
         }
+    }
+}
+
+/// `call` ended at `timeout` or when `cancel` fires, for providers that do neither themselves.
+async fn bounded(
+    call: impl std::future::Future<Output = Result<ChatResponse, ProviderError>>,
+    timeout: Duration,
+    cancel: &CancellationToken,
+) -> Result<ChatResponse, ProviderError> {
+    tokio::select! {
+        r = tokio::time::timeout(timeout, call) => r.unwrap_or_else(|_| Err(ProviderError::new(
+            ErrorKind::Timeout,
+            format!("no answer within {} ms", timeout.as_millis()),
+        ))),
+        () = cancel.cancelled() => Err(ProviderError::new(ErrorKind::Cancelled, "cancelled")),
     }
 }
 
@@ -138,6 +149,44 @@ mod tests {
                     stop: StopReason::Stop,
                 })
             })
+        }
+
+        fn embed<'a>(
+            &'a self,
+            _model: &'a str,
+            _inputs: &'a [String],
+            _cancel: &'a CancellationToken,
+        ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+            Box::pin(async { Err(ProviderError::new(ErrorKind::InvalidRequest, "no")) })
+        }
+    }
+
+    /// Answers "ok" after `delay`; `bounds` is what it says of its own deadline.
+    struct Slow {
+        delay: Duration,
+        bounds: bool,
+    }
+
+    impl Provider for Slow {
+        fn chat<'a>(
+            &'a self,
+            _req: &'a ChatRequest,
+            _sink: Option<&'a DeltaSink>,
+            _cancel: &'a CancellationToken,
+        ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.delay).await;
+                Ok(ChatResponse {
+                    content: "ok".into(),
+                    tool_calls: Vec::new(),
+                    usage: Usage::default(),
+                    stop: StopReason::Stop,
+                })
+            })
+        }
+
+        fn bounds_its_calls(&self) -> bool {
+            self.bounds
         }
 
         fn embed<'a>(
@@ -211,5 +260,42 @@ mod tests {
         assert_eq!(result.unwrap_err().kind, ErrorKind::Network);
         assert_eq!(attempts, 1);
         assert_eq!(deltas, ["partial"]);
+    }
+
+    #[tokio::test]
+    async fn the_timeout_and_cancellation_apply_only_to_providers_that_do_not_bound_their_calls() {
+        let policy = RetryPolicy::new(0, Duration::from_millis(50));
+        let slow = |bounds| Slow {
+            delay: Duration::from_millis(250),
+            bounds,
+        };
+        let (r, _) = chat_with_retry(
+            &slow(false),
+            &request(),
+            None,
+            policy,
+            &CancellationToken::new(),
+        )
+        .await;
+        let err = r.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Timeout);
+        assert_eq!(err.message, "no answer within 50 ms");
+
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let (r, _) = chat_with_retry(&slow(false), &request(), None, policy, &cancel).await;
+        assert_eq!(r.unwrap_err().kind, ErrorKind::Cancelled);
+
+        // One that bounds its own calls is left to do so (here: it answers after the policy's
+        // timeout, and nothing cut it short).
+        let (r, _) = chat_with_retry(
+            &slow(true),
+            &request(),
+            None,
+            policy,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(r.unwrap().content, "ok");
     }
 }
