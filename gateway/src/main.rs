@@ -5,6 +5,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: memory allocated on one tokio worker and freed on
+/// another (request and answer buffers hop between workers) made glibc lock the arena it
+/// came from, and the lock waits and wake-ups cost a tenth of the gateway's CPU per /v1 call
+/// (benches/v1_proxy/README.md, fourth round).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "agent-gateway",

@@ -194,7 +194,7 @@ pub fn validate_result(method: &str, result: &Value) {
     let v = jsonschema::validator_for(&schema).unwrap();
     let errors: Vec<String> = v
         .iter_errors(result)
-        .map(|e| format!("{}: {e}", e.instance_path))
+        .map(|e| format!("{}: {e}", e.instance_path()))
         .collect();
     assert!(
         errors.is_empty(),

@@ -56,7 +56,7 @@ pub fn parse_params<T: DeserializeOwned>(
         .iter_errors(&params)
         .take(MAX_REPORTED)
         .map(|e| {
-            let path = e.instance_path.to_string();
+            let path = e.instance_path().to_string();
             let at = if path.is_empty() {
                 "params".to_owned()
             } else {

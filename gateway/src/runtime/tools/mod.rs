@@ -114,7 +114,7 @@ impl Tools {
             let problems: Vec<String> = v
                 .iter_errors(args)
                 .take(3)
-                .map(|e| format!("{}: {e}", e.instance_path))
+                .map(|e| format!("{}: {e}", e.instance_path()))
                 .collect();
             if !problems.is_empty() {
                 return Err(format!("invalid arguments: {}", problems.join("; ")));
