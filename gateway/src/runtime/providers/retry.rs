@@ -115,11 +115,24 @@ mod tests {
     use super::*;
 
     /// Fails its first `fail` attempts with a retryable error, sending `delta` first when set;
-    /// then answers "ok".
+    /// then answers "ok". Each attempt first waits `delay`; `bounds` is what it says of its
+    /// own deadline.
     struct Flaky {
         fail: u32,
         delta_before_failing: bool,
         calls: AtomicU32,
+        delay: Duration,
+        bounds: bool,
+    }
+
+    fn flaky(fail: u32, delta_before_failing: bool) -> Flaky {
+        Flaky {
+            fail,
+            delta_before_failing,
+            calls: AtomicU32::new(0),
+            delay: Duration::ZERO,
+            bounds: false,
+        }
     }
 
     impl Provider for Flaky {
@@ -130,6 +143,7 @@ mod tests {
             _cancel: &'a CancellationToken,
         ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
             Box::pin(async move {
+                tokio::time::sleep(self.delay).await;
                 let n = self.calls.fetch_add(1, Ordering::SeqCst);
                 if n < self.fail {
                     if self.delta_before_failing {
@@ -142,40 +156,6 @@ mod tests {
                 if let Some(s) = sink {
                     let _ = s.send("ok".into());
                 }
-                Ok(ChatResponse {
-                    content: "ok".into(),
-                    tool_calls: Vec::new(),
-                    usage: Usage::default(),
-                    stop: StopReason::Stop,
-                })
-            })
-        }
-
-        fn embed<'a>(
-            &'a self,
-            _model: &'a str,
-            _inputs: &'a [String],
-            _cancel: &'a CancellationToken,
-        ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
-            Box::pin(async { Err(ProviderError::new(ErrorKind::InvalidRequest, "no")) })
-        }
-    }
-
-    /// Answers "ok" after `delay`; `bounds` is what it says of its own deadline.
-    struct Slow {
-        delay: Duration,
-        bounds: bool,
-    }
-
-    impl Provider for Slow {
-        fn chat<'a>(
-            &'a self,
-            _req: &'a ChatRequest,
-            _sink: Option<&'a DeltaSink>,
-            _cancel: &'a CancellationToken,
-        ) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
-            Box::pin(async move {
-                tokio::time::sleep(self.delay).await;
                 Ok(ChatResponse {
                     content: "ok".into(),
                     tool_calls: Vec::new(),
@@ -238,11 +218,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_that_failed_before_its_first_delta_is_retried() {
-        let p = Flaky {
-            fail: 2,
-            delta_before_failing: false,
-            calls: AtomicU32::new(0),
-        };
+        let p = flaky(2, false);
         let (result, attempts, deltas) = run(&p).await;
         assert_eq!(result.unwrap().content, "ok");
         assert_eq!(attempts, 3);
@@ -251,11 +227,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_that_sent_text_is_never_retried() {
-        let p = Flaky {
-            fail: 1,
-            delta_before_failing: true,
-            calls: AtomicU32::new(0),
-        };
+        let p = flaky(1, true);
         let (result, attempts, deltas) = run(&p).await;
         assert_eq!(result.unwrap_err().kind, ErrorKind::Network);
         assert_eq!(attempts, 1);
@@ -265,37 +237,30 @@ mod tests {
     #[tokio::test]
     async fn the_timeout_and_cancellation_apply_only_to_providers_that_do_not_bound_their_calls() {
         let policy = RetryPolicy::new(0, Duration::from_millis(50));
-        let slow = |bounds| Slow {
-            delay: Duration::from_millis(250),
-            bounds,
+        let call = |bounds, cancel: CancellationToken| async move {
+            let p = Flaky {
+                delay: Duration::from_millis(250),
+                bounds,
+                ..flaky(0, false)
+            };
+            chat_with_retry(&p, &request(), None, policy, &cancel)
+                .await
+                .0
         };
-        let (r, _) = chat_with_retry(
-            &slow(false),
-            &request(),
-            None,
-            policy,
-            &CancellationToken::new(),
-        )
-        .await;
-        let err = r.unwrap_err();
+        let err = call(false, CancellationToken::new()).await.unwrap_err();
         assert_eq!(err.kind, ErrorKind::Timeout);
         assert_eq!(err.message, "no answer within 50 ms");
 
-        let cancel = CancellationToken::new();
-        cancel.cancel();
-        let (r, _) = chat_with_retry(&slow(false), &request(), None, policy, &cancel).await;
-        assert_eq!(r.unwrap_err().kind, ErrorKind::Cancelled);
+        let cancelled = CancellationToken::new();
+        cancelled.cancel();
+        let err = call(false, cancelled).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Cancelled);
 
         // One that bounds its own calls is left to do so (here: it answers after the policy's
         // timeout, and nothing cut it short).
-        let (r, _) = chat_with_retry(
-            &slow(true),
-            &request(),
-            None,
-            policy,
-            &CancellationToken::new(),
-        )
-        .await;
-        assert_eq!(r.unwrap().content, "ok");
+        assert_eq!(
+            call(true, CancellationToken::new()).await.unwrap().content,
+            "ok"
+        );
     }
 }
