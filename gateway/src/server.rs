@@ -115,6 +115,9 @@ pub async fn run(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mut loaded = first;
     let mut generation = 1;
+    if let Some(problem) = crate::runtime::providers::extra_roots_problem() {
+        tracing::warn!(%problem, "HTTP providers cannot be used until the trusted roots file is fixed");
+    }
     loop {
         let state = Arc::new(build_state(loaded.clone(), generation, control.clone()).await?);
         tracing::info!(%addr, generation, "agent-gateway listening");

@@ -12,6 +12,8 @@ pub mod scripted;
 mod sse;
 mod transport;
 
+pub use transport::extra_roots_problem;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;

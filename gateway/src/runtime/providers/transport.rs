@@ -1,5 +1,6 @@
 //! HTTP plumbing shared by the remote providers (openai, anthropic): one pooled hyper client
-//! per provider (HTTP/1.1 and HTTP/2 over rustls, or plain HTTP; through `HTTPS_PROXY` /
+//! per provider (HTTP/1.1 and HTTP/2 over rustls, trusting the webpki roots and those of
+//! `SSL_CERT_FILE`, or plain HTTP; through `HTTPS_PROXY` /
 //! `HTTP_PROXY` / `ALL_PROXY` by CONNECT unless `NO_PROXY` or a loopback base URL says
 //! otherwise), the call deadline and cancellation, mapping transport failures and error
 //! answers to [`ProviderError`] (with Retry-After), and keeping the API key out of every
@@ -7,6 +8,7 @@
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,6 +25,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -104,10 +108,41 @@ impl Answer {
     }
 }
 
-/// The TLS settings: the webpki roots, HTTP/2 or HTTP/1.1 by ALPN.
-fn tls_config() -> Result<rustls::ClientConfig, String> {
+/// Names a PEM file of certificates trusted besides the built-in webpki roots (an internal
+/// CA, a TLS-inspecting proxy's CA): the variable OpenSSL, curl and Python read.
+pub const EXTRA_ROOTS_VAR: &str = "SSL_CERT_FILE";
+
+fn extra_roots_from_env() -> Option<PathBuf> {
+    std::env::var_os(EXTRA_ROOTS_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// What is wrong with the file of extra trusted roots the environment names, if it names
+/// one: until it is fixed, no HTTP provider can be built (each call says why).
+pub fn extra_roots_problem() -> Option<String> {
+    tls_config(Some(&extra_roots_from_env()?)).err()
+}
+
+/// The TLS settings: the webpki roots plus every certificate in `extra_roots`, HTTP/2 or
+/// HTTP/1.1 by ALPN. A named file that cannot be read or holds no certificate is an error
+/// (a trust setting is never ignored silently).
+fn tls_config(extra_roots: Option<&Path>) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_roots {
+        let named = || format!("{EXTRA_ROOTS_VAR}={}", path.display());
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("{}: {e}", named()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{}: {e}", named()))?;
+        if certs.is_empty() {
+            return Err(format!("{}: no PEM certificate in the file", named()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| format!("{}: {e}", named()))?;
+        }
+    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -122,12 +157,14 @@ impl Http {
     /// never reached through a proxy).
     pub(crate) fn new(settings: &ProviderSettings, base_url: &str) -> Result<Self, ProviderError> {
         let proxies = (!is_loopback(base_url)).then(Matcher::from_env);
-        Self::with_proxies(settings, proxies)
+        Self::with_network(settings, proxies, extra_roots_from_env().as_deref())
     }
 
-    fn with_proxies(
+    /// The client through `proxies`, trusting `extra_roots` besides the built-in roots.
+    fn with_network(
         settings: &ProviderSettings,
         proxies: Option<Matcher>,
+        extra_roots: Option<&Path>,
     ) -> Result<Self, ProviderError> {
         let timeout = settings.timeout;
         let mut direct = HttpConnector::new();
@@ -140,7 +177,7 @@ impl Http {
             CONNECT_TIMEOUT.min(timeout)
         }));
         let proxies = proxies.map(Arc::new);
-        let tls = tls_config().map_err(|e| {
+        let tls = tls_config(extra_roots).map_err(|e| {
             ProviderError::new(
                 ErrorKind::Unavailable,
                 format!("cannot build the TLS settings: {e}"),
@@ -638,7 +675,7 @@ mod proxy_tests {
         let matcher = Matcher::builder()
             .all(format!("http://user:secret@127.0.0.1:{proxy_port}"))
             .build();
-        let http = Http::with_proxies(&settings(), Some(matcher))
+        let http = Http::with_network(&settings(), Some(matcher), None)
             .unwrap()
             .with_header("authorization", "Bearer sk-test-key", true)
             .unwrap();
@@ -727,12 +764,130 @@ mod proxy_tests {
 
     #[test]
     fn a_header_value_that_cannot_be_sent_is_refused() {
-        let http = Http::with_proxies(&settings(), None).unwrap();
+        let http = Http::with_network(&settings(), None, None).unwrap();
         let err = http
             .with_header("x-api-key", "bad\nvalue", true)
             .map(drop)
             .unwrap_err();
         assert_eq!(err.kind, ErrorKind::InvalidRequest);
         assert!(!err.message.contains("bad"));
+    }
+}
+
+/// HTTPS to a provider, against a TLS server on loopback whose certificate (for `localhost`
+/// and 127.0.0.1) is signed by a test-only CA (`testdata/`: made for these tests with openssl,
+/// valid until 2126; the key protects nothing else).
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+    use rustls::pki_types::PrivateKeyDer;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    const CA: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/gateway/src/runtime/providers/testdata/ca.pem"
+    );
+    const SERVER_CERT: &[u8] = include_bytes!("testdata/server.pem");
+    const SERVER_KEY: &[u8] = include_bytes!("testdata/server.key");
+
+    /// A TLS server answering one JSON request (or failing the handshake); returns its port.
+    async fn tls_upstream() -> u16 {
+        let certs = CertificateDer::pem_slice_iter(SERVER_CERT)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(SERVER_KEY).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let Ok(mut tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match tls.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let body = r#"{"secure":true}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = tls.write_all(answer.as_bytes()).await;
+            let _ = tls.shutdown().await;
+        });
+        port
+    }
+
+    fn settings() -> ProviderSettings {
+        ProviderSettings {
+            id: "p".into(),
+            kind: super::super::ProviderKind::Openai,
+            base_url: None,
+            api_key: None,
+            api_key_env: None,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    async fn call(http: &Http, port: u16) -> Result<Value, ProviderError> {
+        let uri = endpoint("p", &format!("https://localhost:{port}"), "/v1/x").unwrap();
+        http.run(&CancellationToken::new(), async {
+            let a = http.post_json(&uri, &serde_json::json!({"q": 1})).await?;
+            http.json(a, "answer").await
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_server_signed_by_an_extra_root_is_trusted() {
+        let port = tls_upstream().await;
+        let http = Http::with_network(&settings(), None, Some(Path::new(CA))).unwrap();
+        assert_eq!(
+            call(&http, port).await.unwrap(),
+            serde_json::json!({"secure": true})
+        );
+    }
+
+    #[tokio::test]
+    async fn without_the_extra_root_the_certificate_is_refused() {
+        let port = tls_upstream().await;
+        let http = Http::with_network(&settings(), None, None).unwrap();
+        let err = call(&http, port).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Network);
+        assert!(err.message.contains("certificate"), "{}", err.message);
+    }
+
+    #[test]
+    fn an_unusable_roots_file_is_an_error_naming_the_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        for path in [missing, empty] {
+            let err = Http::with_network(&settings(), None, Some(&path))
+                .err()
+                .expect("refused");
+            assert_eq!(err.kind, ErrorKind::Unavailable);
+            assert!(
+                err.message
+                    .contains(&format!("SSL_CERT_FILE={}", path.display())),
+                "{}",
+                err.message
+            );
+        }
     }
 }
