@@ -325,7 +325,7 @@ impl Engine {
                 messages: messages.clone(),
                 tools: tools.clone(),
                 max_tokens: req.max_tokens,
-                temperature: req.temperature.map(|t| t as f32),
+                temperature: req.temperature,
             };
             let called = match self
                 .call_chain(

@@ -625,12 +625,13 @@ mod tests {
             messages: vec![ChatMessage::user("hi")],
             tools: vec![],
             max_tokens: None,
-            temperature: Some(0.5),
+            temperature: Some(0.7),
         };
         let body = request_body(&req, true);
         assert_eq!(body["max_tokens"], json!(DEFAULT_MAX_TOKENS));
         assert!(body.get("system").is_none());
         assert_eq!(body["stream"], json!(true));
-        assert_eq!(body["temperature"], json!(0.5));
+        // Sent as the caller gave it (an f32 on the way would send 0.699999988079071).
+        assert!(body.to_string().contains(r#""temperature":0.7"#), "{body}");
     }
 }

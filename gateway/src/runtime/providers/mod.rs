@@ -139,7 +139,7 @@ pub struct ChatRequest {
     /// Tools offered; empty means the model is called without tools.
     pub tools: Vec<ToolSpec>,
     pub max_tokens: Option<u32>,
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
 }
 
 /// Token usage of one call.

@@ -283,7 +283,7 @@ impl ChatModel {
         weights: &mut ModelWeights,
         prompt: &[u32],
         max_new: usize,
-        temperature: Option<f32>,
+        temperature: Option<f64>,
         sink: Option<&DeltaSink>,
         cancel: &CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
@@ -292,9 +292,7 @@ impl ChatModel {
             return Err(cancelled());
         }
         let sampling = match temperature {
-            Some(t) if t > 0.0 && t.is_finite() => Sampling::All {
-                temperature: f64::from(t),
-            },
+            Some(t) if t > 0.0 && t.is_finite() => Sampling::All { temperature: t },
             _ => Sampling::ArgMax,
         };
         let mut sampler = LogitsProcessor::from_sampling(SAMPLING_SEED, sampling);
