@@ -10,7 +10,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -118,10 +118,19 @@ fn extra_roots_from_env() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The TLS settings every provider shares, built once per process from the environment (the
+/// file `SSL_CERT_FILE` names is read once; a changed file takes a restart).
+fn shared_tls_config() -> Result<rustls::ClientConfig, String> {
+    static SHARED: OnceLock<Result<rustls::ClientConfig, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| tls_config(extra_roots_from_env().as_deref()))
+        .clone()
+}
+
 /// What is wrong with the file of extra trusted roots the environment names, if it names
 /// one: until it is fixed, no HTTP provider can be built (each call says why).
 pub fn extra_roots_problem() -> Option<String> {
-    tls_config(Some(&extra_roots_from_env()?)).err()
+    shared_tls_config().err()
 }
 
 /// The TLS settings: the webpki roots plus every certificate in `extra_roots`, HTTP/2 or
@@ -157,14 +166,15 @@ impl Http {
     /// never reached through a proxy).
     pub(crate) fn new(settings: &ProviderSettings, base_url: &str) -> Result<Self, ProviderError> {
         let proxies = (!is_loopback(base_url)).then(Matcher::from_env);
-        Self::with_network(settings, proxies, extra_roots_from_env().as_deref())
+        Self::with_network(settings, proxies, shared_tls_config())
     }
 
-    /// The client through `proxies`, trusting `extra_roots` besides the built-in roots.
+    /// The client through `proxies`, with the TLS settings `tls` (or the reason there are
+    /// none).
     fn with_network(
         settings: &ProviderSettings,
         proxies: Option<Matcher>,
-        extra_roots: Option<&Path>,
+        tls: Result<rustls::ClientConfig, String>,
     ) -> Result<Self, ProviderError> {
         let timeout = settings.timeout;
         let mut direct = HttpConnector::new();
@@ -177,7 +187,7 @@ impl Http {
             CONNECT_TIMEOUT.min(timeout)
         }));
         let proxies = proxies.map(Arc::new);
-        let tls = tls_config(extra_roots).map_err(|e| {
+        let tls = tls.map_err(|e| {
             ProviderError::new(
                 ErrorKind::Unavailable,
                 format!("cannot build the TLS settings: {e}"),
@@ -675,7 +685,7 @@ mod proxy_tests {
         let matcher = Matcher::builder()
             .all(format!("http://user:secret@127.0.0.1:{proxy_port}"))
             .build();
-        let http = Http::with_network(&settings(), Some(matcher), None)
+        let http = Http::with_network(&settings(), Some(matcher), tls_config(None))
             .unwrap()
             .with_header("authorization", "Bearer sk-test-key", true)
             .unwrap();
@@ -764,7 +774,7 @@ mod proxy_tests {
 
     #[test]
     fn a_header_value_that_cannot_be_sent_is_refused() {
-        let http = Http::with_network(&settings(), None, None).unwrap();
+        let http = Http::with_network(&settings(), None, tls_config(None)).unwrap();
         let err = http
             .with_header("x-api-key", "bad\nvalue", true)
             .map(drop)
@@ -855,7 +865,7 @@ mod tls_tests {
     #[tokio::test]
     async fn a_server_signed_by_an_extra_root_is_trusted() {
         let port = tls_upstream().await;
-        let http = Http::with_network(&settings(), None, Some(Path::new(CA))).unwrap();
+        let http = Http::with_network(&settings(), None, tls_config(Some(Path::new(CA)))).unwrap();
         assert_eq!(
             call(&http, port).await.unwrap(),
             serde_json::json!({"secure": true})
@@ -865,7 +875,7 @@ mod tls_tests {
     #[tokio::test]
     async fn without_the_extra_root_the_certificate_is_refused() {
         let port = tls_upstream().await;
-        let http = Http::with_network(&settings(), None, None).unwrap();
+        let http = Http::with_network(&settings(), None, tls_config(None)).unwrap();
         let err = call(&http, port).await.unwrap_err();
         assert_eq!(err.kind, ErrorKind::Network);
         assert!(err.message.contains("certificate"), "{}", err.message);
@@ -878,7 +888,7 @@ mod tls_tests {
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "not a certificate\n").unwrap();
         for path in [missing, empty] {
-            let err = Http::with_network(&settings(), None, Some(&path))
+            let err = Http::with_network(&settings(), None, tls_config(Some(&path)))
                 .err()
                 .expect("refused");
             assert_eq!(err.kind, ErrorKind::Unavailable);
