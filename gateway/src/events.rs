@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -17,24 +17,69 @@ pub const SUBSCRIBER_BUFFER: usize = 256;
 /// Events kept for the activity feed.
 pub const RECENT: usize = 100;
 
+/// What an event carries until somebody reads it: any serializable payload.
+trait Payload: Send + Sync {
+    fn to_raw(&self) -> serde_json::Result<Box<RawValue>>;
+}
+
+impl<T: Serialize + Send + Sync> Payload for T {
+    fn to_raw(&self) -> serde_json::Result<Box<RawValue>> {
+        serde_json::value::to_raw_value(self)
+    }
+}
+
 /// One published event, serialized as `/api/events` and `/api/activity` send it.
-#[derive(Debug, Serialize)]
+///
+/// The payload is kept as published and written out as JSON the first time a reader asks
+/// for it (every later reader gets the same text): most events are never read, and writing
+/// three of them per model call was a tenth of a `/v1` request's work.
 pub struct Event {
     /// Increases by one per event in this process.
     pub seq: u64,
     /// The spec's event name, e.g. `message:received`.
-    #[serde(rename = "event")]
     pub name: &'static str,
     /// Unix epoch milliseconds.
     pub ts: i64,
-    /// The payload, serialized once when published (every subscriber sends the same text).
-    pub data: Box<RawValue>,
+    payload: Box<dyn Payload>,
+    data: OnceLock<Box<RawValue>>,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("seq", &self.seq)
+            .field("name", &self.name)
+            .field("ts", &self.ts)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Event {
+    /// The payload as JSON text (`null` if it could not be serialized, which is logged).
+    pub fn data(&self) -> &RawValue {
+        self.data.get_or_init(|| {
+            self.payload.to_raw().unwrap_or_else(|e| {
+                tracing::error!(event = self.name, error = %e, "event payload not serializable");
+                RawValue::NULL.to_owned()
+            })
+        })
+    }
+
     /// The payload as a JSON tree.
     pub fn data_value(&self) -> Value {
-        serde_json::from_str(self.data.get()).unwrap_or(Value::Null)
+        serde_json::from_str(self.data().get()).unwrap_or(Value::Null)
+    }
+}
+
+impl Serialize for Event {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = s.serialize_struct("Event", 4)?;
+        out.serialize_field("seq", &self.seq)?;
+        out.serialize_field("event", self.name)?;
+        out.serialize_field("ts", &self.ts)?;
+        out.serialize_field("data", self.data())?;
+        out.end()
     }
 }
 
@@ -60,20 +105,15 @@ impl EventBus {
         }
     }
 
-    /// Publishes an event to every current subscriber and the activity feed.
-    pub fn publish<T: Serialize + ?Sized>(&self, name: &'static str, data: &T) {
-        let data = match serde_json::value::to_raw_value(data) {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::error!(event = name, error = %e, "event payload not serializable");
-                return;
-            }
-        };
+    /// Publishes an event to every current subscriber and the activity feed. The payload
+    /// is serialized when first read, not here.
+    pub fn publish<T: Serialize + Send + Sync + 'static>(&self, name: &'static str, data: T) {
         let event = Arc::new(Event {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             name,
             ts: crate::store::now_ms(),
-            data,
+            payload: Box::new(data),
+            data: OnceLock::new(),
         });
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() == RECENT {
@@ -113,7 +153,7 @@ mod tests {
         let bus = EventBus::new(4);
         let mut slow = bus.subscribe();
         for i in 0..10 {
-            bus.publish("system:error", &json!({"i": i}));
+            bus.publish("system:error", json!({"i": i}));
         }
         assert!(matches!(
             slow.recv().await,
@@ -127,5 +167,59 @@ mod tests {
             json!({"seq": 10, "event": "system:error", "ts": recent[0].ts, "data": {"i": 9}})
         );
         assert_eq!(recent[0].seq, 10);
+    }
+
+    /// Counts how often it is serialized.
+    struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Serialize for Counted {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            s.serialize_str("counted")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_payload_is_serialized_once_and_only_when_read() {
+        let bus = EventBus::new(4);
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        bus.publish("system:error", Counted(count.clone()));
+        assert_eq!(count.load(Ordering::SeqCst), 0, "nobody read it yet");
+        let mut a = bus.subscribe();
+        let mut b = bus.subscribe();
+        bus.publish("system:error", Counted(count.clone()));
+        let (ea, eb) = (a.recv().await.unwrap(), b.recv().await.unwrap());
+        assert_eq!(ea.data().get(), "\"counted\"");
+        assert_eq!(
+            serde_json::to_value(&*eb).unwrap()["data"],
+            json!("counted")
+        );
+        assert_eq!(bus.recent(1)[0].data_value(), json!("counted"));
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            1,
+            "three readers, one serialization"
+        );
+    }
+
+    /// Fails to serialize.
+    struct Broken;
+
+    impl Serialize for Broken {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("broken"))
+        }
+    }
+
+    #[test]
+    fn a_payload_that_cannot_be_serialized_reads_as_null() {
+        let bus = EventBus::new(4);
+        bus.publish("system:error", Broken);
+        let e = &bus.recent(1)[0];
+        assert_eq!(e.data().get(), "null");
+        assert_eq!(
+            serde_json::to_value(&**e).unwrap(),
+            json!({"seq": 1, "event": "system:error", "ts": e.ts, "data": null})
+        );
     }
 }

@@ -436,7 +436,7 @@ async fn event_stream_sends_retry_keepalive_events_and_drops_laggards() {
     assert!(String::from_utf8_lossy(&first).starts_with("retry: 3000"));
     let bus = &gw.running.control.events;
     for i in 0..5_000 {
-        bus.publish("system:error", &json!({"i": i, "pad": "x".repeat(200)}));
+        bus.publish("system:error", json!({"i": i, "pad": "x".repeat(200)}));
     }
     let rest = tokio::time::timeout(STEP, slow.text())
         .await

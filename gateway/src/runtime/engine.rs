@@ -98,8 +98,8 @@ fn spawn_media_sweeper(
 
 impl Engine {
     /// Publishes a system event (`/api/events`, `/api/activity`).
-    pub fn emit<T: serde::Serialize>(&self, name: &'static str, data: T) {
-        self.control.events.publish(name, &data);
+    pub fn emit<T: serde::Serialize + Send + Sync + 'static>(&self, name: &'static str, data: T) {
+        self.control.events.publish(name, data);
     }
 }
 

@@ -121,22 +121,23 @@ fn canonical(v: &Value) -> String {
     sort(v).to_string()
 }
 
-/// The payloads of the events every turn publishes (typed: serialized once, no JSON tree).
+/// The payloads of the events every turn publishes (typed: no JSON tree; the bus writes
+/// them out only when somebody reads them).
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-struct MessageReceived<'a> {
-    agent_id: &'a str,
-    session_key: Option<&'a str>,
+struct MessageReceived {
+    agent_id: String,
+    session_key: Option<String>,
     streaming: bool,
 }
 
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-struct MessageSent<'a> {
-    agent_id: &'a str,
-    session_key: Option<&'a str>,
-    finish_reason: &'a str,
-    model: &'a str,
+struct MessageSent {
+    agent_id: String,
+    session_key: Option<String>,
+    finish_reason: &'static str,
+    model: String,
     steps: u32,
     tokens_used: Tokens,
 }
@@ -150,11 +151,11 @@ struct Tokens {
 
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-struct TokenUsage<'a> {
-    agent_id: &'a str,
-    provider: &'a str,
-    model: &'a str,
-    operation: &'a str,
+struct TokenUsage {
+    agent_id: String,
+    provider: String,
+    model: String,
+    operation: String,
     input_tokens: i64,
     output_tokens: i64,
     cached_tokens: i64,
@@ -163,13 +164,13 @@ struct TokenUsage<'a> {
     ok: bool,
 }
 
-impl<'a> TokenUsage<'a> {
-    fn of(row: &'a UsageRow) -> Self {
+impl TokenUsage {
+    fn of(row: &UsageRow) -> Self {
         Self {
-            agent_id: &row.agent_id,
-            provider: &row.provider,
-            model: &row.model,
-            operation: &row.operation,
+            agent_id: row.agent_id.clone(),
+            provider: row.provider.clone(),
+            model: row.model.clone(),
+            operation: row.operation.clone(),
             input_tokens: row.input_tokens,
             output_tokens: row.output_tokens,
             cached_tokens: row.cached_tokens,
@@ -212,8 +213,8 @@ impl Engine {
         self.emit(
             "message:received",
             MessageReceived {
-                agent_id: &agent.id,
-                session_key: session_key.as_deref(),
+                agent_id: agent.id.clone(),
+                session_key: session_key.clone(),
                 streaming: req.sink.is_some(),
             },
         );
@@ -451,10 +452,10 @@ impl Engine {
         self.emit(
             "message:sent",
             MessageSent {
-                agent_id: &agent.id,
-                session_key: session_key.as_deref(),
+                agent_id: agent.id.clone(),
+                session_key,
                 finish_reason: out.finish.as_str(),
-                model: &out.model,
+                model: out.model.clone(),
                 steps: out.steps,
                 tokens_used: Tokens {
                     input: out.input_tokens,
