@@ -26,21 +26,34 @@ pub struct SessionIdent {
     pub user_id: String,
 }
 
-fn escape(part: &str) -> String {
-    part.replace('%', "%25").replace(':', "%3A")
+/// Appends `part` with `%` and `:` escaped.
+fn push_escaped(key: &mut String, part: &str) {
+    for c in part.chars() {
+        match c {
+            '%' => key.push_str("%25"),
+            ':' => key.push_str("%3A"),
+            c => key.push(c),
+        }
+    }
+}
+
+/// `agent:<agent>:<channel>:<tenant>:<user>`, each part with `%` and `:` escaped, so
+/// distinct parts never produce the same key.
+pub fn session_key(agent_id: &str, channel: &str, tenant_id: &str, user_id: &str) -> String {
+    let parts = [agent_id, channel, tenant_id, user_id];
+    let mut key = String::with_capacity(5 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
+    key.push_str("agent");
+    for part in parts {
+        key.push(':');
+        push_escaped(&mut key, part);
+    }
+    key
 }
 
 impl SessionIdent {
-    /// `agent:<agent>:<channel>:<tenant>:<user>`, each part with `%` and `:` escaped, so
-    /// distinct parts never produce the same key.
+    /// The identity and canonical key ([`session_key`]) of a session.
     pub fn new(agent_id: &str, channel: &str, tenant_id: &str, user_id: &str) -> Self {
-        let key = format!(
-            "agent:{}:{}:{}:{}",
-            escape(agent_id),
-            escape(channel),
-            escape(tenant_id),
-            escape(user_id)
-        );
+        let key = session_key(agent_id, channel, tenant_id, user_id);
         Self {
             key,
             agent_id: agent_id.to_owned(),
@@ -196,6 +209,10 @@ mod tests {
         let b = SessionIdent::new("a", "api", "t", "1:u");
         assert_ne!(a.key, b.key);
         assert_eq!(a.key, "agent:a:api:t%3A1:u");
+        // An escaped colon in a part stays distinct from a colon.
+        let c = SessionIdent::new("a%3A", "api", "", "ü:");
+        assert_eq!(c.key, "agent:a%253A:api::ü%3A");
+        assert_ne!(c.key, SessionIdent::new("a:", "api", "", "ü:").key);
     }
 
     #[test]

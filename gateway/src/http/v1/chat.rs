@@ -17,7 +17,7 @@ use crate::auth::Principal;
 use crate::http::problem::{Area, Problem, V1Error};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{openai_finish, resolve_target, run_to_end, Render, StreamingTurn};
-use crate::runtime::sessions::SessionIdent;
+use crate::runtime::sessions::session_key;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::state::AppState;
 
@@ -148,7 +148,7 @@ pub fn turn_for(
 ) -> Result<TurnRequest, Problem> {
     let target = resolve_target(&state.engine, model)
         .ok_or_else(|| Problem::not_found(format!("Model not found: {model}")))?;
-    let label = SessionIdent::new(&target.agent.id, V1_CHANNEL, completion_id, V1_USER).key;
+    let label = session_key(&target.agent.id, V1_CHANNEL, completion_id, V1_USER);
     // A model (not an agent) was asked for: answer like that model, without the agent's tools.
     let only_tools = target
         .model
