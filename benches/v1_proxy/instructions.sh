@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Instructions per non-streaming /v1/chat/completions request, counted by valgrind's callgrind:
+# user-space work only, independent of the machine's load and of CPU frequency, so two builds
+# can be compared to a fraction of a percent where timed runs move by 10-20%.
+#
+#   benches/v1_proxy/instructions.sh gateway [binary] [requests]   (default target/release/agent-gateway, 1000)
+#   benches/v1_proxy/instructions.sh proxy [requests]
+#
+# Needs valgrind, curl and python3, and the bench built once (`cargo bench --bench v1_proxy
+# --no-run`): its binary plays the upstream (and the proxy). One keep-alive client sends 200
+# requests to warm up, then the counted ones; the count covers every thread of the process
+# (the SQLite writer too) between the two callgrind dumps.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+target=${1:?gateway or proxy}
+if [ "$target" = gateway ]; then
+  bin=${2:-target/release/agent-gateway}
+  n=${3:-1000}
+else
+  n=${2:-1000}
+fi
+bench=$(ls -t target/release/deps/v1_proxy-* | grep -v '\.d$' | head -1)
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  exec 3>&- || true
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+token=bench-secret-0123456789abcdefghijklmnopqrstuv
+key=upstream-key-0123456789abcdef
+
+# The roles exit when their standard input closes: it is a FIFO this script holds open (fd 3).
+mkfifo "$work/hold"
+"$bench" --v1-proxy-role upstream < "$work/hold" > "$work/upstream" &
+pids+=($!)
+exec 3> "$work/hold"
+until [ -s "$work/upstream" ]; do sleep 0.1; done
+upstream=$(awk '{print $2}' "$work/upstream")
+
+if [ "$target" = proxy ]; then
+  valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" \
+    "$bench" --v1-proxy-role proxy "$upstream" < "$work/hold" > "$work/proxy" 2> "$work/valgrind.log" &
+  pids+=($!)
+  for _ in $(seq 600); do [ -s "$work/proxy" ] && break; sleep 0.2; done
+  port=$(awk '{print $2}' "$work/proxy")
+  model=bench-model
+else
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat > "$work/bench.yaml" <<EOF
+gateway:
+  port: $port
+  dataDir: $work/data
+  tokens: [{id: bench, secret: $token, scopes: ['*']}]
+  rateLimit: {windowMs: 1000, maxRequests: 1000000000}
+local: {autoFetch: false, preload: false}
+providers:
+  up: {type: openai, baseUrl: 'http://127.0.0.1:$upstream/v1', apiKeyEnv: BENCH_UPSTREAM_KEY,
+       models: [bench-model], timeoutMs: 10000, maxRetries: 0}
+agents:
+  default: {model: up/bench-model}
+EOF
+  BENCH_UPSTREAM_KEY=$key AGENT_GATEWAY_LOG=warn valgrind --tool=callgrind \
+    --callgrind-out-file="$work/cg.%p" "$bin" serve --config "$work/bench.yaml" \
+    2> "$work/valgrind.log" &
+  pids+=($!)
+  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.5; done
+  model=up/bench-model
+fi
+
+load() {
+  python3 - "$port" "$1" "$token" "$model" <<'EOF'
+import http.client, json, sys
+port, n, token, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+conn = http.client.HTTPConnection("127.0.0.1", port)
+body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+for _ in range(n):
+    conn.request("POST", "/v1/chat/completions", body, headers)
+    answer = conn.getresponse()
+    text = answer.read()
+    if answer.status != 200 or b"hello from upstream" not in text:
+        sys.exit(f"unexpected answer {answer.status}: {text[:200]!r}")
+EOF
+}
+
+load 200
+callgrind_control -d > /dev/null
+sleep 1
+load "$n"
+callgrind_control -d > /dev/null
+sleep 1
+total=$(cat "$work"/cg.*.2 | awk '/^summary:/ {s += $2} END {print s}')
+echo "$target: $((total / n)) instructions per request ($n requests, $total in all)"
