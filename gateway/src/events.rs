@@ -44,16 +44,6 @@ pub struct Event {
     data: OnceLock<Box<RawValue>>,
 }
 
-impl std::fmt::Debug for Event {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Event")
-            .field("seq", &self.seq)
-            .field("name", &self.name)
-            .field("ts", &self.ts)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Event {
     /// The payload as JSON text (`null` if it could not be serialized, which is logged).
     pub fn data(&self) -> &RawValue {
