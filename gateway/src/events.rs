@@ -32,7 +32,7 @@ impl<T: Serialize + Send + Sync> Payload for T {
 ///
 /// The payload is kept as published and written out as JSON the first time a reader asks
 /// for it (every later reader gets the same text): most events are never read, and writing
-/// three of them per model call was a tenth of a `/v1` request's work.
+/// out three of them per model call was 4% of a `/v1` request's instructions.
 pub struct Event {
     /// Increases by one per event in this process.
     pub seq: u64,
