@@ -19,7 +19,14 @@ if [ "$target" = gateway ]; then
 else
   n=${2:-1000}
 fi
-bench=$(ls -t target/release/deps/v1_proxy-* | grep -v '\.d$' | head -1)
+bench=$(ls -t target/release/deps/v1_proxy-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+if [ -z "$bench" ]; then
+  echo "the bench is not built: run cargo bench --bench v1_proxy --no-run first" >&2
+  exit 2
+fi
+for tool in valgrind callgrind_control curl python3; do
+  command -v "$tool" > /dev/null || { echo "$tool is needed (apt-get install valgrind curl python3)" >&2; exit 2; }
+done
 work=$(mktemp -d)
 pids=()
 cleanup() {
