@@ -8,6 +8,8 @@ use crate::raw::Source;
 pub struct Catalogue {
     pub scopes: Vec<Scope>,
     pub errors: Vec<ErrorCode>,
+    /// The kinds of owned record (`owners.yaml`), in file order.
+    pub owners: Vec<OwnerKind>,
     /// Every named Rust type: shared types, params, results, inline objects and enums; sorted.
     pub types: Vec<TypeDef>,
     /// Sorted by name.
@@ -31,6 +33,35 @@ pub struct ErrorCode {
     pub constant: String,
     pub message: String,
     pub description: String,
+}
+
+/// A kind of owned record.
+#[derive(Debug, Clone)]
+pub struct OwnerKind {
+    pub kind: String,
+    pub variant: String,
+    pub description: String,
+    pub not_found: String,
+    pub lookup: bool,
+}
+
+/// A method's ownership rule, resolved against its params type.
+#[derive(Debug, Clone)]
+pub struct OwnerRule {
+    /// As written: `session_key`, `sessionKey.tenantId`.
+    pub param: String,
+    /// The path through the params struct, outermost first.
+    pub path: Vec<PathStep>,
+    pub kind: String,
+    pub missing: crate::raw::Missing,
+}
+
+/// One member on an ownership rule's path.
+#[derive(Debug, Clone)]
+pub struct PathStep {
+    pub ident: String,
+    /// Whether the Rust field is an `Option` (not required, or nullable).
+    pub optional: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +150,8 @@ pub struct Method {
     pub source: Source,
     pub stub: bool,
     pub internal: bool,
+    /// The ownership rule, when the method names an owned record.
+    pub owner: Option<OwnerRule>,
     /// `SessionDelete`: the MethodId variant and the stem of the params/result names.
     pub variant: String,
     pub handler_fn: String,

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 
 use serde_json::Value;
 
-use crate::raw::{ErrorsFile, MethodsFile, RawMethod, RawType, ScopesFile, TypesFile};
+use crate::raw::{ErrorsFile, MethodsFile, OwnersFile, RawMethod, RawType, ScopesFile, TypesFile};
 
 /// One thing wrong with the catalogue, named by file and (where known) method.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,6 +46,7 @@ impl std::error::Error for Problems {}
 pub struct RawCatalogue {
     pub scopes: Option<(String, ScopesFile)>,
     pub errors: Option<(String, ErrorsFile)>,
+    pub owners: Option<(String, OwnersFile)>,
     /// (file, type name, type)
     pub types: Vec<(String, String, RawType)>,
     /// (file, namespace file header, methods)
@@ -58,6 +59,7 @@ pub fn load(root: &Path) -> (RawCatalogue, Vec<Problem>) {
     let mut problems = Vec::new();
     let scopes = parse_one(root, "scopes.yaml", &mut problems);
     let errors = parse_one(root, "errors.yaml", &mut problems);
+    let owners = parse_one(root, "owners.yaml", &mut problems);
     let types = parse_dir::<TypesFile>(root, "types", &mut problems)
         .into_iter()
         .flat_map(|(file, f)| {
@@ -91,6 +93,7 @@ pub fn load(root: &Path) -> (RawCatalogue, Vec<Problem>) {
         RawCatalogue {
             scopes,
             errors,
+            owners,
             types,
             methods,
         },
@@ -100,7 +103,11 @@ pub fn load(root: &Path) -> (RawCatalogue, Vec<Problem>) {
 
 /// Every YAML file the catalogue consists of, for `rerun-if-changed`.
 pub fn files(root: &Path) -> Vec<PathBuf> {
-    let mut out = vec![root.join("scopes.yaml"), root.join("errors.yaml")];
+    let mut out = vec![
+        root.join("scopes.yaml"),
+        root.join("errors.yaml"),
+        root.join("owners.yaml"),
+    ];
     for dir in ["types", "methods"] {
         out.extend(yaml_files(&root.join(dir)).unwrap_or_default());
     }

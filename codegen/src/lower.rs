@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use crate::ir::{
-    Catalogue, Constraints, EnumValue, ErrorCode, Field, Method, Namespace, ObjectDef, Scope, Ty,
-    TypeBody, TypeDef,
+    Catalogue, Constraints, EnumValue, ErrorCode, Field, Method, Namespace, ObjectDef, OwnerKind,
+    OwnerRule, PathStep, Scope, Ty, TypeBody, TypeDef,
 };
 use crate::load::{Problem, Problems, RawCatalogue};
 use crate::naming;
-use crate::raw::{RawField, RawMethod, RawType, Source, TypeKind};
+use crate::raw::{Missing, RawField, RawMethod, RawOwner, RawType, Source, TypeKind};
 
 /// A parsed type expression before inline objects are named.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +66,7 @@ struct Lowerer {
     problems: Vec<Problem>,
     types: BTreeMap<String, TypeDef>,
     shared_names: BTreeSet<String>,
+    owners: Vec<OwnerKind>,
 }
 
 impl Lowerer {
@@ -509,6 +510,10 @@ impl Lowerer {
             }
         };
         let params = self.object(&ctx, &params_type, strict, additional, fields);
+        let owner = m
+            .owner
+            .as_ref()
+            .and_then(|o| self.owner_rule(&ctx, &params, o));
         self.add_type(
             &ctx,
             TypeDef {
@@ -565,6 +570,7 @@ impl Lowerer {
             source: m.source,
             stub: m.stub,
             internal: m.internal,
+            owner,
             handler_fn: naming::handler_fn(namespace, &m.name),
             variant,
             params_type,
@@ -573,6 +579,79 @@ impl Lowerer {
             result_nullable: r.nullable.unwrap_or(false),
             result_description: r.description.clone(),
         }
+    }
+
+    /// Resolves an ownership rule: the kind exists, and the path leads through object members
+    /// (of the params, then of named object types) to a string.
+    fn owner_rule(&mut self, ctx: &Ctx<'_>, params: &ObjectDef, o: &RawOwner) -> Option<OwnerRule> {
+        let Some(kind) = self.owners.iter().find(|k| k.kind == o.kind).cloned() else {
+            let known: Vec<&str> = self.owners.iter().map(|k| k.kind.as_str()).collect();
+            self.problem(
+                ctx,
+                format!(
+                    "owner: unknown kind `{}` (owners.yaml has: {})",
+                    o.kind,
+                    known.join(", ")
+                ),
+            );
+            return None;
+        };
+        let missing = o.missing.unwrap_or(Missing::NotFound);
+        if missing == Missing::Claim && !kind.lookup {
+            self.problem(
+                ctx,
+                format!(
+                    "owner: `missing: claim` needs a kind the store looks up (`{}` is not)",
+                    kind.kind
+                ),
+            );
+        }
+        let mut path = Vec::new();
+        let mut object = params.clone();
+        let segments: Vec<&str> = o.param.split('.').collect();
+        for (i, seg) in segments.iter().enumerate() {
+            let Some(f) = object.fields.iter().find(|f| f.wire == *seg).cloned() else {
+                self.problem(
+                    ctx,
+                    format!("owner: `{}` is not a member of the params", o.param),
+                );
+                return None;
+            };
+            path.push(PathStep {
+                ident: f.ident.clone(),
+                optional: (f.required && f.nullable) || (!f.required && f.default.is_none()),
+            });
+            let last = i + 1 == segments.len();
+            match (&f.ty, last) {
+                (Ty::String, true) => {}
+                (Ty::Named(n), false) => match self.types.get(n).map(|t| &t.body) {
+                    Some(TypeBody::Object(inner)) => object = inner.clone(),
+                    _ => {
+                        self.problem(
+                            ctx,
+                            format!("owner: `{seg}` of `{}` is not an object", o.param),
+                        );
+                        return None;
+                    }
+                },
+                _ => {
+                    self.problem(
+                        ctx,
+                        format!(
+                            "owner: `{}` must lead through objects to a string member",
+                            o.param
+                        ),
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(OwnerRule {
+            param: o.param.clone(),
+            path,
+            kind: kind.kind,
+            missing,
+        })
     }
 
     /// A struct may contain itself only behind an array or map (Rust needs the indirection).
@@ -628,7 +707,38 @@ pub fn lower(raw: RawCatalogue) -> Result<Catalogue, Problems> {
         problems: Vec::new(),
         types: BTreeMap::new(),
         shared_names: raw.types.iter().map(|(_, n, _)| n.clone()).collect(),
+        owners: Vec::new(),
     };
+    if let Some((file, o)) = &raw.owners {
+        let mut seen = BTreeSet::new();
+        for k in &o.owners {
+            if !seen.insert(k.kind.clone()) {
+                l.problems.push(file_problem(
+                    file,
+                    format!("owner kind `{}` repeats", k.kind),
+                ));
+            }
+            if !valid_segment(&k.kind) || k.kind.chars().any(|c| c.is_ascii_uppercase()) {
+                l.problems.push(file_problem(
+                    file,
+                    format!("owner kind `{}` must be lowercase snake_case", k.kind),
+                ));
+            }
+            if k.description.trim().is_empty() || k.not_found.trim().is_empty() {
+                l.problems.push(file_problem(
+                    file,
+                    format!("owner kind `{}` needs a description and not_found", k.kind),
+                ));
+            }
+            l.owners.push(OwnerKind {
+                kind: k.kind.clone(),
+                variant: naming::enum_variant(&k.kind),
+                description: k.description.trim().to_owned(),
+                not_found: k.not_found.trim().to_owned(),
+                lookup: k.lookup,
+            });
+        }
+    }
 
     let mut scopes = Vec::new();
     if let Some((file, s)) = &raw.scopes {
@@ -727,10 +837,10 @@ pub fn lower(raw: RawCatalogue) -> Result<Catalogue, Problems> {
     }
     l.check_recursion();
 
-    if raw.scopes.is_none() || raw.errors.is_none() {
+    if raw.scopes.is_none() || raw.errors.is_none() || raw.owners.is_none() {
         l.problems.push(file_problem(
             "catalogue",
-            "scopes.yaml and errors.yaml are required".to_owned(),
+            "scopes.yaml, errors.yaml and owners.yaml are required".to_owned(),
         ));
     }
 
@@ -745,6 +855,7 @@ pub fn lower(raw: RawCatalogue) -> Result<Catalogue, Problems> {
     Ok(Catalogue {
         scopes,
         errors,
+        owners: l.owners,
         types: l.types.into_values().collect(),
         namespaces,
         methods,

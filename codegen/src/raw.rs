@@ -34,6 +34,24 @@ pub struct RawError {
     pub description: String,
 }
 
+/// `owners.yaml`: the kinds of owned record an ownership rule can name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnersFile {
+    pub owners: Vec<RawOwnerKind>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOwnerKind {
+    pub kind: String,
+    pub description: String,
+    /// What a caller is told when the record is not its own (or does not exist).
+    pub not_found: String,
+    /// Whether the store is asked who owns the record (false: the param is a tenant id).
+    pub lookup: bool,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TypesFile {
@@ -98,8 +116,32 @@ pub struct RawMethod {
     pub stub: bool,
     #[serde(default)]
     pub internal: bool,
+    /// Which param names an owned record (the ownership rule, checked before the handler).
+    pub owner: Option<RawOwner>,
     pub params: Option<RawParams>,
     pub result: RawResult,
+}
+
+/// A method's ownership rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOwner {
+    /// The member of params naming the record (`a.b` for a member of an object member).
+    pub param: String,
+    /// A kind of `owners.yaml`.
+    pub kind: String,
+    /// What a record that does not exist means (default `not_found`).
+    pub missing: Option<Missing>,
+}
+
+/// What a named record that does not exist means to the ownership check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Missing {
+    /// The method needs the record: -32001 before the handler runs.
+    NotFound,
+    /// The method may create it, but only in the caller's own tenant.
+    Claim,
 }
 
 #[derive(Debug, Deserialize)]

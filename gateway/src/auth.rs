@@ -10,19 +10,42 @@ use subtle::ConstantTimeEq;
 use crate::config::{TokenConfig, MIN_SECRET_LEN};
 use crate::rpc::generated::methods::Scope;
 use crate::rpc::CallContext;
+use crate::tenancy::Tenant;
 
 /// An authenticated caller.
 #[derive(Debug, Clone)]
 pub struct Principal {
     pub client_id: String,
     pub scopes: BTreeSet<Scope>,
+    /// Whose records it reaches (derived from the two above when it is built).
+    tenant: Tenant,
 }
 
 impl Principal {
+    /// The principal of work the gateway starts itself (webhook runs, heartbeats): its client
+    /// id names the records it owns (`webhook:<mapping>`), and it holds scope `rpc` only.
+    pub fn internal(client_id: &str) -> Self {
+        Self::new(client_id, BTreeSet::from([Scope::Rpc]))
+    }
+
+    fn new(client_id: &str, scopes: BTreeSet<Scope>) -> Self {
+        Self {
+            tenant: Tenant::for_principal(client_id, scopes.contains(&Scope::Admin)),
+            client_id: client_id.to_owned(),
+            scopes,
+        }
+    }
+
+    /// Whose records this principal reaches: every tenant's with `admin`, else its own.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
     pub fn context(&self, connection: Option<u64>) -> CallContext {
         CallContext {
             client_id: self.client_id.clone(),
             scopes: self.scopes.clone(),
+            tenant: self.tenant.clone(),
             connection,
         }
     }
@@ -61,10 +84,7 @@ impl TokenStore {
                 }
                 Entry {
                     digest: digest(&t.secret),
-                    principal: Principal {
-                        client_id: t.id.clone(),
-                        scopes: expand(&t.scopes),
-                    },
+                    principal: Principal::new(&t.id, expand(&t.scopes)),
                 }
             })
             .collect();

@@ -340,6 +340,14 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
                 "gateway.tokens[{i}].id must not be empty"
             )));
         }
+        // Ids with ':' are the gateway's own principals (`webhook:<mapping>`, `heartbeat:...`),
+        // which own the sessions of its channels: no token may be one of them.
+        if t.id.contains(':') {
+            return Err(ConfigError(format!(
+                "gateway.tokens[{i}].id '{}' must not contain ':' (reserved for the gateway's own principals)",
+                t.id
+            )));
+        }
         if !ids.insert(t.id.as_str()) {
             return Err(ConfigError(format!(
                 "gateway.tokens[{i}].id '{}' repeats",

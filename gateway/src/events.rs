@@ -12,6 +12,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use crate::tenancy::Tenant;
+
 /// Events a subscriber may have queued before it counts as lagging.
 pub const SUBSCRIBER_BUFFER: usize = 256;
 /// Events kept for the activity feed.
@@ -40,6 +42,9 @@ pub struct Event {
     pub name: &'static str,
     /// Unix epoch milliseconds.
     pub ts: i64,
+    /// The tenant whose session the event concerns; None for a system-wide event. Callers
+    /// without admin see only their own tenant's events and the system-wide ones.
+    pub owner: Option<Arc<str>>,
     payload: Box<dyn Payload>,
     data: OnceLock<Box<RawValue>>,
 }
@@ -53,6 +58,11 @@ impl Event {
                 RawValue::NULL.to_owned()
             })
         })
+    }
+
+    /// Whether a subscriber reaching `tenant` may see this event.
+    pub fn visible_to(&self, tenant: &Tenant) -> bool {
+        self.owner.is_none() || tenant.reaches(self.owner.as_deref())
     }
 
     /// The payload as a JSON tree.
@@ -95,13 +105,24 @@ impl EventBus {
         }
     }
 
-    /// Publishes an event to every current subscriber and the activity feed. The payload
-    /// is serialized when first read, not here.
+    /// Publishes a system-wide event (see [`EventBus::publish_owned`]).
     pub fn publish<T: Serialize + Send + Sync + 'static>(&self, name: &'static str, data: T) {
+        self.publish_owned(None, name, data);
+    }
+
+    /// Publishes an event of `owner`'s session (None: system-wide) to every current
+    /// subscriber and the activity feed. The payload is serialized when first read, not here.
+    pub fn publish_owned<T: Serialize + Send + Sync + 'static>(
+        &self,
+        owner: Option<Arc<str>>,
+        name: &'static str,
+        data: T,
+    ) {
         let event = Arc::new(Event {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             name,
             ts: crate::store::now_ms(),
+            owner,
             payload: Box::new(data),
             data: OnceLock::new(),
         });
@@ -124,11 +145,18 @@ impl EventBus {
         self.tx.receiver_count()
     }
 
-    /// The newest `limit` events, newest first.
-    pub fn recent(&self, limit: usize) -> Vec<Arc<Event>> {
+    /// The newest `limit` events `tenant` may see, newest first.
+    pub fn recent(&self, tenant: &Tenant, limit: usize) -> Vec<Arc<Event>> {
         self.recent
             .lock()
-            .map(|r| r.iter().rev().take(limit).cloned().collect())
+            .map(|r| {
+                r.iter()
+                    .rev()
+                    .filter(|e| e.visible_to(tenant))
+                    .take(limit)
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -137,6 +165,30 @@ impl EventBus {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn all() -> Tenant {
+        Tenant::for_principal("admin", true)
+    }
+
+    #[test]
+    fn a_tenant_sees_its_own_and_system_events_only() {
+        let bus = EventBus::new(8);
+        bus.publish("system:error", json!(1));
+        bus.publish_owned(Some(Arc::from("alice")), "message:sent", json!(2));
+        bus.publish_owned(Some(Arc::from("mallory")), "message:sent", json!(3));
+        let seen = |t: Tenant| -> Vec<Value> {
+            bus.recent(&t, 10).iter().map(|e| e.data_value()).collect()
+        };
+        assert_eq!(
+            seen(Tenant::for_principal("alice", false)),
+            [json!(2), json!(1)]
+        );
+        assert_eq!(
+            seen(Tenant::for_principal("mallory", false)),
+            [json!(3), json!(1)]
+        );
+        assert_eq!(seen(all()), [json!(3), json!(2), json!(1)]);
+    }
 
     #[tokio::test]
     async fn a_slow_subscriber_lags_without_blocking_the_publisher() {
@@ -149,7 +201,7 @@ mod tests {
             slow.recv().await,
             Err(broadcast::error::RecvError::Lagged(6))
         ));
-        let recent = bus.recent(3);
+        let recent = bus.recent(&all(), 3);
         assert_eq!(recent.len(), 3);
         assert_eq!(recent[0].data_value(), json!({"i": 9}));
         assert_eq!(
@@ -184,7 +236,7 @@ mod tests {
             serde_json::to_value(&*eb).unwrap()["data"],
             json!("counted")
         );
-        assert_eq!(bus.recent(1)[0].data_value(), json!("counted"));
+        assert_eq!(bus.recent(&all(), 1)[0].data_value(), json!("counted"));
         assert_eq!(
             count.load(Ordering::SeqCst),
             1,
@@ -205,7 +257,7 @@ mod tests {
     fn a_payload_that_cannot_be_serialized_reads_as_null() {
         let bus = EventBus::new(4);
         bus.publish("system:error", Broken);
-        let e = &bus.recent(1)[0];
+        let e = &bus.recent(&all(), 1)[0];
         assert_eq!(e.data().get(), "null");
         assert_eq!(
             serde_json::to_value(&**e).unwrap(),

@@ -14,4 +14,5 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod tenancy;
 pub mod webhooks;

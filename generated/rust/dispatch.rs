@@ -2,7 +2,8 @@
 
 use super::methods::MethodId;
 use crate::rpc::{support, CallContext, RpcError};
-/// Runs one call: lookup (-32601), scope (-32603), typed params (-32602), handler.
+/// Runs one call: lookup (-32601), scope (-32603), typed params (-32602), ownership
+/// (-32001), handler.
 pub async fn dispatch<H: super::handlers::Handlers>(
     handlers: &H,
     ctx: &CallContext,
@@ -19,27 +20,31 @@ pub async fn dispatch<H: super::handlers::Handlers>(
     support::authorize(ctx, info)?;
     match id {
         MethodId::AdminApprovalClearDenialCache => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::AdminApprovalClearDenialCacheParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AdminApprovalPending => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::AdminApprovalPendingParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AdminApprovalResolve => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::AdminApprovalResolveParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AdminApprovalResolveAll => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::AdminApprovalResolveAllParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AgentCacheStats => {
@@ -58,6 +63,11 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::AgentExecuteParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.session_key.as_ref())
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::AgentApi>::execute(handlers, ctx, params)
                 .await?;
             support::encode_result(&result)
@@ -78,6 +88,11 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::AgentStreamParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.session_key.as_ref())
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::AgentApi>::stream(handlers, ctx, params)
                 .await?;
             support::encode_result(&result)
@@ -143,133 +158,220 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::AudioTranscribe => {
-            support::parse_params::<super::types::AudioTranscribeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::AudioTranscribeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AuthList => {
-            support::parse_params::<super::types::AuthListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::AuthListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AuthLogout => {
-            support::parse_params::<super::types::AuthLogoutParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::AuthLogoutParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AuthSet => {
-            support::parse_params::<super::types::AuthSetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::AuthSetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::AutonomyEvict => {
-            support::parse_params::<super::types::AutonomyEvictParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::AutonomyEvictParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserAct => {
-            support::parse_params::<super::types::BrowserActParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserActParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserClose => {
-            support::parse_params::<super::types::BrowserCloseParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserCloseParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserConsole => {
-            support::parse_params::<super::types::BrowserConsoleParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserConsoleParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserFocus => {
-            support::parse_params::<super::types::BrowserFocusParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserFocusParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserNavigate => {
-            support::parse_params::<super::types::BrowserNavigateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserNavigateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserOpen => {
-            support::parse_params::<super::types::BrowserOpenParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserOpenParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserPdf => {
-            support::parse_params::<super::types::BrowserPdfParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserPdfParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserScreenshot => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::BrowserScreenshotParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserSnapshot => {
-            support::parse_params::<super::types::BrowserSnapshotParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserSnapshotParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserStart => {
-            support::parse_params::<super::types::BrowserStartParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserStartParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserStatus => {
-            support::parse_params::<super::types::BrowserStatusParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserStatusParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserStop => {
-            support::parse_params::<super::types::BrowserStopParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserStopParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::BrowserTabs => {
-            support::parse_params::<super::types::BrowserTabsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::BrowserTabsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CapabilitiesIntrospect => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::CapabilitiesIntrospectParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ChannelsCapabilities => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ChannelsCapabilitiesParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ChannelsDisable => {
-            support::parse_params::<super::types::ChannelsDisableParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ChannelsDisableParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ChannelsEnable => {
-            support::parse_params::<super::types::ChannelsEnableParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ChannelsEnableParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ChannelsGet => {
-            support::parse_params::<super::types::ChannelsGetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ChannelsGetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ChannelsHealth => {
-            support::parse_params::<super::types::ChannelsHealthParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ChannelsHealthParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ChannelsList => {
-            support::parse_params::<super::types::ChannelsListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ChannelsListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ChannelsRestart => {
-            support::parse_params::<super::types::ChannelsRestartParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ChannelsRestartParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigApply => {
-            support::parse_params::<super::types::ConfigApplyParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigApplyParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigAuditList => {
-            support::parse_params::<super::types::ConfigAuditListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigAuditListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigAuditScrub => {
-            support::parse_params::<super::types::ConfigAuditScrubParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigAuditScrubParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigDiff => {
-            support::parse_params::<super::types::ConfigDiffParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigDiffParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigGc => {
-            support::parse_params::<super::types::ConfigGcParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigGcParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigGet => {
@@ -281,11 +383,17 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::ConfigHistory => {
-            support::parse_params::<super::types::ConfigHistoryParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigHistoryParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigPatch => {
-            support::parse_params::<super::types::ConfigPatchParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigPatchParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigRead => {
@@ -297,7 +405,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::ConfigRollback => {
-            support::parse_params::<super::types::ConfigRollbackParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigRollbackParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ConfigSchema => {
@@ -309,69 +420,108 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::ConfigSet => {
-            support::parse_params::<super::types::ConfigSetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ConfigSetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ContextConversations => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ContextConversationsParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ContextTree => {
-            support::parse_params::<super::types::ContextTreeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ContextTreeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CronAdd => {
-            support::parse_params::<super::types::CronAddParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::CronAddParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CronList => {
-            support::parse_params::<super::types::CronListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::CronListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CronRemove => {
-            support::parse_params::<super::types::CronRemoveParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::CronRemoveParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CronRun => {
-            support::parse_params::<super::types::CronRunParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::CronRunParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CronRuns => {
-            support::parse_params::<super::types::CronRunsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::CronRunsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CronStatus => {
-            support::parse_params::<super::types::CronStatusParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::CronStatusParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::CronUpdate => {
-            support::parse_params::<super::types::CronUpdateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::CronUpdateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::DaemonSetLogLevel => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::DaemonSetLogLevelParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::DeliveryQueueStatus => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::DeliveryQueueStatusParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::DiscordAction => {
-            support::parse_params::<super::types::DiscordActionParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::DiscordActionParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::EnvList => {
-            support::parse_params::<super::types::EnvListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::EnvListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::EnvSet => {
-            support::parse_params::<super::types::EnvSetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::EnvSetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GatewayRestart => {
@@ -399,283 +549,458 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::GraphCancel => {
-            support::parse_params::<super::types::GraphCancelParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphCancelParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphDefine => {
-            support::parse_params::<super::types::GraphDefineParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphDefineParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphDelete => {
-            support::parse_params::<super::types::GraphDeleteParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphDeleteParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphDeleteRun => {
-            support::parse_params::<super::types::GraphDeleteRunParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphDeleteRunParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphExecute => {
-            support::parse_params::<super::types::GraphExecuteParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphExecuteParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphList => {
-            support::parse_params::<super::types::GraphListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphLoad => {
-            support::parse_params::<super::types::GraphLoadParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphLoadParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphOutputs => {
-            support::parse_params::<super::types::GraphOutputsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphOutputsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphRunDetail => {
-            support::parse_params::<super::types::GraphRunDetailParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphRunDetailParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphRuns => {
-            support::parse_params::<super::types::GraphRunsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphRunsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphSave => {
-            support::parse_params::<super::types::GraphSaveParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphSaveParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::GraphStatus => {
-            support::parse_params::<super::types::GraphStatusParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::GraphStatusParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::HeartbeatGet => {
-            support::parse_params::<super::types::HeartbeatGetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::HeartbeatGetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::HeartbeatStates => {
-            support::parse_params::<super::types::HeartbeatStatesParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::HeartbeatStatesParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::HeartbeatTrigger => {
-            support::parse_params::<super::types::HeartbeatTriggerParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::HeartbeatTriggerParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::HeartbeatUpdate => {
-            support::parse_params::<super::types::HeartbeatUpdateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::HeartbeatUpdateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ImageAnalyze => {
-            support::parse_params::<super::types::ImageAnalyzeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ImageAnalyzeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ImageGenerate => {
-            support::parse_params::<super::types::ImageGenerateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ImageGenerateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::LeaseRevoke => {
-            support::parse_params::<super::types::LeaseRevokeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::LeaseRevokeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::LinkProcess => {
-            support::parse_params::<super::types::LinkProcessParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::LinkProcessParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpConnect => {
-            support::parse_params::<super::types::McpConnectParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpConnectParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpDisconnect => {
-            support::parse_params::<super::types::McpDisconnectParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpDisconnectParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpList => {
-            support::parse_params::<super::types::McpListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpOauthLogin => {
-            support::parse_params::<super::types::McpOauthLoginParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpOauthLoginParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpOauthLogout => {
-            support::parse_params::<super::types::McpOauthLogoutParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpOauthLogoutParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpReconnect => {
-            support::parse_params::<super::types::McpReconnectParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpReconnectParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpStatus => {
-            support::parse_params::<super::types::McpStatusParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpStatusParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::McpTest => {
-            support::parse_params::<super::types::McpTestParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::McpTestParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaDescribeVideo => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MediaDescribeVideoParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaExtractDocument => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MediaExtractDocumentParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaProviders => {
-            support::parse_params::<super::types::MediaProvidersParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MediaProvidersParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaTestDocument => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MediaTestDocumentParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaTestLink => {
-            support::parse_params::<super::types::MediaTestLinkParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MediaTestLinkParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaTestStt => {
-            support::parse_params::<super::types::MediaTestSttParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MediaTestSttParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaTestTts => {
-            support::parse_params::<super::types::MediaTestTtsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MediaTestTtsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaTestVideo => {
-            support::parse_params::<super::types::MediaTestVideoParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MediaTestVideoParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaTestVision => {
-            support::parse_params::<super::types::MediaTestVisionParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MediaTestVisionParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MediaTranscribe => {
-            support::parse_params::<super::types::MediaTranscribeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MediaTranscribeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryAsk => {
-            support::parse_params::<super::types::MemoryAskParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryAskParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryBrowse => {
-            support::parse_params::<super::types::MemoryBrowseParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryBrowseParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryDelete => {
-            support::parse_params::<super::types::MemoryDeleteParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryDeleteParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryEmbeddingCache => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MemoryEmbeddingCacheParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryEntities => {
-            support::parse_params::<super::types::MemoryEntitiesParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryEntitiesParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryExport => {
-            support::parse_params::<super::types::MemoryExportParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryExportParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryFlush => {
-            support::parse_params::<super::types::MemoryFlushParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryFlushParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryGetFile => {
-            support::parse_params::<super::types::MemoryGetFileParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryGetFileParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryInspect => {
-            support::parse_params::<super::types::MemoryInspectParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryInspectParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryObservations => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MemoryObservationsParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryPin => {
-            support::parse_params::<super::types::MemoryPinParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryPinParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryPortabilityExport => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MemoryPortabilityExportParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryPortabilityImport => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MemoryPortabilityImportParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryRecallStats => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MemoryRecallStatsParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryRecallTrace => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MemoryRecallTraceParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemorySearch => {
-            support::parse_params::<super::types::MemorySearchParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemorySearchParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemorySearchFiles => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::MemorySearchFilesParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryStats => {
-            support::parse_params::<super::types::MemoryStatsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryStatsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryStore => {
-            support::parse_params::<super::types::MemoryStoreParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryStoreParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MemoryUnpin => {
-            support::parse_params::<super::types::MemoryUnpinParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MemoryUnpinParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MessageAttach => {
-            support::parse_params::<super::types::MessageAttachParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MessageAttachParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MessageDelete => {
-            support::parse_params::<super::types::MessageDeleteParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MessageDeleteParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MessageEdit => {
-            support::parse_params::<super::types::MessageEditParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MessageEditParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MessageFetch => {
-            support::parse_params::<super::types::MessageFetchParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MessageFetchParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MessageReact => {
-            support::parse_params::<super::types::MessageReactParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MessageReactParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MessageReply => {
-            support::parse_params::<super::types::MessageReplyParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MessageReplyParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::MessageSend => {
-            support::parse_params::<super::types::MessageSendParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::MessageSendParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ModelsList => {
@@ -707,121 +1032,178 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::NotificationSend => {
-            support::parse_params::<super::types::NotificationSendParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::NotificationSendParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsBillingByAgent => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsBillingByAgentParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsBillingByProvider => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsBillingByProviderParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsBillingBySession => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsBillingBySessionParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsBillingTotal => {
-            support::parse_params::<super::types::ObsBillingTotalParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsBillingTotalParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsBillingUsage24h => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsBillingUsage24hParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsCacheStatsWindow => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsCacheStatsWindowParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsChannelsAll => {
-            support::parse_params::<super::types::ObsChannelsAllParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsChannelsAllParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsChannelsGet => {
-            support::parse_params::<super::types::ObsChannelsGetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsChannelsGetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsChannelsStale => {
-            support::parse_params::<super::types::ObsChannelsStaleParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsChannelsStaleParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsContextDag => {
-            support::parse_params::<super::types::ObsContextDagParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsContextDagParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsContextPipeline => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsContextPipelineParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsDeliveryRecent => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsDeliveryRecentParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsDeliveryStats => {
-            support::parse_params::<super::types::ObsDeliveryStatsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsDeliveryStatsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsDiagnostics => {
-            support::parse_params::<super::types::ObsDiagnosticsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsDiagnosticsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsExplain => {
-            support::parse_params::<super::types::ObsExplainParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsExplainParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsFleetHealth => {
-            support::parse_params::<super::types::ObsFleetHealthParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsFleetHealthParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsGetCacheStats => {
-            support::parse_params::<super::types::ObsGetCacheStatsParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsGetCacheStatsParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsReset => {
-            support::parse_params::<super::types::ObsResetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsResetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsResetTable => {
-            support::parse_params::<super::types::ObsResetTableParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsResetTableParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsSystemPromptReportLatest => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsSystemPromptReportLatestParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsSystemPromptReportList => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::ObsSystemPromptReportListParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsTraceExport => {
-            support::parse_params::<super::types::ObsTraceExportParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsTraceExportParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsTraceSearch => {
-            support::parse_params::<super::types::ObsTraceSearchParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsTraceSearchParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ObsTraceTail => {
-            support::parse_params::<super::types::ObsTraceTailParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::ObsTraceTailParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ProvidersCreate => {
@@ -905,33 +1287,53 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::RunKill => {
-            support::parse_params::<super::types::RunKillParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::RunKillParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SchedulerWake => {
-            support::parse_params::<super::types::SchedulerWakeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SchedulerWakeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SecretsDelete => {
-            support::parse_params::<super::types::SecretsDeleteParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SecretsDeleteParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SecretsGet => {
-            support::parse_params::<super::types::SecretsGetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SecretsGetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SecretsList => {
-            support::parse_params::<super::types::SecretsListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SecretsListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SecretsSet => {
-            support::parse_params::<super::types::SecretsSetParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SecretsSetParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SessionCompact => {
             let params = support::parse_params::<
                 super::types::SessionCompactParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params).map(|v| &v.key).map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::compact(
                     handlers,
                     ctx,
@@ -944,6 +1346,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionDeleteParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_key)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::delete(
                     handlers,
                     ctx,
@@ -956,6 +1362,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionExportParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_key)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::export(
                     handlers,
                     ctx,
@@ -968,6 +1378,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionHistoryParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_key)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::history(
                     handlers,
                     ctx,
@@ -988,6 +1402,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionResetParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_key)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::reset(handlers, ctx, params)
                 .await?;
             support::encode_result(&result)
@@ -996,6 +1414,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionResetConversationParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_key)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::reset_conversation(
                     handlers,
                     ctx,
@@ -1008,6 +1430,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionRunStatusParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.run_id)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::run_status(
                     handlers,
                     ctx,
@@ -1032,6 +1458,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionSendParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_key)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::send(handlers, ctx, params)
                 .await?;
             support::encode_result(&result)
@@ -1048,6 +1478,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SessionStatusParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.session_key.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::SessionApi>::status(
                     handlers,
                     ctx,
@@ -1057,59 +1491,101 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::SkillsCreate => {
-            support::parse_params::<super::types::SkillsCreateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SkillsCreateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SkillsDelete => {
-            support::parse_params::<super::types::SkillsDeleteParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SkillsDeleteParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SkillsImport => {
-            support::parse_params::<super::types::SkillsImportParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SkillsImportParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SkillsList => {
-            support::parse_params::<super::types::SkillsListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SkillsListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SkillsUpdate => {
-            support::parse_params::<super::types::SkillsUpdateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SkillsUpdateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SkillsUpload => {
-            support::parse_params::<super::types::SkillsUploadParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SkillsUploadParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SlackAction => {
-            support::parse_params::<super::types::SlackActionParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SlackActionParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SubagentKill => {
-            support::parse_params::<super::types::SubagentKillParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SubagentKillParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SubagentList => {
-            support::parse_params::<super::types::SubagentListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SubagentListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SubagentPause => {
-            support::parse_params::<super::types::SubagentPauseParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SubagentPauseParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SubagentResume => {
-            support::parse_params::<super::types::SubagentResumeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SubagentResumeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SubagentStatus => {
-            support::parse_params::<super::types::SubagentStatusParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SubagentStatusParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SubagentSteer => {
-            support::parse_params::<super::types::SubagentSteerParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SubagentSteerParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SubagentWait => {
-            support::parse_params::<super::types::SubagentWaitParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::SubagentWaitParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::SystemPing => {
@@ -1121,98 +1597,144 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             support::encode_result(&result)
         }
         MethodId::TelegramAction => {
-            support::parse_params::<super::types::TelegramActionParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::TelegramActionParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::TokensCreate => {
-            support::parse_params::<super::types::TokensCreateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::TokensCreateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::TokensList => {
-            support::parse_params::<super::types::TokensListParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::TokensListParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::TokensRevoke => {
-            support::parse_params::<super::types::TokensRevokeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::TokensRevokeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::TokensRotate => {
-            support::parse_params::<super::types::TokensRotateParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::TokensRotateParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::ToolInvoke => Err(RpcError::method_not_found(method)),
         MethodId::TtsAutoCheck => {
-            support::parse_params::<super::types::TtsAutoCheckParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::TtsAutoCheckParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::TtsSynthesize => {
-            support::parse_params::<super::types::TtsSynthesizeParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::TtsSynthesizeParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WhatsappAction => {
-            support::parse_params::<super::types::WhatsappActionParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::WhatsappActionParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceDeleteFile => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::WorkspaceDeleteFileParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceGitCommit => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::WorkspaceGitCommitParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceGitDiff => {
-            support::parse_params::<super::types::WorkspaceGitDiffParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::WorkspaceGitDiffParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceGitLog => {
-            support::parse_params::<super::types::WorkspaceGitLogParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::WorkspaceGitLogParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceGitRestore => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::WorkspaceGitRestoreParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceGitStatus => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::WorkspaceGitStatusParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceInit => {
-            support::parse_params::<super::types::WorkspaceInitParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::WorkspaceInitParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceListDir => {
-            support::parse_params::<super::types::WorkspaceListDirParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::WorkspaceListDirParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceReadFile => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::WorkspaceReadFileParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceResetFile => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::WorkspaceResetFileParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceStatus => {
-            support::parse_params::<super::types::WorkspaceStatusParams>(info, params)?;
+            let params = support::parse_params::<
+                super::types::WorkspaceStatusParams,
+            >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
         MethodId::WorkspaceWriteFile => {
-            support::parse_params::<
+            let params = support::parse_params::<
                 super::types::WorkspaceWriteFileParams,
             >(info, params)?;
+            let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
     }

@@ -415,10 +415,11 @@ pub trait SystemApi: Send + Sync {
         Output = Result<super::types::SystemPingResult, crate::error::GatewayError>,
     > + Send;
 }
-/// Everything the dispatch needs: one implementation of every namespace trait.
-pub trait Handlers: AgentApi + AgentsApi + ConfigApi + GatewayApi + ModelsApi + ProvidersApi + SessionApi + SystemApi + Send + Sync {}
-impl<T> Handlers for T
-where
-    T: AgentApi + AgentsApi + ConfigApi + GatewayApi + ModelsApi + ProvidersApi
-        + SessionApi + SystemApi + Send + Sync,
-{}
+/// Everything the dispatch needs: one implementation of every namespace trait, and who
+/// owns the records the ownership rules name.
+pub trait Handlers: AgentApi + AgentsApi + ConfigApi + GatewayApi + ModelsApi + ProvidersApi + SessionApi + SystemApi + Send + Sync {
+    /// The owners of records (the store).
+    type Owners: crate::tenancy::Owners;
+    /// Where the ownership rules look owners up.
+    fn owners(&self) -> &Self::Owners;
+}

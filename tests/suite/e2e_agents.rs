@@ -305,7 +305,9 @@ async fn conversations_persist_and_the_session_methods_manage_them() {
             json!({"message": "x", "sessionKey": {"tenantId": "admin"}}),
         )
         .await;
-    assert_eq!(code(&bad), -32602);
+    // The catalogue's `tenant` rule: another tenant is not found, like a missing session.
+    assert_eq!(code(&bad), -32001, "{bad}");
+    assert_eq!(bad["error"]["message"], "Session not found: admin");
     // Filters and pagination.
     let paged = ok(&gw, ADMIN, "session.list", json!({"limit": 1})).await;
     assert_eq!(paged["hasMore"], true);

@@ -46,12 +46,16 @@ pub fn emit(cat: &Catalogue) -> String {
     );
     for ns in &cat.namespaces {
         let _ = writeln!(s, "\n## {}\n\n{}\n", ns.name, ns.description);
-        let _ = writeln!(s, "| method | scope | source | status | summary |");
-        let _ = writeln!(s, "|---|---|---|---|---|");
+        let _ = writeln!(s, "| method | scope | owner | source | status | summary |");
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
         for m in cat.methods_of(&ns.name) {
+            let owner = m
+                .owner
+                .as_ref()
+                .map_or_else(String::new, |o| format!("{} `{}`", o.kind, o.param));
             let _ = writeln!(
                 s,
-                "| `{}` | {} | {} | {} | {} |",
+                "| `{}` | {} | {owner} | {} | {} | {} |",
                 m.name,
                 m.scope,
                 m.source.as_str(),

@@ -45,6 +45,16 @@ pub fn emit(cat: &Catalogue, version: &str) -> Result<String, String> {
             json!({"name": m.result_type, "schema": b.result(m)}),
         );
         entry.insert("x-scope".into(), m.scope.clone().into());
+        if let Some(o) = &m.owner {
+            let missing = match o.missing {
+                crate::raw::Missing::NotFound => "not_found",
+                crate::raw::Missing::Claim => "claim",
+            };
+            entry.insert(
+                "x-owner".into(),
+                json!({"param": o.param, "kind": o.kind, "missing": missing}),
+            );
+        }
         entry.insert("x-source".into(), m.source.as_str().into());
         methods.push(Value::Object(entry));
     }

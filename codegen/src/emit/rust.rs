@@ -287,6 +287,20 @@ fn methods(cat: &Catalogue) -> Result<TokenStream, String> {
                 .collect(),
             _ => Vec::new(),
         };
+        let owner = match &m.owner {
+            Some(o) => {
+                let param = &o.param;
+                let kind = cat
+                    .owners
+                    .iter()
+                    .find(|k| k.kind == o.kind)
+                    .map(|k| format_ident!("{}", k.variant))
+                    .ok_or_else(|| format!("{}: unknown owner kind", m.name))?;
+                let claim = o.missing == crate::raw::Missing::Claim;
+                quote!(Some(OwnerRule { param: #param, kind: RecordKind::#kind, claim: #claim }))
+            }
+            None => quote!(None),
+        };
         let params_schema = compact(&SchemaBuilder::new(cat, "#/$defs/").params_root(m))?;
         let result_schema = compact(&SchemaBuilder::new(cat, "#/$defs/").result_root(m))?;
         infos.push(quote! {
@@ -300,6 +314,7 @@ fn methods(cat: &Catalogue) -> Result<TokenStream, String> {
                 stub: #stub,
                 internal: #internal,
                 sensitive_params: &[#(#sensitive),*],
+                owner: #owner,
                 params_schema: #params_schema,
                 result_schema: #result_schema,
             }
@@ -307,6 +322,15 @@ fn methods(cat: &Catalogue) -> Result<TokenStream, String> {
     }
     let namespaces: Vec<_> = cat.namespaces.iter().map(|n| n.name.clone()).collect();
     let n_ns = namespaces.len();
+    let kind_variants: Vec<_> = cat
+        .owners
+        .iter()
+        .map(|k| format_ident!("{}", k.variant))
+        .collect();
+    let kind_names: Vec<_> = cat.owners.iter().map(|k| k.kind.clone()).collect();
+    let kind_docs: Vec<_> = cat.owners.iter().map(|k| doc(&k.description)).collect();
+    let kind_not_found: Vec<_> = cat.owners.iter().map(|k| k.not_found.clone()).collect();
+    let kind_lookup: Vec<_> = cat.owners.iter().map(|k| k.lookup).collect();
 
     Ok(quote! {
         /// A scope a token can carry.
@@ -323,6 +347,37 @@ fn methods(cat: &Catalogue) -> Result<TokenStream, String> {
             pub fn from_name(name: &str) -> Option<Scope> {
                 match name { #( #scope_names => Some(Scope::#scope_variants), )* _ => None }
             }
+        }
+
+        /// A kind of owned record (`owners.yaml`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum RecordKind { #( #kind_docs #kind_variants, )* }
+        impl RecordKind {
+            /// The kind's name in the catalogue.
+            pub const fn as_str(self) -> &'static str {
+                match self { #( RecordKind::#kind_variants => #kind_names, )* }
+            }
+            /// What a caller is told when the record is not its own or does not exist.
+            pub const fn not_found(self) -> &'static str {
+                match self { #( RecordKind::#kind_variants => #kind_not_found, )* }
+            }
+            /// Whether the store is asked who owns the record (false: the id is a tenant).
+            pub const fn lookup(self) -> bool {
+                match self { #( RecordKind::#kind_variants => #kind_lookup, )* }
+            }
+        }
+
+        /// A method's ownership rule: which param names an owned record, checked after the
+        /// scope and the params, before the handler.
+        #[derive(Debug)]
+        pub struct OwnerRule {
+            /// The member of params, as the catalogue names it (`a.b` for a nested member).
+            pub param: &'static str,
+            /// The kind of record it names.
+            pub kind: RecordKind,
+            /// Whether a record that does not exist may be created by the caller (in its own
+            /// tenant); otherwise it is not found.
+            pub claim: bool,
         }
 
         /// JSON-RPC error codes of the catalogue (`errors.yaml`).
@@ -364,6 +419,8 @@ fn methods(cat: &Catalogue) -> Result<TokenStream, String> {
             pub internal: bool,
             /// Top-level params never to be logged.
             pub sensitive_params: &'static [&'static str],
+            /// The ownership rule, when the params name an owned record.
+            pub owner: Option<OwnerRule>,
             /// JSON Schema (2020-12) of the params object.
             pub params_schema: &'static str,
             /// JSON Schema (2020-12) of the result.
@@ -419,9 +476,34 @@ fn handlers(cat: &Catalogue) -> TokenStream {
     }
     quote! {
         #(#traits)*
-        /// Everything the dispatch needs: one implementation of every namespace trait.
-        pub trait Handlers: #(#bounds +)* Send + Sync {}
-        impl<T> Handlers for T where T: #(#bounds +)* Send + Sync {}
+        /// Everything the dispatch needs: one implementation of every namespace trait, and who
+        /// owns the records the ownership rules name.
+        pub trait Handlers: #(#bounds +)* Send + Sync {
+            /// The owners of records (the store).
+            type Owners: crate::tenancy::Owners;
+            /// Where the ownership rules look owners up.
+            fn owners(&self) -> &Self::Owners;
+        }
+    }
+}
+
+/// The ownership check of a method (nothing when it has no rule): the rule's param read from
+/// the typed params as `Option<&str>` (absent anywhere on its path: None).
+fn owner_check(m: &crate::ir::Method) -> TokenStream {
+    let Some(o) = &m.owner else {
+        return quote!();
+    };
+    let steps = o.path.iter().map(|s| {
+        let f = format_ident!("{}", s.ident);
+        if s.optional {
+            quote!(.and_then(|v| v.#f.as_ref()))
+        } else {
+            quote!(.map(|v| &v.#f))
+        }
+    });
+    quote! {
+        let named: Option<&str> = Some(&params) #(#steps)* .map(String::as_str);
+        support::check_owner(handlers.owners(), ctx, info, named).await?;
     }
 }
 
@@ -429,12 +511,15 @@ fn dispatch(cat: &Catalogue) -> TokenStream {
     let arms = cat.methods.iter().map(|m| {
         let v = format_ident!("{}", m.variant);
         let p = format_ident!("{}", m.params_type);
+        let check = owner_check(m);
         if m.internal {
             quote! { MethodId::#v => Err(RpcError::method_not_found(method)), }
         } else if m.stub {
             quote! {
                 MethodId::#v => {
-                    support::parse_params::<super::types::#p>(info, params)?;
+                    let params = support::parse_params::<super::types::#p>(info, params)?;
+                    #check
+                    let _ = params;
                     Err(RpcError::not_implemented(info.name))
                 }
             }
@@ -451,6 +536,7 @@ fn dispatch(cat: &Catalogue) -> TokenStream {
             quote! {
                 MethodId::#v => {
                     let params = support::parse_params::<super::types::#p>(info, params)?;
+                    #check
                     let result = <H as super::handlers::#tn>::#f(handlers, ctx, params).await?;
                     support::encode_result(&result)
                 }
@@ -461,7 +547,8 @@ fn dispatch(cat: &Catalogue) -> TokenStream {
         use super::methods::MethodId;
         use crate::rpc::{support, CallContext, RpcError};
 
-        /// Runs one call: lookup (-32601), scope (-32603), typed params (-32602), handler.
+        /// Runs one call: lookup (-32601), scope (-32603), typed params (-32602), ownership
+        /// (-32001), handler.
         pub async fn dispatch<H: super::handlers::Handlers>(
             handlers: &H,
             ctx: &CallContext,

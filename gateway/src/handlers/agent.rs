@@ -36,27 +36,19 @@ impl Rpc {
         }
     }
 
-    /// The stored session a key object names. A caller without admin may only use its own
-    /// tenant (its token's client id).
+    /// The stored session a key object names: in the caller's tenant unless it names one (the
+    /// catalogue's `tenant` rule on `sessionKey.tenantId` lets only admin tokens name another).
     pub(super) fn session_ident(
         &self,
         ctx: &CallContext,
         agent: &Agent,
         parts: &SessionKeyParts,
     ) -> Result<SessionIdent, GatewayError> {
-        let tenant = parts
-            .tenant_id
-            .clone()
-            .unwrap_or_else(|| ctx.client_id.clone());
-        if tenant != ctx.client_id && !ctx.allows(Scope::Admin) {
-            return Err(GatewayError::InvalidParams(
-                "'sessionKey.tenantId' must be your own client id (only admin tokens address other tenants)".into(),
-            ));
-        }
+        let tenant = parts.tenant_id.as_deref().unwrap_or(&ctx.client_id);
         Ok(SessionIdent::new(
             &agent.id,
             parts.channel_id.as_deref().unwrap_or(DEFAULT_CHANNEL),
-            &tenant,
+            tenant,
             parts.user_id.as_deref().unwrap_or(DEFAULT_USER),
         ))
     }
@@ -98,7 +90,8 @@ impl Rpc {
             .engine()
             .run_turn(TurnRequest {
                 session,
-                ..TurnRequest::new(agent, message, scopes)
+                scopes,
+                ..TurnRequest::new(agent, message, ctx)
             })
             .await?;
         Ok(outcome.result())

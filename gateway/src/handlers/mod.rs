@@ -30,3 +30,11 @@ impl Rpc {
         &self.state.engine
     }
 }
+
+impl crate::rpc::generated::handlers::Handlers for Rpc {
+    type Owners = crate::store::Store;
+
+    fn owners(&self) -> &crate::store::Store {
+        &self.state.engine.store
+    }
+}

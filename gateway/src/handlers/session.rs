@@ -1,6 +1,7 @@
 //! `session.*`: conversations - listing, reading, searching, exporting, compacting, resetting
-//! and deleting them, and runs started in them (send, spawn, run_status, status). A caller
-//! without admin sees only its own tenant's sessions and runs.
+//! and deleting them, and runs started in them (send, spawn, run_status, status). Ownership is
+//! the catalogue's rule (checked before these handlers run); every store call passes the
+//! caller's tenant, so a caller without admin reaches only its own sessions and runs.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use std::time::Duration;
 use super::Rpc;
 use crate::error::GatewayError;
 use crate::rpc::generated::handlers::SessionApi;
-use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types::{
     SessionCompactParams, SessionCompactResult, SessionDeleteParams, SessionDeleteResult,
     SessionExportParams, SessionExportResult, SessionHistoryParams, SessionHistoryResult,
@@ -22,9 +22,8 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::CallContext;
 use crate::runtime::runs::RunSpec;
-use crate::runtime::sessions::{self, SessionIdent, DEFAULT_USER};
-use crate::store::runs::RunRow;
-use crate::store::sessions::{SessionFilter, SessionRow};
+use crate::runtime::sessions::{self, SessionIdent};
+use crate::store::sessions::{key_parts, owner_of, SessionFilter, SessionRow};
 
 /// Tool groups session.spawn can narrow a run to.
 const TOOL_GROUPS: &[(&str, &[&str])] = &[
@@ -77,30 +76,17 @@ fn run_status(s: &str) -> SubagentRunStatus {
     }
 }
 
-/// The tenant a caller is restricted to; None for admin.
-fn tenant_of(ctx: &CallContext) -> Option<&str> {
-    (!ctx.allows(Scope::Admin)).then_some(ctx.client_id.as_str())
-}
+/// Channel label of sessions session.send creates from a key that is not canonical.
+const SEND_CHANNEL: &str = "session";
 
 impl Rpc {
-    /// A session the caller may see; NotFound otherwise (others' sessions are not revealed).
-    async fn visible_session(
-        &self,
-        ctx: &CallContext,
-        key: &str,
-    ) -> Result<SessionRow, GatewayError> {
-        let row = self.engine().store.session_get(key).await?;
-        match row {
-            Some(s) if tenant_of(ctx).is_none_or(|t| s.tenant_id.as_deref() == Some(t)) => Ok(s),
-            _ => Err(GatewayError::NotFound(format!("Session not found: {key}"))),
-        }
-    }
-
-    async fn visible_run(&self, ctx: &CallContext, run_id: &str) -> Result<RunRow, GatewayError> {
-        match self.engine().store.run_get(run_id).await? {
-            Some(r) if tenant_of(ctx).is_none_or(|t| r.client_id == t) => Ok(r),
-            _ => Err(GatewayError::NotFound(format!("Run not found: {run_id}"))),
-        }
+    /// The session `key` within the caller's reach; NotFound otherwise.
+    async fn session_row(&self, ctx: &CallContext, key: &str) -> Result<SessionRow, GatewayError> {
+        self.engine()
+            .store
+            .session_get(&ctx.tenant, key)
+            .await?
+            .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {key}")))
     }
 }
 
@@ -114,7 +100,7 @@ impl SessionApi for Rpc {
             agent_id: p.agent_id,
             channel: p.channel,
             updated_since: p.since_minutes.map(|m| crate::store::now_ms() - m * 60_000),
-            tenant_id: tenant_of(ctx).map(str::to_owned),
+            ..SessionFilter::of(ctx.tenant.clone())
         };
         let (rows, total) = self
             .engine()
@@ -135,11 +121,11 @@ impl SessionApi for Rpc {
         ctx: &CallContext,
         p: SessionHistoryParams,
     ) -> Result<SessionHistoryResult, GatewayError> {
-        let s = self.visible_session(ctx, &p.session_key).await?;
+        let s = self.session_row(ctx, &p.session_key).await?;
         let (rows, has_more) = self
             .engine()
             .store
-            .session_messages(&s.key, p.before, p.limit)
+            .session_messages(&ctx.tenant, &s.key, p.before, p.limit)
             .await?;
         Ok(SessionHistoryResult {
             total: s.message_count,
@@ -154,10 +140,10 @@ impl SessionApi for Rpc {
         ctx: &CallContext,
         p: SessionDeleteParams,
     ) -> Result<SessionDeleteResult, GatewayError> {
-        let s = self.visible_session(ctx, &p.session_key).await?;
+        let s = self.session_row(ctx, &p.session_key).await?;
         let store = &self.engine().store;
-        let rows = store.session_all_messages(&s.key).await?;
-        if !store.session_delete(&s.key).await? {
+        let rows = store.session_all_messages(&ctx.tenant, &s.key).await?;
+        if !store.session_delete(&ctx.tenant, &s.key).await? {
             return Err(GatewayError::NotFound(format!(
                 "Session not found: {}",
                 s.key
@@ -179,13 +165,13 @@ impl SessionApi for Rpc {
         ctx: &CallContext,
         p: SessionResetParams,
     ) -> Result<SessionResetResult, GatewayError> {
-        let s = self.visible_session(ctx, &p.session_key).await?;
+        let s = self.session_row(ctx, &p.session_key).await?;
         let lock = self.engine().locks.lock_for(&s.key);
         let _turns = lock.lock().await;
         let previous = self
             .engine()
             .store
-            .session_clear(&s.key)
+            .session_clear(&ctx.tenant, &s.key)
             .await?
             .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {}", s.key)))?;
         Ok(SessionResetResult {
@@ -200,8 +186,12 @@ impl SessionApi for Rpc {
         ctx: &CallContext,
         p: SessionExportParams,
     ) -> Result<SessionExportResult, GatewayError> {
-        let s = self.visible_session(ctx, &p.session_key).await?;
-        let rows = self.engine().store.session_all_messages(&s.key).await?;
+        let s = self.session_row(ctx, &p.session_key).await?;
+        let rows = self
+            .engine()
+            .store
+            .session_all_messages(&ctx.tenant, &s.key)
+            .await?;
         Ok(SessionExportResult {
             session_key: s.key.clone(),
             message_count: rows.len() as i64,
@@ -217,7 +207,12 @@ impl SessionApi for Rpc {
         ctx: &CallContext,
         p: SessionRunStatusParams,
     ) -> Result<SessionRunStatusResult, GatewayError> {
-        let r = self.visible_run(ctx, &p.run_id).await?;
+        let r = self
+            .engine()
+            .store
+            .run_get(&ctx.tenant, &p.run_id)
+            .await?
+            .ok_or_else(|| GatewayError::NotFound(format!("Run not found: {}", p.run_id)))?;
         let end = r.completed_at.unwrap_or_else(crate::store::now_ms);
         Ok(SessionRunStatusResult {
             status: run_status(&r.status),
@@ -243,7 +238,7 @@ impl SessionApi for Rpc {
         let hits = self
             .engine()
             .store
-            .search_messages(&p.query, p.limit, tenant_of(ctx))
+            .search_messages(&ctx.tenant, &p.query, p.limit)
             .await?;
         Ok(hits
             .into_iter()
@@ -263,11 +258,17 @@ impl SessionApi for Rpc {
         ctx: &CallContext,
         p: SessionCompactParams,
     ) -> Result<SessionCompactResult, GatewayError> {
-        let s = self.visible_session(ctx, &p.key).await?;
+        let s = self.session_row(ctx, &p.key).await?;
         let engine = self.engine();
         let agent = engine.agents.require(&s.agent_id)?;
         let c = engine
-            .compact(&agent, &s.key, p.instructions.as_deref())
+            .compact(
+                &ctx.tenant,
+                s.tenant_id.as_deref(),
+                &agent,
+                &s.key,
+                p.instructions.as_deref(),
+            )
             .await?;
         Ok(SessionCompactResult {
             session_key: s.key,
@@ -293,34 +294,33 @@ impl SessionApi for Rpc {
         let engine = self.engine();
         let store = &engine.store;
         // Best effort per layer: an absent session is not an error (a storage failure is).
-        let visible = match self.visible_session(ctx, &p.session_key).await {
-            Ok(_) => true,
-            Err(GatewayError::NotFound(_)) => false,
-            Err(e) => return Err(e),
-        };
-        let (cleared, notes) = if visible {
+        let (cleared, notes) = {
             let lock = engine.locks.lock_for(&p.session_key);
             let _turns = lock.lock().await;
             // Counted under the turn lock; the delete cascades to messages and notes.
-            let cleared = store
-                .session_get(&p.session_key)
-                .await?
-                .map_or(0, |s| s.message_count);
-            let notes = store.notes_list(&p.session_key).await?.len() as i64;
-            store.session_delete(&p.session_key).await?;
-            (cleared, notes)
-        } else {
-            (0, 0)
+            match store.session_get(&ctx.tenant, &p.session_key).await? {
+                Some(s) => {
+                    let notes = store.notes_list(&s.key).await?.len() as i64;
+                    store.session_delete(&ctx.tenant, &s.key).await?;
+                    (s.message_count, notes)
+                }
+                None => (0, 0),
+            }
         };
         // Memories outlive their session, so they are deleted even when it is gone.
         let memories_deleted = if p.memory {
-            Some(match store.memory_delete_by_session(&p.session_key).await {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!(error = %e, "memory delete failed during reset_conversation");
-                    0
-                }
-            })
+            Some(
+                match store
+                    .memory_delete_by_session(&ctx.tenant, &p.session_key)
+                    .await
+                {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::error!(error = %e, "memory delete failed during reset_conversation");
+                        0
+                    }
+                },
+            )
         } else {
             None
         };
@@ -339,9 +339,14 @@ impl SessionApi for Rpc {
         p: SessionSendParams,
     ) -> Result<SessionSendResult, GatewayError> {
         let engine = self.engine().clone();
-        let existing = self.visible_session(ctx, &p.session_key).await;
+        // The rule let the call through: the key is the caller's, or does not exist and names
+        // no other tenant. Storage errors are errors, never "not found".
+        let existing = engine
+            .store
+            .session_get(&ctx.tenant, &p.session_key)
+            .await?;
         let (agent, session) = match existing {
-            Ok(s) => {
+            Some(s) => {
                 let agent = engine
                     .agents
                     .require(p.agent_id.as_deref().unwrap_or(&s.agent_id))?;
@@ -349,12 +354,12 @@ impl SessionApi for Rpc {
                     key: s.key.clone(),
                     agent_id: agent.id.clone(),
                     channel: s.channel.clone(),
-                    tenant_id: s.tenant_id.clone().unwrap_or_else(|| ctx.client_id.clone()),
-                    user_id: s.user_id.clone().unwrap_or_else(|| DEFAULT_USER.to_owned()),
+                    tenant_id: s.tenant_id.clone().unwrap_or_default(),
+                    user_id: s.user_id.clone().unwrap_or_default(),
                 };
                 (agent, ident)
             }
-            Err(_) => {
+            None => {
                 let Some(agent_id) = &p.agent_id else {
                     return Err(GatewayError::NotFound(format!(
                         "Session not found: {} (give agent_id to create it)",
@@ -362,12 +367,20 @@ impl SessionApi for Rpc {
                     )));
                 };
                 let agent = engine.agents.require(agent_id)?;
-                let ident = SessionIdent {
-                    key: p.session_key.clone(),
-                    agent_id: agent.id.clone(),
-                    channel: "session".to_owned(),
-                    tenant_id: ctx.client_id.clone(),
-                    user_id: DEFAULT_USER.to_owned(),
+                // A canonical key is created as named (in the caller's tenant, or any tenant
+                // an admin names); any other key is a label of a new key in the caller's own
+                // tenant, so no caller can take a name away from another.
+                let ident = match key_parts(&p.session_key) {
+                    Some([_, channel, tenant, user]) => SessionIdent {
+                        key: p.session_key.clone(),
+                        agent_id: agent.id.clone(),
+                        tenant_id: owner_of(&channel, &tenant),
+                        channel,
+                        user_id: user,
+                    },
+                    None => {
+                        SessionIdent::new(&agent.id, SEND_CHANNEL, &ctx.client_id, &p.session_key)
+                    }
                 };
                 (agent, ident)
             }
@@ -377,7 +390,7 @@ impl SessionApi for Rpc {
                 agent,
                 session,
                 task: p.text,
-                client_id: ctx.client_id.clone(),
+                caller: ctx.clone(),
                 scopes: ctx.scopes.clone(),
                 parent_run_id: None,
                 max_steps: None,
@@ -388,7 +401,7 @@ impl SessionApi for Rpc {
             })
             .await?;
         let base = SessionSendResult {
-            session_key: p.session_key.clone(),
+            session_key: started.row.session_key.clone(),
             run_id: started.row.run_id.clone(),
             status: SessionSendResultStatus::Accepted,
             response: None,
@@ -496,7 +509,7 @@ impl SessionApi for Rpc {
                 agent: agent.clone(),
                 session,
                 task,
-                client_id: ctx.client_id.clone(),
+                caller: ctx.clone(),
                 scopes: ctx.scopes.clone(),
                 parent_run_id: None,
                 max_steps: p.max_steps.map(|m| m.clamp(1, 1000) as u32),
@@ -554,7 +567,7 @@ impl SessionApi for Rpc {
                 "'session_key' is required: a JSON-RPC caller has no session of its own".into(),
             ));
         };
-        let s = self.visible_session(ctx, &key).await?;
+        let s = self.session_row(ctx, &key).await?;
         let engine = self.engine();
         let agent = engine.agents.require(&s.agent_id)?;
         Ok(SessionStatusResult {

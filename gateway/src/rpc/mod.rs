@@ -19,6 +19,8 @@ pub struct CallContext {
     pub client_id: String,
     /// Scopes the token holds (`*` already expanded to every scope).
     pub scopes: BTreeSet<Scope>,
+    /// Whose records the caller reaches (built with the principal: see `tenancy`).
+    pub tenant: crate::tenancy::Tenant,
     /// The WebSocket connection, when the call came over /ws.
     pub connection: Option<u64>,
 }

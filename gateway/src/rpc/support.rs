@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::generated::methods::{MethodInfo, METHODS};
+use super::generated::methods::{error_codes, MethodInfo, METHODS};
 use super::{CallContext, RpcError};
 
 /// Schema problems named in one -32602 message, at most.
@@ -41,6 +41,28 @@ pub fn authorize(ctx: &CallContext, info: &MethodInfo) -> Result<(), RpcError> {
     } else {
         Err(RpcError::insufficient_scope(info.scope))
     }
+}
+
+/// The ownership rule of the method, for the record its params name (`named`; None when the
+/// param is absent): -32001 `<Kind> not found: <id>` unless the caller's tenant reaches it, the
+/// same answer as a record that does not exist.
+pub async fn check_owner<O: crate::tenancy::Owners>(
+    owners: &O,
+    ctx: &CallContext,
+    info: &MethodInfo,
+    named: Option<&str>,
+) -> Result<(), RpcError> {
+    let (Some(rule), Some(id)) = (&info.owner, named) else {
+        return Ok(());
+    };
+    if crate::tenancy::allowed(owners, &ctx.tenant, rule.kind, rule.claim, id).await? {
+        return Ok(());
+    }
+    let shown: String = id.chars().take(200).filter(|c| !c.is_control()).collect();
+    Err(RpcError::new(
+        error_codes::NOT_FOUND,
+        format!("{}: {shown}", rule.kind.not_found()),
+    ))
 }
 
 /// Validates `params` (absent = `{}`) against the schema, then decodes the typed struct.

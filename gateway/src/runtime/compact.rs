@@ -10,6 +10,7 @@ use crate::runtime::providers::{ChatMessage, ChatRequest};
 use crate::runtime::sessions;
 use crate::runtime::turn::CallFor;
 use crate::store::sessions::MessageRow;
+use crate::tenancy::Tenant;
 
 /// Messages below which a history is not worth compacting.
 pub const MIN_MESSAGES: usize = 4;
@@ -40,13 +41,16 @@ impl Engine {
     /// Compacts a session's transcript (holding its turn lock).
     pub async fn compact(
         &self,
+        tenant: &Tenant,
+        owner: Option<&str>,
         agent: &Agent,
         key: &str,
         instructions: Option<&str>,
     ) -> Result<Compaction, GatewayError> {
         let lock = self.locks.lock_for(key);
         let _guard = lock.lock().await;
-        let rows = self.store.session_all_messages(key).await?;
+        let rows = self.store.session_all_messages(tenant, key).await?;
+        let owner: Option<std::sync::Arc<str>> = owner.map(std::sync::Arc::from);
         let previous_tokens = estimate(&rows);
         if rows.len() < MIN_MESSAGES {
             return Ok(Compaction {
@@ -86,6 +90,7 @@ impl Engine {
                 CallFor {
                     agent_id: &agent.id,
                     session_key: Some(key),
+                    owner: owner.as_ref(),
                     operation: "summarize",
                 },
             )

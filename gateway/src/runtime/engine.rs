@@ -97,9 +97,33 @@ fn spawn_media_sweeper(
 }
 
 impl Engine {
-    /// Publishes a system event (`/api/events`, `/api/activity`).
+    /// Publishes a system-wide event (`/api/events`, `/api/activity`).
     pub fn emit<T: serde::Serialize + Send + Sync + 'static>(&self, name: &'static str, data: T) {
         self.control.events.publish(name, data);
+    }
+
+    /// Publishes an event of `owner`'s session: only that tenant (and admin) sees it.
+    pub fn emit_owned<T: serde::Serialize + Send + Sync + 'static>(
+        &self,
+        owner: &std::sync::Arc<str>,
+        name: &'static str,
+        data: T,
+    ) {
+        self.control
+            .events
+            .publish_owned(Some(owner.clone()), name, data);
+    }
+
+    /// [`Engine::emit_owned`] when there is an owner, else [`Engine::emit`].
+    pub fn emit_for<T: serde::Serialize + Send + Sync + 'static>(
+        &self,
+        owner: Option<&std::sync::Arc<str>>,
+        name: &'static str,
+        data: T,
+    ) {
+        self.control
+            .events
+            .publish_owned(owner.cloned(), name, data);
     }
 }
 

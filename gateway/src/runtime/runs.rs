@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types::SubagentRunStatus;
+use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
 use crate::runtime::sessions::SessionIdent;
@@ -20,7 +21,10 @@ pub struct RunSpec {
     pub agent: Arc<Agent>,
     pub session: SessionIdent,
     pub task: String,
-    pub client_id: String,
+    /// Who starts the run: it owns the run (its client id), and the turn gets its scopes
+    /// (narrowed to `scopes`) and tenant.
+    pub caller: CallContext,
+    /// The scopes the run's tools may require (at most the caller's).
     pub scopes: BTreeSet<Scope>,
     pub parent_run_id: Option<String>,
     pub max_steps: Option<u32>,
@@ -58,7 +62,7 @@ impl Engine {
             task: spec.task.clone(),
             status: SubagentRunStatus::Running.as_str().to_owned(),
             depth: i64::from(spec.parent_run_id.is_some()),
-            client_id: spec.client_id.clone(),
+            client_id: spec.caller.client_id.clone(),
             started_at: crate::store::now_ms(),
             delivery: spec.delivery.clone(),
             ..RunRow::default()
@@ -82,7 +86,8 @@ impl Engine {
                     model: spec.model,
                     only_tools: spec.only_tools,
                     cancel,
-                    ..TurnRequest::new(spec.agent, spec.task, spec.scopes)
+                    scopes: spec.scopes,
+                    ..TurnRequest::new(spec.agent, spec.task, &spec.caller)
                 })
                 .await;
             finished.completed_at = Some(crate::store::now_ms());

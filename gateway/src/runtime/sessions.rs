@@ -22,43 +22,24 @@ pub struct SessionIdent {
     pub key: String,
     pub agent_id: String,
     pub channel: String,
+    /// The owner of the session: the key's tenant part, or `<channel>:<tenant part>` for the
+    /// gateway's own channels (`store::sessions::owner_of`).
     pub tenant_id: String,
     pub user_id: String,
 }
 
-/// Appends `part` with `%` and `:` escaped.
-fn push_escaped(key: &mut String, part: &str) {
-    for c in part.chars() {
-        match c {
-            '%' => key.push_str("%25"),
-            ':' => key.push_str("%3A"),
-            c => key.push(c),
-        }
-    }
-}
-
-/// `agent:<agent>:<channel>:<tenant>:<user>`, each part with `%` and `:` escaped, so
-/// distinct parts never produce the same key.
-pub fn session_key(agent_id: &str, channel: &str, tenant_id: &str, user_id: &str) -> String {
-    let parts = [agent_id, channel, tenant_id, user_id];
-    let mut key = String::with_capacity(5 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
-    key.push_str("agent");
-    for part in parts {
-        key.push(':');
-        push_escaped(&mut key, part);
-    }
-    key
-}
+use crate::store::sessions::owner_of;
+pub use crate::store::sessions::session_key;
 
 impl SessionIdent {
-    /// The identity and canonical key ([`session_key`]) of a session.
+    /// The identity, owner and canonical key ([`session_key`]) of a session.
     pub fn new(agent_id: &str, channel: &str, tenant_id: &str, user_id: &str) -> Self {
         let key = session_key(agent_id, channel, tenant_id, user_id);
         Self {
             key,
             agent_id: agent_id.to_owned(),
             channel: channel.to_owned(),
-            tenant_id: tenant_id.to_owned(),
+            tenant_id: owner_of(channel, tenant_id),
             user_id: user_id.to_owned(),
         }
     }

@@ -11,8 +11,10 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::GatewayError;
+use crate::rpc::generated::methods::RecordKind;
 use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types::{AgentTurnResult, FinishReason, TokensUsed};
+use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog::ModelInfo;
 use crate::runtime::engine::Engine;
@@ -25,6 +27,7 @@ use crate::runtime::sessions::{self, SessionIdent};
 use crate::runtime::tools::ToolContext;
 use crate::store::sessions::{NewSession, TurnTotals};
 use crate::store::usage::UsageRow;
+use crate::tenancy::{Lookup, Owners, Tenant};
 
 /// One turn to run.
 pub struct TurnRequest {
@@ -34,6 +37,10 @@ pub struct TurnRequest {
     pub message: String,
     /// Scopes the turn's tools may require (the caller's, possibly narrowed).
     pub scopes: BTreeSet<Scope>,
+    /// Whose records the turn's tools reach: the caller's tenant (admin: every tenant).
+    pub tenant: Tenant,
+    /// The caller's client id: it owns what an ephemeral turn's tools store.
+    pub client_id: String,
     /// Receives text deltas as they are produced.
     pub sink: Option<DeltaSink>,
     /// Cancelled when the caller goes away.
@@ -53,14 +60,16 @@ pub struct TurnRequest {
 }
 
 impl TurnRequest {
-    /// A turn of `agent` on `message` with every option at its default: ephemeral, no
-    /// streaming, the agent's own model, prompt and tools.
-    pub fn new(agent: Arc<Agent>, message: String, scopes: BTreeSet<Scope>) -> Self {
+    /// A turn of `agent` on `message` for `caller` with every option at its default:
+    /// ephemeral, no streaming, the agent's own model, prompt and tools, the caller's scopes.
+    pub fn new(agent: Arc<Agent>, message: String, caller: &CallContext) -> Self {
         Self {
             agent,
             session: None,
             message,
-            scopes,
+            scopes: caller.scopes.clone(),
+            tenant: caller.tenant.clone(),
+            client_id: caller.client_id.clone(),
             sink: None,
             cancel: CancellationToken::new(),
             max_steps: None,
@@ -185,6 +194,9 @@ impl TokenUsage {
 pub(crate) struct CallFor<'a> {
     pub agent_id: &'a str,
     pub session_key: Option<&'a str>,
+    /// The tenant whose session the call serves (its events are that tenant's); None for a
+    /// call that serves no tenant's session.
+    pub owner: Option<&'a Arc<str>>,
     /// chat, summarize, ...
     pub operation: &'a str,
 }
@@ -210,7 +222,14 @@ impl Engine {
             None => None,
         };
         let session_key = req.session.as_ref().map(|s| s.key.clone());
-        self.emit(
+        // The turn's events belong to the session's owner (an ephemeral turn's to its caller).
+        let owner: Arc<str> = Arc::from(
+            req.session
+                .as_ref()
+                .map_or(req.client_id.as_str(), |s| s.tenant_id.as_str()),
+        );
+        self.emit_owned(
+            &owner,
             "message:received",
             MessageReceived {
                 agent_id: agent.id.clone(),
@@ -238,11 +257,32 @@ impl Engine {
         let mut history = Vec::new();
         let mut summary = None;
         if let Some(s) = &req.session {
+            // The key was authorized for its owner; a row stored under it for another owner
+            // (written before ownership rules existed) is never continued.
+            let exists = match self.store.lookup(RecordKind::Session, &s.key).await? {
+                Lookup::Exists(owner) if owner.as_deref() == Some(s.tenant_id.as_str()) => true,
+                Lookup::Exists(_) => {
+                    return Err(GatewayError::NotFound(format!(
+                        "{}: {}",
+                        RecordKind::Session.not_found(),
+                        s.key
+                    )))
+                }
+                Lookup::Missing { .. } => false,
+            };
             let limit = i64::from(self.agents.defaults().max_history_messages.max(1));
-            let (rows, _) = self.store.session_messages(&s.key, None, limit).await?;
-            // A session with history exists; otherwise it is created before the first step,
-            // since tools (notes) write rows that reference it. Saves a write per turn.
-            if rows.is_empty() {
+            let rows = if exists {
+                let owner = Tenant::owner(&s.tenant_id);
+                self.store
+                    .session_messages(&owner, &s.key, None, limit)
+                    .await?
+                    .0
+            } else {
+                Vec::new()
+            };
+            // A new session is created before the first step, since tools (notes) write rows
+            // that reference it.
+            if !exists {
                 self.store
                     .session_ensure(&NewSession {
                         key: &s.key,
@@ -252,7 +292,8 @@ impl Engine {
                         user_id: Some(&s.user_id),
                     })
                     .await?;
-                self.emit(
+                self.emit_owned(
+                    &owner,
                     "session:created",
                     json!({"sessionKey": s.key, "agentId": s.agent_id, "channel": s.channel}),
                 );
@@ -300,6 +341,11 @@ impl Engine {
             media: &self.media,
             agent_id: &agent.id,
             session_key: req.session.as_ref().map(|s| s.key.as_str()),
+            tenant: &req.tenant,
+            owner: req
+                .session
+                .as_ref()
+                .map_or(req.client_id.as_str(), |s| s.tenant_id.as_str()),
         };
 
         let mut out = TurnOutcome {
@@ -341,6 +387,7 @@ impl Engine {
                             .as_ref()
                             .map(|s| s.key.as_str())
                             .or(req.usage_label.as_deref()),
+                        owner: Some(&owner),
                         operation: "chat",
                     },
                 )
@@ -449,7 +496,8 @@ impl Engine {
                 )
                 .await?;
         }
-        self.emit(
+        self.emit_owned(
+            &owner,
             "message:sent",
             MessageSent {
                 agent_id: agent.id.clone(),
@@ -543,7 +591,7 @@ impl Engine {
                 ok: result.is_ok(),
                 error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
             };
-            self.emit("observability:token_usage", TokenUsage::of(&row));
+            self.emit_for(who.owner, "observability:token_usage", TokenUsage::of(&row));
             if let Err(e) = self.store.usage_record(row) {
                 tracing::error!(error = %e, "usage not recorded");
             }
@@ -553,7 +601,8 @@ impl Engine {
                 Err(e) => {
                     tracing::warn!(model = %model.id(), kind = e.kind.as_str(), "model failed; trying the next fallback if any");
                     if index + 1 < chain.len() {
-                        self.emit(
+                        self.emit_for(
+                            who.owner,
                             "model:fallback_attempt",
                             json!({"agentId": who.agent_id, "failed": model.id(),
                                    "next": chain[index + 1], "reason": e.kind.as_str()}),
@@ -564,7 +613,8 @@ impl Engine {
             }
         }
         if chain.len() > 1 {
-            self.emit(
+            self.emit_for(
+                who.owner,
                 "model:fallback_exhausted",
                 json!({"agentId": who.agent_id, "models": chain, "reason": last.kind.as_str()}),
             );

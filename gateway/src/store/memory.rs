@@ -5,6 +5,7 @@ use sqlx::Row;
 
 use super::{now_ms, Store};
 use crate::error::GatewayError;
+use crate::tenancy::Tenant;
 
 /// One session note.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,9 +16,10 @@ pub struct NoteRow {
 }
 
 impl Store {
-    /// Stores a memory; its id.
+    /// Stores a memory owned by `owner` (the tenant of the turn that stored it); its id.
     pub async fn memory_insert(
         &self,
+        owner: &str,
         agent_id: &str,
         session_key: Option<&str>,
         content: &str,
@@ -25,8 +27,10 @@ impl Store {
     ) -> Result<i64, GatewayError> {
         let tags = serde_json::to_string(tags).unwrap_or_else(|_| "[]".to_owned());
         let done = sqlx::query(
-            "INSERT INTO memories (agent_id, session_key, content, tags, created_at) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO memories (tenant_id, agent_id, session_key, content, tags, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
         )
+        .bind(owner)
         .bind(agent_id)
         .bind(session_key)
         .bind(content)
@@ -37,12 +41,19 @@ impl Store {
         Ok(done.last_insert_rowid())
     }
 
-    /// Deletes the memories stored from one session; how many.
-    pub async fn memory_delete_by_session(&self, session_key: &str) -> Result<i64, GatewayError> {
-        let done = sqlx::query("DELETE FROM memories WHERE session_key = ?")
-            .bind(session_key)
-            .execute(self.pool())
-            .await?;
+    /// Deletes the memories stored from one session that `tenant` reaches; how many.
+    pub async fn memory_delete_by_session(
+        &self,
+        tenant: &Tenant,
+        session_key: &str,
+    ) -> Result<i64, GatewayError> {
+        let done = sqlx::query(
+            "DELETE FROM memories WHERE session_key = ?1 AND (?2 IS NULL OR tenant_id = ?2)",
+        )
+        .bind(session_key)
+        .bind(tenant.only())
+        .execute(self.pool())
+        .await?;
         Ok(done.rows_affected() as i64)
     }
 

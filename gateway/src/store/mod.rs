@@ -5,6 +5,7 @@
 //! acknowledged write is committed before the answer is sent.
 
 pub mod memory;
+pub mod owners;
 pub mod registry;
 pub mod runs;
 pub mod search;

@@ -6,6 +6,7 @@ use sqlx::Row;
 
 use super::Store;
 use crate::error::GatewayError;
+use crate::tenancy::Tenant;
 
 /// One run.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -96,11 +97,18 @@ impl Store {
         Ok(())
     }
 
-    pub async fn run_get(&self, run_id: &str) -> Result<Option<RunRow>, GatewayError> {
-        let row = sqlx::query("SELECT * FROM runs WHERE run_id = ?")
-            .bind(run_id)
-            .fetch_optional(self.pool())
-            .await?;
+    /// The run `run_id` when `tenant` reaches it (its starting client's, or admin).
+    pub async fn run_get(
+        &self,
+        tenant: &Tenant,
+        run_id: &str,
+    ) -> Result<Option<RunRow>, GatewayError> {
+        let row =
+            sqlx::query("SELECT * FROM runs WHERE run_id = ?1 AND (?2 IS NULL OR client_id = ?2)")
+                .bind(run_id)
+                .bind(tenant.only())
+                .fetch_optional(self.pool())
+                .await?;
         Ok(row.as_ref().map(run_row).transpose()?)
     }
 

@@ -5,6 +5,7 @@ use sqlx::Row;
 
 use super::Store;
 use crate::error::GatewayError;
+use crate::tenancy::Tenant;
 
 /// One transcript match.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,12 +52,12 @@ fn clip(s: String, max: usize) -> String {
 }
 
 impl Store {
-    /// Transcript search, best first; `tenant` restricts to one tenant's sessions.
+    /// Transcript search over the sessions `tenant` reaches, best first.
     pub async fn search_messages(
         &self,
+        tenant: &Tenant,
         text: &str,
         limit: i64,
-        tenant: Option<&str>,
     ) -> Result<Vec<MessageHit>, GatewayError> {
         let Some(q) = fts_query(text) else {
             return Ok(Vec::new());
@@ -66,12 +67,11 @@ impl Store {
              snippet(messages_fts, 0, '', '', '...', 24) AS snip, bm25(messages_fts) AS rank \
              FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid \
              JOIN sessions s ON s.session_key = m.session_key \
-             WHERE messages_fts MATCH ? AND (? IS NULL OR s.tenant_id = ?) \
-             ORDER BY rank LIMIT ?",
+             WHERE messages_fts MATCH ?1 AND (?2 IS NULL OR s.tenant_id = ?2) \
+             ORDER BY rank LIMIT ?3",
         )
         .bind(&q)
-        .bind(tenant)
-        .bind(tenant)
+        .bind(tenant.only())
         .bind(limit)
         .fetch_all(self.pool())
         .await?;
@@ -90,9 +90,11 @@ impl Store {
         Ok(hits)
     }
 
-    /// Memory search within one agent's memories (or every agent's), best first.
+    /// Memory search over the memories `tenant` reaches, within one agent's (or every
+    /// agent's), best first.
     pub async fn search_memories(
         &self,
+        tenant: &Tenant,
         agent_id: Option<&str>,
         text: &str,
         limit: i64,
@@ -103,10 +105,12 @@ impl Store {
         let rows = sqlx::query(
             "SELECT m.id, m.agent_id, m.content, m.tags, m.session_key, m.created_at, bm25(memories_fts) AS rank \
              FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid \
-             WHERE memories_fts MATCH ?1 AND (?2 IS NULL OR m.agent_id = ?2) ORDER BY rank LIMIT ?3",
+             WHERE memories_fts MATCH ?1 AND (?2 IS NULL OR m.agent_id = ?2) \
+             AND (?3 IS NULL OR m.tenant_id = ?3) ORDER BY rank LIMIT ?4",
         )
         .bind(&q)
         .bind(agent_id)
+        .bind(tenant.only())
         .bind(limit)
         .fetch_all(self.pool())
         .await?;
@@ -126,13 +130,17 @@ impl Store {
         Ok(hits)
     }
 
-    /// Counts for the memory dashboard: memories, notes, indexed transcript messages.
-    pub async fn memory_stats(&self) -> Result<(i64, i64, i64), GatewayError> {
+    /// Counts for the memory dashboard over what `tenant` reaches: memories, notes, indexed
+    /// transcript messages.
+    pub async fn memory_stats(&self, tenant: &Tenant) -> Result<(i64, i64, i64), GatewayError> {
         let row = sqlx::query(
-            "SELECT (SELECT COUNT(*) FROM memories) AS memories, \
-                    (SELECT COUNT(*) FROM session_notes) AS notes, \
-                    (SELECT COUNT(*) FROM messages) AS messages",
+            "SELECT (SELECT COUNT(*) FROM memories WHERE ?1 IS NULL OR tenant_id = ?1) AS memories, \
+                    (SELECT COUNT(*) FROM session_notes n JOIN sessions s ON s.session_key = n.session_key \
+                     WHERE ?1 IS NULL OR s.tenant_id = ?1) AS notes, \
+                    (SELECT COUNT(*) FROM messages m JOIN sessions s ON s.session_key = m.session_key \
+                     WHERE ?1 IS NULL OR s.tenant_id = ?1) AS messages",
         )
+        .bind(tenant.only())
         .fetch_one(self.pool())
         .await?;
         Ok((

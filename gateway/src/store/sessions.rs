@@ -5,6 +5,7 @@ use sqlx::Row;
 
 use super::{now_ms, Store};
 use crate::error::GatewayError;
+use crate::tenancy::Tenant;
 
 /// A stored session with its counters.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,13 +66,44 @@ pub struct TurnTotals {
 }
 
 /// Filters of session.list.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SessionFilter {
     pub agent_id: Option<String>,
     pub channel: Option<String>,
     pub updated_since: Option<i64>,
-    /// Only this tenant's sessions (callers without admin).
-    pub tenant_id: Option<String>,
+    /// Whose sessions are listed (the caller's reach).
+    pub tenant: Tenant,
+}
+
+impl SessionFilter {
+    /// Every session `tenant` reaches, unfiltered otherwise.
+    pub fn of(tenant: Tenant) -> Self {
+        Self {
+            agent_id: None,
+            channel: None,
+            updated_since: None,
+            tenant,
+        }
+    }
+}
+
+/// The condition every tenant-scoped query of sessions uses: the session `s` is within the
+/// reach of the tenant bound as parameter `?n` (NULL: every tenant).
+fn reached(n: u8) -> String {
+    format!("(?{n} IS NULL OR s.tenant_id = ?{n})")
+}
+
+/// Channels whose sessions belong to the gateway's own principals, never to a token: their
+/// owner is `<channel>:<tenant part>`, and token ids cannot contain ':' (config validation).
+pub const INTERNAL_CHANNELS: &[&str] = &["webhook", "heartbeat"];
+
+/// The owner of a session created under `channel` for the key's tenant part `tenant`.
+pub fn owner_of(channel: &str, tenant: &str) -> String {
+    if INTERNAL_CHANNELS.contains(&channel) {
+        format!("{channel}:{tenant}")
+    } else {
+        tenant.to_owned()
+    }
 }
 
 const SESSION_COLUMNS: &str = "s.session_key, s.agent_id, s.channel, s.tenant_id, s.user_id, s.label, s.metadata, \
@@ -145,6 +177,68 @@ async fn insert_messages(
     Ok(())
 }
 
+/// Appends `part` with `%` and `:` escaped.
+fn push_escaped(key: &mut String, part: &str) {
+    for c in part.chars() {
+        match c {
+            '%' => key.push_str("%25"),
+            ':' => key.push_str("%3A"),
+            c => key.push(c),
+        }
+    }
+}
+
+/// `agent:<agent>:<channel>:<tenant>:<user>`, each part with `%` and `:` escaped, so
+/// distinct parts never produce the same key.
+pub fn session_key(agent_id: &str, channel: &str, tenant_id: &str, user_id: &str) -> String {
+    let parts = [agent_id, channel, tenant_id, user_id];
+    let mut key = String::with_capacity(5 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
+    key.push_str("agent");
+    for part in parts {
+        key.push(':');
+        push_escaped(&mut key, part);
+    }
+    key
+}
+
+/// The four parts of a key in the canonical form of [`session_key`] (agent, channel, tenant,
+/// user), unescaped; None for a key of any other form.
+pub fn key_parts(key: &str) -> Option<[String; 4]> {
+    let parts: Vec<&str> = key.split(':').collect();
+    let ["agent", agent, channel, tenant, user] = parts.as_slice() else {
+        return None;
+    };
+    Some([
+        unescape(agent)?,
+        unescape(channel)?,
+        unescape(tenant)?,
+        unescape(user)?,
+    ])
+}
+
+fn unescape(part: &str) -> Option<String> {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        out.push(match rest.get(i + 1..i + 3)? {
+            "25" => '%',
+            "3A" => ':',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// The owner a key in the canonical form of [`session_key`] names (see [`owner_of`]); None for
+/// any other form.
+pub fn key_tenant(key: &str) -> Option<String> {
+    let [_, channel, tenant, _] = key_parts(key)?;
+    Some(owner_of(&channel, &tenant))
+}
+
 impl Store {
     /// Creates the session when it does not exist yet.
     pub async fn session_ensure(&self, s: &NewSession<'_>) -> Result<(), GatewayError> {
@@ -165,10 +259,19 @@ impl Store {
         Ok(())
     }
 
-    pub async fn session_get(&self, key: &str) -> Result<Option<SessionRow>, GatewayError> {
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.session_key = ?");
+    /// The session `key` when `tenant` reaches it.
+    pub async fn session_get(
+        &self,
+        tenant: &Tenant,
+        key: &str,
+    ) -> Result<Option<SessionRow>, GatewayError> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.session_key = ?1 AND {}",
+            reached(2)
+        );
         let row = sqlx::query(&sql)
             .bind(key)
+            .bind(tenant.only())
             .fetch_optional(self.pool())
             .await?;
         Ok(row.as_ref().map(session_row).transpose()?)
@@ -189,7 +292,7 @@ impl Store {
                 .bind(&f.agent_id)
                 .bind(&f.channel)
                 .bind(f.updated_since)
-                .bind(&f.tenant_id)
+                .bind(f.tenant.only())
                 .fetch_one(self.pool())
                 .await?;
         let sql = format!(
@@ -200,7 +303,7 @@ impl Store {
             .bind(&f.agent_id)
             .bind(&f.channel)
             .bind(f.updated_since)
-            .bind(&f.tenant_id)
+            .bind(f.tenant.only())
             .bind(limit)
             .bind(offset)
             .fetch_all(self.pool())
@@ -213,18 +316,21 @@ impl Store {
     /// whether older ones exist.
     pub async fn session_messages(
         &self,
+        tenant: &Tenant,
         key: &str,
         before: Option<i64>,
         limit: i64,
     ) -> Result<(Vec<MessageRow>, bool), GatewayError> {
         let sql = format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = ? AND (? IS NULL OR seq < ?) \
-             ORDER BY seq DESC LIMIT ?"
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = ?1 AND (?2 IS NULL OR seq < ?2) \
+             AND EXISTS (SELECT 1 FROM sessions s WHERE s.session_key = ?1 AND {}) \
+             ORDER BY seq DESC LIMIT ?4",
+            reached(3)
         );
         let rows = sqlx::query(&sql)
             .bind(key)
             .bind(before)
-            .bind(before)
+            .bind(tenant.only())
             .bind(limit + 1)
             .fetch_all(self.pool())
             .await?;
@@ -235,11 +341,22 @@ impl Store {
         Ok((list, has_more))
     }
 
-    /// Every message, oldest first.
-    pub async fn session_all_messages(&self, key: &str) -> Result<Vec<MessageRow>, GatewayError> {
-        let sql =
-            format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = ? ORDER BY seq");
-        let rows = sqlx::query(&sql).bind(key).fetch_all(self.pool()).await?;
+    /// Every message, oldest first (none when `tenant` does not reach the session).
+    pub async fn session_all_messages(
+        &self,
+        tenant: &Tenant,
+        key: &str,
+    ) -> Result<Vec<MessageRow>, GatewayError> {
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = ?1 \
+             AND EXISTS (SELECT 1 FROM sessions s WHERE s.session_key = ?1 AND {}) ORDER BY seq",
+            reached(2)
+        );
+        let rows = sqlx::query(&sql)
+            .bind(key)
+            .bind(tenant.only())
+            .fetch_all(self.pool())
+            .await?;
         Ok(rows.iter().map(message_row).collect::<Result<_, _>>()?)
     }
 
@@ -299,12 +416,20 @@ impl Store {
 
     /// Clears the messages (keeping the session and its metadata); the count cleared, or None
     /// when the session does not exist.
-    pub async fn session_clear(&self, key: &str) -> Result<Option<i64>, GatewayError> {
+    pub async fn session_clear(
+        &self,
+        tenant: &Tenant,
+        key: &str,
+    ) -> Result<Option<i64>, GatewayError> {
         let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        let exists = sqlx::query("SELECT 1 FROM sessions WHERE session_key = ?")
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let exists = sqlx::query(&format!(
+            "SELECT 1 FROM sessions s WHERE s.session_key = ?1 AND {}",
+            reached(2)
+        ))
+        .bind(key)
+        .bind(tenant.only())
+        .fetch_optional(&mut *tx)
+        .await?;
         if exists.is_none() {
             return Ok(None);
         }
@@ -321,12 +446,16 @@ impl Store {
         Ok(Some(done.rows_affected() as i64))
     }
 
-    /// Deletes a session with its messages and notes; false when unknown.
-    pub async fn session_delete(&self, key: &str) -> Result<bool, GatewayError> {
-        let done = sqlx::query("DELETE FROM sessions WHERE session_key = ?")
-            .bind(key)
-            .execute(self.pool())
-            .await?;
+    /// Deletes a session with its messages and notes; false when unknown (or out of reach).
+    pub async fn session_delete(&self, tenant: &Tenant, key: &str) -> Result<bool, GatewayError> {
+        let done = sqlx::query(&format!(
+            "DELETE FROM sessions AS s WHERE s.session_key = ?1 AND {}",
+            reached(2)
+        ))
+        .bind(key)
+        .bind(tenant.only())
+        .execute(self.pool())
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 }

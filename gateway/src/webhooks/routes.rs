@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
 use super::{message_of, session_part, untrusted, RequestContext, Webhooks};
+use crate::auth::Principal;
 use crate::http::json_error;
 use crate::http::limits::{read_body, BodyError};
 use crate::rpc::generated::methods::Scope;
@@ -245,7 +246,7 @@ fn act(
         agent: agent.clone(),
         session,
         task,
-        client_id: format!("webhook:{}", m.id),
+        caller: Principal::internal(&format!("webhook:{}", m.id)).context(None),
         scopes: BTreeSet::from([Scope::Rpc]),
         parent_run_id: None,
         max_steps: None,

@@ -21,7 +21,6 @@ use crate::http::problem::{Problem, RestError};
 use crate::http::security::{RestBearer, SseAuth};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
-use crate::rpc::generated::methods::Scope;
 use crate::runtime::sessions::SessionIdent;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::state::AppState;
@@ -84,7 +83,7 @@ fn chat_turn(
         session_key.map(|k| SessionIdent::new(&agent.id, API_CHANNEL, &principal.client_id, k));
     Ok(TurnRequest {
         session,
-        ..TurnRequest::new(agent, message, principal.scopes.clone())
+        ..TurnRequest::new(agent, message, &principal.context(None))
     })
 }
 
@@ -205,7 +204,7 @@ impl RestApi {
     )]
     async fn activity(
         &self,
-        _auth: RestBearer,
+        auth: RestBearer,
         Data(state): Data<&Arc<AppState>>,
         #[oai(validator(minimum(value = "1"), maximum(value = "100")))] limit: Query<Option<u32>>,
     ) -> Result<Json<ActivityList>, RestError> {
@@ -213,7 +212,7 @@ impl RestApi {
         let events = state
             .control
             .events
-            .recent(limit)
+            .recent(auth.0.tenant(), limit)
             .iter()
             .map(|e| event_out(e))
             .collect();
@@ -231,7 +230,7 @@ impl RestApi {
     )]
     async fn memory_search(
         &self,
-        _auth: RestBearer,
+        auth: RestBearer,
         Data(state): Data<&Arc<AppState>>,
         #[oai(validator(min_length = 1, max_length = 1000))] q: Query<String>,
         #[oai(validator(minimum(value = "1"), maximum(value = "100")))] limit: Query<Option<u32>>,
@@ -241,6 +240,7 @@ impl RestApi {
             .engine
             .store
             .search_memories(
+                auth.0.tenant(),
                 agent_id.0.as_deref(),
                 &q.0,
                 i64::from(limit.0.unwrap_or(10)),
@@ -276,10 +276,11 @@ impl RestApi {
     )]
     async fn memory_stats(
         &self,
-        _auth: RestBearer,
+        auth: RestBearer,
         Data(state): Data<&Arc<AppState>>,
     ) -> Result<Json<MemoryStats>, RestError> {
-        let (memories, notes, indexed_messages) = state.engine.store.memory_stats().await?;
+        let (memories, notes, indexed_messages) =
+            state.engine.store.memory_stats(auth.0.tenant()).await?;
         Ok(Json(MemoryStats {
             memories,
             notes,
@@ -304,12 +305,9 @@ impl RestApi {
         Data(state): Data<&Arc<AppState>>,
         #[oai(name = "channelId")] channel_id: Query<Option<String>>,
     ) -> Result<Json<ChatHistory>, RestError> {
-        let principal = &auth.0;
         let filter = SessionFilter {
             channel: channel_id.0,
-            tenant_id: (!principal.scopes.contains(&Scope::Admin))
-                .then(|| principal.client_id.clone()),
-            ..SessionFilter::default()
+            ..SessionFilter::of(auth.0.tenant().clone())
         };
         let (rows, _) = state.engine.store.session_list(&filter, 100, 0).await?;
         let sessions = rows
@@ -367,10 +365,11 @@ impl RestApi {
     )]
     async fn events(
         &self,
-        _auth: SseAuth,
+        auth: SseAuth,
         Data(state): Data<&Arc<AppState>>,
     ) -> Result<Sse<EventOut>, RestError> {
         let rx = state.control.events.subscribe();
+        let tenant = auth.principal().tenant().clone();
         let keep_alive = Duration::from_millis(state.config.gateway.web.sse_keep_alive_ms.max(1));
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + keep_alive, keep_alive);
@@ -379,26 +378,33 @@ impl RestApi {
         let opening = stream::once(async { sse::retry(SSE_RETRY_MS) });
         let events = stream::unfold(
             (rx, ticker, stop, false),
-            |(mut rx, mut ticker, stop, done)| async move {
-                if done {
-                    return None;
+            move |(mut rx, mut ticker, stop, done)| {
+                let tenant = tenant.clone();
+                async move {
+                    if done {
+                        return None;
+                    }
+                    let frame: Bytes = loop {
+                        tokio::select! {
+                            _ = stop.cancelled() => return None,
+                            _ = ticker.tick() => break sse::comment("keep-alive"),
+                            r = rx.recv() => match r {
+                                // Another tenant's session events are not this subscriber's.
+                                Ok(ev) if !ev.visible_to(&tenant) => continue,
+                                Ok(ev) => {
+                                    let json = serde_json::to_string(&*ev).unwrap_or_default();
+                                    break sse::frame(Some(ev.name), &json);
+                                }
+                                Err(RecvError::Lagged(missed)) => {
+                                    let f = sse::frame(Some("lagged"), &serde_json::json!({"missed": missed}).to_string());
+                                    return Some((f, (rx, ticker, stop, true)));
+                                }
+                                Err(RecvError::Closed) => return None,
+                            },
+                        }
+                    };
+                    Some((frame, (rx, ticker, stop, false)))
                 }
-                let frame: Bytes = tokio::select! {
-                    _ = stop.cancelled() => return None,
-                    _ = ticker.tick() => sse::comment("keep-alive"),
-                    r = rx.recv() => match r {
-                        Ok(ev) => {
-                            let json = serde_json::to_string(&*ev).unwrap_or_default();
-                            sse::frame(Some(ev.name), &json)
-                        }
-                        Err(RecvError::Lagged(missed)) => {
-                            let f = sse::frame(Some("lagged"), &serde_json::json!({"missed": missed}).to_string());
-                            return Some((f, (rx, ticker, stop, true)));
-                        }
-                        Err(RecvError::Closed) => return None,
-                    },
-                };
-                Some((frame, (rx, ticker, stop, false)))
             },
         );
         Ok(Sse::new(opening.chain(events).boxed()))

@@ -163,7 +163,7 @@ pub fn turn_for(
         only_tools,
         system,
         usage_label: Some(label),
-        ..TurnRequest::new(target.agent, input, principal.scopes.clone())
+        ..TurnRequest::new(target.agent, input, &principal.context(None))
     })
 }
 

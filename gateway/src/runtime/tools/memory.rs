@@ -46,7 +46,7 @@ impl Tool for MemoryStore {
                 .unwrap_or_default();
             let id = ctx
                 .store
-                .memory_insert(ctx.agent_id, ctx.session_key, content, &tags)
+                .memory_insert(ctx.owner, ctx.agent_id, ctx.session_key, content, &tags)
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "memory_store failed");
@@ -87,7 +87,7 @@ impl Tool for MemorySearch {
             let limit = args.get("limit").and_then(Value::as_i64).unwrap_or(5);
             let hits = ctx
                 .store
-                .search_memories(Some(ctx.agent_id), query, limit)
+                .search_memories(ctx.tenant, Some(ctx.agent_id), query, limit)
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "memory_search failed");

@@ -22,6 +22,10 @@ pub struct ToolContext<'a> {
     pub agent_id: &'a str,
     /// The conversation, when the turn has a stored session.
     pub session_key: Option<&'a str>,
+    /// Whose records the tools may read: the caller's tenant (admin: every tenant).
+    pub tenant: &'a crate::tenancy::Tenant,
+    /// Who owns what the tools store: the session's owner, or the caller of an ephemeral turn.
+    pub owner: &'a str,
 }
 
 /// A tool's outcome: text for the model, or an error text (counted by the circuit breaker).

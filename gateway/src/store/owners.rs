@@ -1,0 +1,51 @@
+//! Who owns a session or a run, for the catalogue's ownership rules (`tenancy::Owners`).
+
+use super::sessions::key_tenant;
+use super::Store;
+use crate::error::GatewayError;
+use crate::rpc::generated::methods::RecordKind;
+use crate::tenancy::{Lookup, Owners};
+
+impl Owners for Store {
+    async fn lookup(&self, kind: RecordKind, id: &str) -> Result<Lookup, GatewayError> {
+        let (sql, namespace) = match kind {
+            RecordKind::Session => (
+                "SELECT tenant_id FROM sessions WHERE session_key = ?",
+                key_tenant(id),
+            ),
+            RecordKind::Run => ("SELECT client_id FROM runs WHERE run_id = ?", None),
+            // A tenant id is compared by the rule itself, never looked up.
+            RecordKind::Tenant => return Ok(Lookup::Exists(Some(id.to_owned()))),
+        };
+        let owner: Option<Option<String>> = sqlx::query_scalar(sql)
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await?;
+        Ok(match owner {
+            Some(owner) => Lookup::Exists(owner),
+            None => Lookup::Missing { namespace },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::sessions::{key_tenant, session_key};
+
+    #[test]
+    fn the_tenant_of_a_canonical_key_round_trips() {
+        for tenant in ["alice", "t:1", "50%", "%3A", "", "ü"] {
+            let key = session_key("bot", "api", tenant, "main");
+            assert_eq!(key_tenant(&key).as_deref(), Some(tenant), "{key}");
+        }
+        for other in [
+            "free-form",
+            "agent:a:b:c",
+            "agent:a:b:c:d:e",
+            "x:a:b:c:d",
+            "agent:a:b:%zz:d",
+        ] {
+            assert_eq!(key_tenant(other), None, "{other}");
+        }
+    }
+}
