@@ -12,6 +12,7 @@ mod e2e_local;
 mod e2e_media;
 mod e2e_process;
 mod e2e_rpc;
+mod e2e_tenancy;
 mod e2e_webhooks;
 mod local_model;
 mod providers_http;

@@ -22,6 +22,10 @@ impl Owners for Store {
             .fetch_optional(self.pool())
             .await?;
         Ok(match owner {
+            // A row whose stored owner is not the tenant its canonical key names was written
+            // before ownership rules (a key taken in another tenant's namespace): nobody's but
+            // admin's, so neither the squatter nor the namespace's tenant continues it.
+            Some(owner) if namespace.is_some() && owner != namespace => Lookup::Exists(None),
             Some(owner) => Lookup::Exists(owner),
             None => Lookup::Missing { namespace },
         })
