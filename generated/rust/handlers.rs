@@ -423,3 +423,328 @@ pub trait Handlers: AgentApi + AgentsApi + ConfigApi + GatewayApi + ModelsApi + 
     /// Where the ownership rules look owners up.
     fn owners(&self) -> &Self::Owners;
 }
+/// A handler set for tests of the envelope and the dispatch, without a gateway: every
+/// method records its name in `ran` and fails with `Unavailable` (-32003); owners come
+/// from `owners`.
+pub struct Fake<O> {
+    /// Answers the ownership rules' lookups.
+    pub owners: O,
+    /// The methods whose handler ran, in order.
+    pub ran: ::std::sync::Mutex<Vec<&'static str>>,
+}
+impl<O> Fake<O> {
+    /// A fake whose owners are `owners`.
+    pub fn new(owners: O) -> Self {
+        Self {
+            owners,
+            ran: ::std::sync::Mutex::new(Vec::new()),
+        }
+    }
+    fn ran<T>(&self, method: &'static str) -> Result<T, crate::error::GatewayError> {
+        if let Ok(mut ran) = self.ran.lock() {
+            ran.push(method);
+        }
+        Err(crate::error::GatewayError::Unavailable(format!("fake handler: {method}")))
+    }
+}
+impl<O: crate::tenancy::Owners> AgentApi for Fake<O> {
+    async fn cache_stats(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentCacheStatsParams,
+    ) -> Result<super::types::AgentCacheStatsResult, crate::error::GatewayError> {
+        self.ran("agent.cacheStats")
+    }
+    async fn execute(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentExecuteParams,
+    ) -> Result<super::types::AgentExecuteResult, crate::error::GatewayError> {
+        self.ran("agent.execute")
+    }
+    async fn get_operation_models(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentGetOperationModelsParams,
+    ) -> Result<
+        super::types::AgentGetOperationModelsResult,
+        crate::error::GatewayError,
+    > {
+        self.ran("agent.getOperationModels")
+    }
+    async fn stream(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentStreamParams,
+    ) -> Result<super::types::AgentStreamResult, crate::error::GatewayError> {
+        self.ran("agent.stream")
+    }
+}
+impl<O: crate::tenancy::Owners> AgentsApi for Fake<O> {
+    async fn create(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentsCreateParams,
+    ) -> Result<super::types::AgentsCreateResult, crate::error::GatewayError> {
+        self.ran("agents.create")
+    }
+    async fn delete(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentsDeleteParams,
+    ) -> Result<super::types::AgentsDeleteResult, crate::error::GatewayError> {
+        self.ran("agents.delete")
+    }
+    async fn get(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentsGetParams,
+    ) -> Result<super::types::AgentsGetResult, crate::error::GatewayError> {
+        self.ran("agents.get")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentsListParams,
+    ) -> Result<super::types::AgentsListResult, crate::error::GatewayError> {
+        self.ran("agents.list")
+    }
+    async fn resume(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentsResumeParams,
+    ) -> Result<super::types::AgentsResumeResult, crate::error::GatewayError> {
+        self.ran("agents.resume")
+    }
+    async fn suspend(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentsSuspendParams,
+    ) -> Result<super::types::AgentsSuspendResult, crate::error::GatewayError> {
+        self.ran("agents.suspend")
+    }
+    async fn update(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AgentsUpdateParams,
+    ) -> Result<super::types::AgentsUpdateResult, crate::error::GatewayError> {
+        self.ran("agents.update")
+    }
+}
+impl<O: crate::tenancy::Owners> ConfigApi for Fake<O> {
+    async fn get(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigGetParams,
+    ) -> Result<super::types::ConfigGetResult, crate::error::GatewayError> {
+        self.ran("config.get")
+    }
+    async fn read(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigReadParams,
+    ) -> Result<super::types::ConfigReadResult, crate::error::GatewayError> {
+        self.ran("config.read")
+    }
+    async fn schema(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigSchemaParams,
+    ) -> Result<super::types::ConfigSchemaResult, crate::error::GatewayError> {
+        self.ran("config.schema")
+    }
+}
+impl<O: crate::tenancy::Owners> GatewayApi for Fake<O> {
+    async fn restart(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::GatewayRestartParams,
+    ) -> Result<super::types::GatewayRestartResult, crate::error::GatewayError> {
+        self.ran("gateway.restart")
+    }
+    async fn status(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::GatewayStatusParams,
+    ) -> Result<super::types::GatewayStatusResult, crate::error::GatewayError> {
+        self.ran("gateway.status")
+    }
+}
+impl<O: crate::tenancy::Owners> ModelsApi for Fake<O> {
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ModelsListParams,
+    ) -> Result<super::types::ModelsListResult, crate::error::GatewayError> {
+        self.ran("models.list")
+    }
+    async fn list_providers(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ModelsListProvidersParams,
+    ) -> Result<super::types::ModelsListProvidersResult, crate::error::GatewayError> {
+        self.ran("models.list_providers")
+    }
+    async fn test(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ModelsTestParams,
+    ) -> Result<super::types::ModelsTestResult, crate::error::GatewayError> {
+        self.ran("models.test")
+    }
+}
+impl<O: crate::tenancy::Owners> ProvidersApi for Fake<O> {
+    async fn create(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ProvidersCreateParams,
+    ) -> Result<super::types::ProvidersCreateResult, crate::error::GatewayError> {
+        self.ran("providers.create")
+    }
+    async fn delete(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ProvidersDeleteParams,
+    ) -> Result<super::types::ProvidersDeleteResult, crate::error::GatewayError> {
+        self.ran("providers.delete")
+    }
+    async fn disable(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ProvidersDisableParams,
+    ) -> Result<super::types::ProvidersDisableResult, crate::error::GatewayError> {
+        self.ran("providers.disable")
+    }
+    async fn enable(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ProvidersEnableParams,
+    ) -> Result<super::types::ProvidersEnableResult, crate::error::GatewayError> {
+        self.ran("providers.enable")
+    }
+    async fn get(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ProvidersGetParams,
+    ) -> Result<super::types::ProvidersGetResult, crate::error::GatewayError> {
+        self.ran("providers.get")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ProvidersListParams,
+    ) -> Result<super::types::ProvidersListResult, crate::error::GatewayError> {
+        self.ran("providers.list")
+    }
+    async fn update(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ProvidersUpdateParams,
+    ) -> Result<super::types::ProvidersUpdateResult, crate::error::GatewayError> {
+        self.ran("providers.update")
+    }
+}
+impl<O: crate::tenancy::Owners> SessionApi for Fake<O> {
+    async fn compact(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionCompactParams,
+    ) -> Result<super::types::SessionCompactResult, crate::error::GatewayError> {
+        self.ran("session.compact")
+    }
+    async fn delete(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionDeleteParams,
+    ) -> Result<super::types::SessionDeleteResult, crate::error::GatewayError> {
+        self.ran("session.delete")
+    }
+    async fn export(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionExportParams,
+    ) -> Result<super::types::SessionExportResult, crate::error::GatewayError> {
+        self.ran("session.export")
+    }
+    async fn history(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionHistoryParams,
+    ) -> Result<super::types::SessionHistoryResult, crate::error::GatewayError> {
+        self.ran("session.history")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionListParams,
+    ) -> Result<super::types::SessionListResult, crate::error::GatewayError> {
+        self.ran("session.list")
+    }
+    async fn reset(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionResetParams,
+    ) -> Result<super::types::SessionResetResult, crate::error::GatewayError> {
+        self.ran("session.reset")
+    }
+    async fn reset_conversation(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionResetConversationParams,
+    ) -> Result<
+        super::types::SessionResetConversationResult,
+        crate::error::GatewayError,
+    > {
+        self.ran("session.reset_conversation")
+    }
+    async fn run_status(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionRunStatusParams,
+    ) -> Result<super::types::SessionRunStatusResult, crate::error::GatewayError> {
+        self.ran("session.run_status")
+    }
+    async fn search(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionSearchParams,
+    ) -> Result<super::types::SessionSearchResult, crate::error::GatewayError> {
+        self.ran("session.search")
+    }
+    async fn send(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionSendParams,
+    ) -> Result<super::types::SessionSendResult, crate::error::GatewayError> {
+        self.ran("session.send")
+    }
+    async fn spawn(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionSpawnParams,
+    ) -> Result<super::types::SessionSpawnResult, crate::error::GatewayError> {
+        self.ran("session.spawn")
+    }
+    async fn status(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SessionStatusParams,
+    ) -> Result<super::types::SessionStatusResult, crate::error::GatewayError> {
+        self.ran("session.status")
+    }
+}
+impl<O: crate::tenancy::Owners> SystemApi for Fake<O> {
+    async fn ping(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SystemPingParams,
+    ) -> Result<super::types::SystemPingResult, crate::error::GatewayError> {
+        self.ran("system.ping")
+    }
+}
+impl<O: crate::tenancy::Owners> Handlers for Fake<O> {
+    type Owners = O;
+    fn owners(&self) -> &O {
+        &self.owners
+    }
+}

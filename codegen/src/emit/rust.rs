@@ -474,6 +474,29 @@ fn handlers(cat: &Catalogue) -> TokenStream {
         traits.push(quote! { #d pub trait #tn: Send + Sync { #(#fns)* } });
         bounds.push(tn);
     }
+    let fakes = cat.namespaces.iter().filter_map(|ns| {
+        let methods: Vec<_> = cat
+            .methods_of(&ns.name)
+            .filter(|m| m.has_handler())
+            .collect();
+        if methods.is_empty() {
+            return None;
+        }
+        let tn = format_ident!("{}", ns.trait_name);
+        let fns = methods.iter().map(|m| {
+            let f = format_ident!("{}", m.handler_fn);
+            let p = format_ident!("{}", m.params_type);
+            let r = format_ident!("{}", m.result_type);
+            let name = &m.name;
+            quote! {
+                async fn #f(&self, _ctx: &crate::rpc::CallContext, _params: super::types::#p)
+                    -> Result<super::types::#r, crate::error::GatewayError> {
+                    self.ran(#name)
+                }
+            }
+        });
+        Some(quote! { impl<O: crate::tenancy::Owners> #tn for Fake<O> { #(#fns)* } })
+    });
     quote! {
         #(#traits)*
         /// Everything the dispatch needs: one implementation of every namespace trait, and who
@@ -483,6 +506,33 @@ fn handlers(cat: &Catalogue) -> TokenStream {
             type Owners: crate::tenancy::Owners;
             /// Where the ownership rules look owners up.
             fn owners(&self) -> &Self::Owners;
+        }
+
+        /// A handler set for tests of the envelope and the dispatch, without a gateway: every
+        /// method records its name in `ran` and fails with `Unavailable` (-32003); owners come
+        /// from `owners`.
+        pub struct Fake<O> {
+            /// Answers the ownership rules' lookups.
+            pub owners: O,
+            /// The methods whose handler ran, in order.
+            pub ran: ::std::sync::Mutex<Vec<&'static str>>,
+        }
+        impl<O> Fake<O> {
+            /// A fake whose owners are `owners`.
+            pub fn new(owners: O) -> Self {
+                Self { owners, ran: ::std::sync::Mutex::new(Vec::new()) }
+            }
+            fn ran<T>(&self, method: &'static str) -> Result<T, crate::error::GatewayError> {
+                if let Ok(mut ran) = self.ran.lock() {
+                    ran.push(method);
+                }
+                Err(crate::error::GatewayError::Unavailable(format!("fake handler: {method}")))
+            }
+        }
+        #(#fakes)*
+        impl<O: crate::tenancy::Owners> Handlers for Fake<O> {
+            type Owners = O;
+            fn owners(&self) -> &O { &self.owners }
         }
     }
 }

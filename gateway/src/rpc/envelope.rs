@@ -5,9 +5,9 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::generated::dispatch::dispatch;
+use super::generated::handlers::Handlers;
 use super::generated::methods::MethodId;
 use super::{CallContext, RpcError};
-use crate::handlers::Rpc;
 
 /// What came back for one incoming message.
 #[derive(Debug, PartialEq)]
@@ -18,8 +18,14 @@ pub enum Reply {
     Some(Value),
 }
 
-/// Handles one text message (a WebSocket frame or an HTTP body).
-pub async fn handle_text(rpc: &Rpc, ctx: &CallContext, text: &str, max_batch: usize) -> Reply {
+/// Handles one text message (a WebSocket frame or an HTTP body) with any handler set (the
+/// gateway's is `handlers::Rpc`).
+pub async fn handle_text<H: Handlers>(
+    rpc: &H,
+    ctx: &CallContext,
+    text: &str,
+    max_batch: usize,
+) -> Reply {
     let parsed: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(_) => return Reply::Some(RpcError::parse_error().response(Value::Null)),
@@ -68,7 +74,7 @@ fn request_id(obj: &serde_json::Map<String, Value>) -> Id {
 }
 
 /// One request object -> its response (None for a notification).
-async fn handle_one(rpc: &Rpc, ctx: &CallContext, item: Value) -> Option<Value> {
+async fn handle_one<H: Handlers>(rpc: &H, ctx: &CallContext, item: Value) -> Option<Value> {
     let Value::Object(obj) = item else {
         return Some(RpcError::invalid_request("not a request object").response(Value::Null));
     };
@@ -120,4 +126,105 @@ async fn handle_one(rpc: &Rpc, ctx: &CallContext, item: Value) -> Option<Value> 
         Ok(result) => serde_json::json!({"jsonrpc": "2.0", "result": result, "id": id}),
         Err(e) => e.response(id),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::auth::TokenStore;
+    use crate::config::TokenConfig;
+    use crate::error::GatewayError;
+    use crate::rpc::generated::handlers::Fake;
+    use crate::rpc::generated::methods::RecordKind;
+    use crate::tenancy::{Lookup, Owners};
+
+    /// Every record belongs to alice.
+    struct Alices;
+
+    impl Owners for Alices {
+        async fn lookup(&self, _kind: RecordKind, _id: &str) -> Result<Lookup, GatewayError> {
+            Ok(Lookup::Exists(Some("alice".to_owned())))
+        }
+    }
+
+    fn ctx(id: &str, scope: &str) -> CallContext {
+        let secret = format!("{id}-secret-0123456789abcdefghijklmnopqrstuvwxyz");
+        let store = TokenStore::new(&[TokenConfig {
+            id: id.to_owned(),
+            secret: secret.clone(),
+            scopes: vec![scope.to_owned()],
+        }]);
+        store
+            .verify(&secret)
+            .map(|p| p.context(None))
+            .unwrap_or_else(|| unreachable!("the token was just configured"))
+    }
+
+    async fn call(fake: &Fake<Alices>, ctx: &CallContext, text: &str) -> Value {
+        match handle_text(fake, ctx, text, 2).await {
+            Reply::Some(v) => v,
+            Reply::None => Value::Null,
+        }
+    }
+
+    fn ran(fake: &Fake<Alices>) -> Vec<&'static str> {
+        fake.ran.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn lookup_scope_params_ownership_then_the_handler() {
+        let fake = Fake::new(Alices);
+        let (alice, mallory, admin) = (
+            ctx("alice", "rpc"),
+            ctx("mallory", "rpc"),
+            ctx("root", "admin"),
+        );
+        let history =
+            r#"{"jsonrpc":"2.0","id":1,"method":"session.history","params":{"session_key":"k"}}"#;
+        // Another tenant's record: the not-found answer, and the handler never runs.
+        let r = call(&fake, &mallory, history).await;
+        assert_eq!(
+            r["error"],
+            json!({"code": -32001, "message": "Session not found: k"})
+        );
+        assert!(ran(&fake).is_empty());
+        // Its owner and admin reach the handler.
+        assert_eq!(call(&fake, &alice, history).await["error"]["code"], -32003);
+        assert_eq!(call(&fake, &admin, history).await["error"]["code"], -32003);
+        assert_eq!(ran(&fake), ["session.history", "session.history"]);
+        // Scope before params, params before ownership; none of them runs a handler.
+        let delete = r#"{"jsonrpc":"2.0","id":2,"method":"session.delete","params":{"key":"k"}}"#;
+        assert_eq!(call(&fake, &mallory, delete).await["error"]["code"], -32603);
+        let bad = r#"{"jsonrpc":"2.0","id":3,"method":"session.history","params":{}}"#;
+        assert_eq!(call(&fake, &mallory, bad).await["error"]["code"], -32602);
+        let unknown = r#"{"jsonrpc":"2.0","id":4,"method":"session.nope","params":[]}"#;
+        assert_eq!(
+            call(&fake, &mallory, unknown).await["error"]["code"],
+            -32601
+        );
+        // A tenant rule compares without a lookup: naming another tenant is refused.
+        let other = r#"{"jsonrpc":"2.0","id":5,"method":"agent.execute","params":{"message":"m","sessionKey":{"tenantId":"alice"}}}"#;
+        assert_eq!(call(&fake, &mallory, other).await["error"]["code"], -32001);
+        assert_eq!(ran(&fake).len(), 2);
+        // Batches keep their order; a batch over the limit and notifications answer as the
+        // envelope rules say.
+        let batch = format!("[{history}, {bad}]");
+        let r = call(&fake, &mallory, &batch).await;
+        assert_eq!(
+            (r[0]["id"].clone(), r[1]["id"].clone()),
+            (json!(1), json!(3))
+        );
+        let r = call(
+            &fake,
+            &mallory,
+            &format!("[{history}, {history}, {history}]"),
+        )
+        .await;
+        assert_eq!(r["error"]["code"], -32600);
+        let note = r#"{"jsonrpc":"2.0","method":"session.history","params":{"session_key":"k"}}"#;
+        assert_eq!(call(&fake, &alice, note).await, Value::Null);
+        assert_eq!(ran(&fake).len(), 3, "a notification still runs");
+    }
 }
