@@ -42,12 +42,14 @@ pub fn openrpc() -> Response {
 /// `/docs/rpc` (mounted with `nest`, so the path here is what follows it).
 #[handler]
 pub fn rpc_pages(req: &Request) -> Response {
-    let rest = req.uri().path();
-    let name = match rest {
-        // Relative links between the pages need the directory form.
-        "" => return Redirect::permanent(format!("{RPC_DOCS_PATH}/")).into_response(),
-        "/" => "index.html",
-        other => other.trim_start_matches('/'),
+    // Relative links between the pages need the directory form (`nest` hands this handler
+    // "/" for both `/docs/rpc` and `/docs/rpc/`, so the original path decides).
+    if req.original_uri().path() == RPC_DOCS_PATH {
+        return Redirect::permanent(format!("{RPC_DOCS_PATH}/")).into_response();
+    }
+    let name = match req.uri().path().trim_start_matches('/') {
+        "" => "index.html",
+        other => other,
     };
     match page(name) {
         Some(text) => {

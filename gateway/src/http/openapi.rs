@@ -39,8 +39,8 @@ pub type Apis = (CoreApi, RestApi, V1Api, MediaApi);
 const DESCRIPTION: &str = "One authenticated front door for a fleet of AI agents. \
 `/v1` is OpenAI-compatible (point an OpenAI SDK's base URL at it); `/api` is the REST API \
 with server-sent event streams; `/media` serves files agents saved. Every route except `/health` and `/api/health` needs \
-`Authorization: Bearer <token>` (the SSE routes also take `?token=`). \
-\n\nJSON-RPC (`/ws`, `/rpc`): [every method, its scope, params, result and errors](/docs/rpc/), \
+`Authorization: Bearer <token>` (the SSE routes also take `?token=`).\n\n\
+JSON-RPC (`/ws`, `/rpc`): [every method, its scope, params, result and errors](/docs/rpc/), \
 and the OpenRPC document [/openrpc.json](/openrpc.json).";
 
 /// The service (routes and document).
