@@ -58,8 +58,13 @@ fn contract_docs(cat: &gateway_codegen::Catalogue, out: &std::path::Path) {
         eprintln!("cannot create {}: {e}", pages_dir.display());
         std::process::exit(1);
     }
-    let rendered = gateway_codegen::emit::openrpc::emit(cat, gateway_codegen::VERSION)
-        .and_then(|doc| Ok((doc, gateway_codegen::emit::html::emit(cat, gateway_codegen::VERSION)?)));
+    let rendered =
+        gateway_codegen::emit::openrpc::emit(cat, gateway_codegen::VERSION).and_then(|doc| {
+            Ok((
+                doc,
+                gateway_codegen::emit::html::emit(cat, gateway_codegen::VERSION)?,
+            ))
+        });
     let (openrpc, pages) = match rendered {
         Ok(r) => r,
         Err(e) => {

@@ -96,7 +96,10 @@ pub fn emit(cat: &Catalogue, version: &str) -> Result<Vec<(String, String)>, Str
                 ns.name
             ));
         }
-        out.push((file, namespace_page(cat, &ns.name, &ns.description, version)));
+        out.push((
+            file,
+            namespace_page(cat, &ns.name, &ns.description, version),
+        ));
     }
     out.push((TYPES_PAGE.to_owned(), types_page(cat, version)));
     out.sort();

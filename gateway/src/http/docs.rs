@@ -81,7 +81,13 @@ mod tests {
             assert!(page(&format!("{ns}.html")).is_some(), "{ns}");
         }
         assert_eq!(RPC_PAGES.len(), NAMESPACES.len() + 2);
-        for bad in ["", "index", "../index.html", "session.html/", "SESSION.html"] {
+        for bad in [
+            "",
+            "index",
+            "../index.html",
+            "session.html/",
+            "SESSION.html",
+        ] {
             assert!(page(bad).is_none(), "{bad}");
         }
     }
