@@ -120,14 +120,14 @@ fn index(cat: &Catalogue, version: &str) -> String {
     let mut b = String::new();
     let callable = cat.methods.iter().filter(|m| !m.internal).count();
     let stubs = cat.methods.iter().filter(|m| m.stub && !m.internal).count();
-    let _ = write!(
+    let _ = writeln!(
         b,
         "<p>Every JSON-RPC 2.0 method of the gateway, from its catalogue: {callable} callable methods \
 in {} namespaces, {stubs} of them not implemented yet (they answer -32004). Call them over \
 <code>POST /rpc</code> or the WebSocket <code>GET /ws</code> with \
 <code>Authorization: Bearer &lt;token&gt;</code>; the token must hold the method's scope. \
 Parameters are passed by name (<code>params</code> is an object). The same contract as a \
-machine-readable document: <a href=\"/openrpc.json\">/openrpc.json</a>.</p>\n",
+machine-readable document: <a href=\"/openrpc.json\">/openrpc.json</a>.</p>",
         cat.namespaces.len()
     );
     b.push_str("<h2>Namespaces</h2>\n<table>\n<tr><th>namespace</th><th>methods</th><th>implemented</th><th>not implemented yet</th><th>what it is for</th></tr>\n");
