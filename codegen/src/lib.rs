@@ -18,7 +18,7 @@ pub use load::{Problem, Problems};
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Directories under `generated/` that this generator owns entirely (stale files are removed).
-pub const OWNED_DIRS: &[&str] = &["rust", "jsonschema", "sdk"];
+pub const OWNED_DIRS: &[&str] = &["rust", "jsonschema", "sdk", "docs"];
 /// Files directly under `generated/` that this generator owns.
 pub const OWNED_FILES: &[&str] = &["openrpc.json", "METHODS.md"];
 
@@ -65,6 +65,9 @@ pub fn render_all(cat: &Catalogue) -> Result<BTreeMap<PathBuf, String>, String> 
         emit::openrpc::emit(cat, VERSION)?,
     );
     out.insert(PathBuf::from("METHODS.md"), emit::methods_md::emit(cat));
+    for (name, text) in emit::html::emit(cat, VERSION)? {
+        out.insert(Path::new("docs").join(name), text);
+    }
     Ok(out)
 }
 

@@ -1,5 +1,6 @@
 //! Emitters: one module per output, each reading only the IR.
 
+pub mod html;
 pub mod jsonschema;
 pub mod methods_md;
 pub mod openrpc;

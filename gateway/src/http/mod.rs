@@ -2,6 +2,7 @@
 //! the typed API (health, REST, /v1) comes from poem-openapi with its document and UI.
 
 pub mod api;
+pub mod docs;
 pub mod either;
 pub mod limits;
 pub mod media;
@@ -151,7 +152,9 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     if docs {
         route = route
             .at("/openapi.json", service.spec_endpoint())
-            .nest("/docs", service.swagger_ui());
+            .nest("/docs", service.swagger_ui())
+            .at("/openrpc.json", get(docs::openrpc))
+            .nest(docs::RPC_DOCS_PATH, get(docs::rpc_pages));
     }
     if web.enabled {
         route = route.at("/", get(to_dashboard));

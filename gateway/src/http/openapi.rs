@@ -3,7 +3,7 @@
 //! snapshot in `generated/openapi/`) and the offline Swagger UI at `/docs`.
 
 use poem_openapi::payload::Json;
-use poem_openapi::{OpenApi, OpenApiService, Tags};
+use poem_openapi::{ExternalDocumentObject, OpenApi, OpenApiService, Tags};
 
 use crate::http::api::types::Health;
 use crate::http::api::RestApi;
@@ -39,8 +39,9 @@ pub type Apis = (CoreApi, RestApi, V1Api, MediaApi);
 const DESCRIPTION: &str = "One authenticated front door for a fleet of AI agents. \
 `/v1` is OpenAI-compatible (point an OpenAI SDK's base URL at it); `/api` is the REST API \
 with server-sent event streams; `/media` serves files agents saved. Every route except `/health` and `/api/health` needs \
-`Authorization: Bearer <token>` (the SSE routes also take `?token=`). JSON-RPC (`/ws`, \
-`/rpc`) is described by `generated/openrpc.json`.";
+`Authorization: Bearer <token>` (the SSE routes also take `?token=`).\n\n\
+JSON-RPC (`/ws`, `/rpc`): [every method, its scope, params, result and errors](/docs/rpc/), \
+and the OpenRPC document [/openrpc.json](/openrpc.json).";
 
 /// The service (routes and document).
 pub fn service() -> OpenApiService<Apis, ()> {
@@ -50,6 +51,10 @@ pub fn service() -> OpenApiService<Apis, ()> {
         env!("CARGO_PKG_VERSION"),
     )
     .description(DESCRIPTION)
+    .external_document(
+        ExternalDocumentObject::new("/docs/rpc/")
+            .description("JSON-RPC methods (/ws, /rpc): scopes, params, results, errors"),
+    )
 }
 
 /// The OpenAPI document as pretty JSON with a trailing newline (what the snapshot holds).

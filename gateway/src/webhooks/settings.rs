@@ -15,6 +15,7 @@ const RESERVED: &[&str] = &[
     "health",
     "media",
     "openapi.json",
+    "openrpc.json",
     "rpc",
     "v1",
     "ws",
