@@ -231,7 +231,7 @@ fn methods_md_counts_stubs() {
 fn a_malformed_catalogue_lists_every_problem() {
     let dir = tempfile::tempdir().unwrap();
     let src = root().join("catalogue");
-    for f in ["scopes.yaml", "errors.yaml"] {
+    for f in ["scopes.yaml", "errors.yaml", "owners.yaml"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
     std::fs::create_dir_all(dir.path().join("types")).unwrap();
@@ -448,7 +448,7 @@ async fn contract_routes_are_off_when_docs_are_disabled() {
 fn rpc_docs_escape_catalogue_text() {
     let dir = tempfile::tempdir().unwrap();
     let src = root().join("catalogue");
-    for f in ["scopes.yaml", "errors.yaml"] {
+    for f in ["scopes.yaml", "errors.yaml", "owners.yaml"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
     std::fs::create_dir_all(dir.path().join("types")).unwrap();

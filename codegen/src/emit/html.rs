@@ -214,6 +214,28 @@ fn method_section(b: &mut String, cat: &Catalogue, m: &Method) {
     if let Some(d) = &m.description {
         let _ = writeln!(b, "<p class=\"desc\">{}</p>", prose(d));
     }
+    if let Some(o) = &m.owner {
+        let (kind, not_found) = cat
+            .owners
+            .iter()
+            .find(|k| k.kind == o.kind)
+            .map(|k| (k.description.as_str(), k.not_found.as_str()))
+            .unwrap_or(("", ""));
+        let missing = match o.missing {
+            crate::raw::Missing::NotFound => "a record that does not exist is not found either",
+            crate::raw::Missing::Claim => {
+                "a record that does not exist may be created, in the caller's own tenant only"
+            }
+        };
+        let _ = writeln!(
+            b,
+            "<p class=\"desc\"><strong>Owned record:</strong> <code>{}</code> names a <em>{}</em> ({}). A caller without <code>admin</code> whose tenant does not own it gets <code>-32001 {}: &lt;id&gt;</code> before the method runs; {missing}.</p>",
+            escape(&o.param),
+            escape(&o.kind),
+            prose(kind),
+            escape(not_found),
+        );
+    }
     b.push_str("<h3>Params</h3>\n");
     match cat.type_def(&m.params_type).map(|d| &d.body) {
         Some(TypeBody::Object(o)) if !o.fields.is_empty() || o.additional.is_some() => {
@@ -284,6 +306,9 @@ pub fn error_codes(cat: &Catalogue, m: &Method) -> Vec<i64> {
     let mut codes: BTreeSet<i64> = ALWAYS.iter().copied().collect();
     if m.stub {
         codes.insert(NOT_IMPLEMENTED);
+    }
+    if m.owner.is_some() {
+        codes.insert(-32001);
     }
     let mut texts = vec![
         Some(m.summary.as_str()),
