@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -75,8 +75,7 @@ impl AppState {
         control: Arc<Control>,
         engine: Arc<Engine>,
     ) -> Self {
-        let rl = &config.gateway.rate_limit;
-        let http_limiter = RateLimiter::new(Duration::from_millis(rl.window_ms), rl.max_requests);
+        let http_limiter = RateLimiter::from_config(&config.gateway);
         Self {
             config,
             config_paths,
