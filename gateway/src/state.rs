@@ -27,6 +27,8 @@ pub struct Control {
     pub events: EventBus,
     /// Events waiting for each agent's next heartbeat turn (webhook wakes).
     pub wakes: crate::runtime::heartbeat::PendingWakes,
+    /// Concurrent turns and runs (`gateway.limits`), counted across generations.
+    pub admission: crate::runtime::admission::Admission,
 }
 
 impl Control {
@@ -38,6 +40,7 @@ impl Control {
             local: OnceLock::new(),
             events: EventBus::default(),
             wakes: Default::default(),
+            admission: Default::default(),
         }
     }
 }

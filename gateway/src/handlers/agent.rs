@@ -98,6 +98,7 @@ impl Rpc {
             .engine()
             .run_turn(TurnRequest {
                 session,
+                client_id: Some(ctx.client_id.clone()),
                 ..TurnRequest::new(agent, message, scopes)
             })
             .await?;

@@ -42,6 +42,7 @@ impl Engine {
     /// Records the run as running and starts it on its own task (it keeps running when the
     /// caller stops waiting).
     pub async fn start_run(self: &Arc<Self>, spec: RunSpec) -> Result<Started, GatewayError> {
+        let permit = self.control.admission.admit(Some(&spec.client_id))?;
         if spec.agent.suspended {
             return Err(GatewayError::Conflict(format!(
                 "Agent {} is suspended; agents.resume lets it run again",
@@ -82,6 +83,7 @@ impl Engine {
                     model: spec.model,
                     only_tools: spec.only_tools,
                     cancel,
+                    admitted: Some(permit),
                     ..TurnRequest::new(spec.agent, spec.task, spec.scopes)
                 })
                 .await;

@@ -50,6 +50,10 @@ pub struct TurnRequest {
     pub temperature: Option<f64>,
     /// The session key recorded with usage when the turn is ephemeral (e.g. a /v1 completion).
     pub usage_label: Option<String>,
+    /// Whose turn it is, for `gateway.limits` (None: the gateway's own work).
+    pub client_id: Option<String>,
+    /// Already admitted (a background run holds its permit from `start_run` on).
+    pub admitted: Option<crate::runtime::admission::Permit>,
 }
 
 impl TurnRequest {
@@ -70,6 +74,8 @@ impl TurnRequest {
             max_tokens: None,
             temperature: None,
             usage_label: None,
+            client_id: None,
+            admitted: None,
         }
     }
 }
@@ -198,6 +204,7 @@ impl Engine {
     /// Runs one turn. Errors are for turns that could not start (suspended agent, no usable
     /// provider); a provider failure during the turn ends it with finishReason error.
     pub async fn run_turn(&self, req: TurnRequest) -> Result<TurnOutcome, GatewayError> {
+        let _permit = self.control.admission.admit_turn(&req)?;
         let agent = req.agent.clone();
         if agent.suspended {
             return Err(GatewayError::Conflict(format!(

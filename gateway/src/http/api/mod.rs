@@ -84,6 +84,7 @@ fn chat_turn(
         session_key.map(|k| SessionIdent::new(&agent.id, API_CHANNEL, &principal.client_id, k));
     Ok(TurnRequest {
         session,
+        client_id: Some(principal.client_id.clone()),
         ..TurnRequest::new(agent, message, principal.scopes.clone())
     })
 }

@@ -163,6 +163,7 @@ pub fn turn_for(
         only_tools,
         system,
         usage_label: Some(label),
+        client_id: Some(principal.client_id.clone()),
         ..TurnRequest::new(target.agent, input, principal.scopes.clone())
     })
 }
