@@ -18,6 +18,7 @@ use crate::runtime::providers::local::LocalProvider;
 /// What outlives a server generation: the restart request, process start, and the push hub
 /// (connections of a stopping generation unregister themselves).
 pub struct Control {
+    /// Stops the running generation (the server loop signals it once the next one is ready).
     pub restart: Notify,
     pub process_start: Instant,
     pub hub: Hub,
@@ -29,6 +30,11 @@ pub struct Control {
     pub wakes: crate::runtime::heartbeat::PendingWakes,
     /// Concurrent turns and runs (`gateway.limits`), counted across generations.
     pub admission: crate::runtime::admission::Admission,
+    /// Databases this process has opened (their unfinished runs were swept once).
+    opened_databases: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// `gateway.restart` asks for the next generation here; the server loop builds and checks
+    /// it, and only then stops the running one (`restart`).
+    pub restart_requested: Notify,
 }
 
 impl Control {
@@ -41,7 +47,18 @@ impl Control {
             events: EventBus::default(),
             wakes: Default::default(),
             admission: Default::default(),
+            opened_databases: Default::default(),
+            restart_requested: Notify::new(),
         }
+    }
+
+    /// True the first time this process opens the database at `path`.
+    pub fn first_open_of(&self, path: &std::path::Path) -> bool {
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        self.opened_databases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key)
     }
 }
 
