@@ -128,6 +128,9 @@ async fn next_generation(
     loop {
         control.restart_requested.notified().await;
         let refused = |e: String| {
+            control
+                .restarts_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::error!(error = %e, generation, "restart refused: the configuration would not start; the running generation keeps serving");
         };
         let next = match config::load(config_path) {

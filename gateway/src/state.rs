@@ -35,6 +35,8 @@ pub struct Control {
     /// `gateway.restart` asks for the next generation here; the server loop builds and checks
     /// it, and only then stops the running one (`restart`).
     pub restart_requested: Notify,
+    /// Restarts refused because the configuration would not start (logged each time).
+    pub restarts_refused: std::sync::atomic::AtomicU64,
 }
 
 impl Control {
@@ -49,6 +51,7 @@ impl Control {
             admission: Default::default(),
             opened_databases: Default::default(),
             restart_requested: Notify::new(),
+            restarts_refused: Default::default(),
         }
     }
 
