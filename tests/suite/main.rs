@@ -12,6 +12,7 @@ mod e2e_limits;
 mod e2e_local;
 mod e2e_media;
 mod e2e_process;
+mod e2e_restart;
 mod e2e_rpc;
 mod e2e_webhooks;
 mod local_model;
