@@ -23,6 +23,7 @@ use crate::config::{self, Config, Loaded};
 use crate::error::GatewayError;
 use crate::runtime::engine::Engine;
 use crate::state::{AppState, Control};
+use crate::store::Store;
 
 type HyperBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
@@ -106,9 +107,11 @@ async fn build_state(
 /// The checks a configuration must pass before a generation is built on it, besides those of
 /// loading: providers, agents, models and the default agent (a dry run of the engine on an
 /// in-memory database) and the webhook routes. `check-config` and `gateway.restart` run it, so
-/// the two agree; no data directory is touched.
-pub async fn check(config: &Config) -> Result<(), String> {
-    Engine::check(config).await.map_err(|e| match e {
+/// the two agree; no data directory is touched. A restart passes the running generation's
+/// store (`current`): providers and agents created through the API count as they would at
+/// startup, where `check-config` judges the file alone.
+pub async fn check(config: &Config, current: Option<&Store>) -> Result<(), String> {
+    Engine::check(config, current).await.map_err(|e| match e {
         GatewayError::Internal(m) => m,
         other => other.to_string(),
     })?;
@@ -122,6 +125,7 @@ pub async fn check(config: &Config) -> Result<(), String> {
 async fn next_generation(
     config_path: Option<&Path>,
     current: &Loaded,
+    current_store: &Store,
     generation: u64,
     control: &Arc<Control>,
 ) -> (Loaded, AppState) {
@@ -140,7 +144,7 @@ async fn next_generation(
                 continue;
             }
         };
-        if let Err(e) = check(&next.config).await {
+        if let Err(e) = check(&next.config, Some(current_store)).await {
             refused(e);
             continue;
         }
@@ -188,7 +192,7 @@ pub async fn run(
                         .map(|s| (loaded.clone(), s))?,
                 ),
             },
-            (next, next_state) = next_generation(config_path.as_deref(), &loaded, generation, &control) => {
+            (next, next_state) = next_generation(config_path.as_deref(), &loaded, &state.engine.store, generation, &control) => {
                 // The next generation is ready: only now is this one stopped.
                 control.restart.notify_one();
                 if let Exit::Shutdown = serving.await {

@@ -262,3 +262,47 @@ async fn a_run_started_before_a_restart_is_not_orphaned_by_it() {
     .expect("the run never completed");
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_sees_providers_created_through_the_api_as_startup_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, good(dir.path())).unwrap();
+    let running = agent_gateway::server::start(Some(path.clone()))
+        .await
+        .unwrap();
+    let gw = Gateway {
+        addr: running.addr,
+        running,
+        dir,
+    };
+    let created = gw
+        .call(
+            ADMIN,
+            "providers.create",
+            json!({"providerId": "viaapi", "config": {"type": "scripted", "models": ["m9"]}}),
+        )
+        .await;
+    assert!(created.get("result").is_some(), "{created}");
+    // An agent on the API's provider: the file alone cannot say it exists (check-config
+    // refuses it), but the running database has it, so the restart goes through.
+    std::fs::write(
+        &path,
+        format!("{}  api: {{model: viaapi/m9}}\n", good(gw.dir.path())),
+    )
+    .unwrap();
+    let p = path.clone();
+    let (ok, stderr) = tokio::task::spawn_blocking(move || check_config(&p))
+        .await
+        .unwrap();
+    assert!(!ok && stderr.contains("agents.api"), "{stderr}");
+    gw.call(ADMIN, "gateway.restart", json!({})).await;
+    generation(&gw, 2).await;
+    assert_eq!(
+        gw.running.control.restarts_refused.load(Ordering::Relaxed),
+        0
+    );
+    let r = execute(&gw, "api").await;
+    assert!(r.get("result").is_some(), "{r}");
+    gw.stop().await;
+}

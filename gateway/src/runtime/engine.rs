@@ -17,6 +17,7 @@ use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
 use crate::runtime::tools::Tools;
 use crate::state::Control;
+use crate::store::registry::Table;
 use crate::store::{Store, DB_FILE};
 
 /// `AGENT_GATEWAY_NO_FETCH=1` turns `local.autoFetch` off (tests, air-gapped hosts).
@@ -162,9 +163,20 @@ impl Engine {
 
     /// The checks `open` makes of a configuration (every provider and agent entry, models,
     /// the default agent), run on an in-memory database: no data directory is touched and no
-    /// model is loaded or fetched. What `check-config` and a restart run first.
-    pub async fn check(config: &Config) -> Result<(), GatewayError> {
+    /// model is loaded or fetched. What `check-config` and a restart run first. `current` is
+    /// the running generation's store: its providers and agents (those created through the
+    /// API too) are copied first, so that the dry run sees what `open` would see.
+    pub async fn check(config: &Config, current: Option<&Store>) -> Result<(), GatewayError> {
         let store = Store::open_in_memory().await?;
+        if let Some(current) = current {
+            for table in [Table::Providers, Table::Agents] {
+                for row in current.registry_list(table).await? {
+                    store
+                        .registry_insert(table, &row.id, &row.config, row.seed_hash.as_deref())
+                        .await?;
+                }
+            }
+        }
         let providers = Providers::new(
             store.clone(),
             config.models.clone(),
