@@ -104,8 +104,11 @@ async fn front<E: Endpoint>(
         if let Err(l) = state.http_limiter.check(key) {
             return Ok(too_many_requests(area, &l));
         }
-        // /rpc counts the rest of a batch under the same key.
-        req.extensions_mut().insert(limits::RateKey(key));
+        // /rpc counts the rest of a batch under the same key (other paths skip the extension's
+        // allocation).
+        if req.uri().path() == "/rpc" {
+            req.extensions_mut().insert(limits::RateKey(key));
+        }
     }
     let mut resp = if req.method() == http::Method::POST && typed.contains(req.uri().path()) {
         match buffer_body(&state, &mut req).await {
