@@ -63,6 +63,17 @@ fn bad_files(dir: &Path) -> Vec<(&'static str, String)> {
         ),
         ("unknown defaultAgent", format!("{ok}defaultAgent: ghost\n")),
         (
+            "trusted proxy that is not an address",
+            config_yaml(dir, &format!("  trustedProxies: [10.0.0.0/8, proxy.local]\n{SCRIPT}")),
+        ),
+        (
+            "no turn allowed",
+            config_yaml(
+                dir,
+                &format!("  limits: {{maxConcurrentTurnsPerClient: 0}}\n{SCRIPT}"),
+            ),
+        ),
+        (
             "bad webhook path",
             format!(
                 "{ok}webhooks:\n  enabled: true\n  path: hooks\n  token: 0123456789abcdef0123456789abcdef\n"
@@ -197,6 +208,8 @@ async fn check_config_refuses_the_files_restart_refuses_and_touches_no_data_dire
         "providers.broken",
         "agents.bot",
         "defaultAgent",
+        "gateway.trustedProxies: 'proxy.local' is not an IP address or CIDR block",
+        "gateway.limits.maxConcurrentTurnsPerClient must be greater than 0",
         "webhooks.path",
     ];
     assert_eq!(files.len(), expected.len());
