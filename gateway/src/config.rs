@@ -123,6 +123,30 @@ pub struct GatewayConfig {
     pub body_read_timeout_ms: u64,
     /// On shutdown or restart, how long open connections get to close, in ms.
     pub shutdown_grace_ms: u64,
+    /// Peers (IP addresses or CIDR blocks) whose `Forwarded` / `X-Forwarded-For` headers name
+    /// the client; from any other peer those headers are ignored.
+    pub trusted_proxies: Vec<String>,
+    /// Concurrent turns and background runs.
+    pub limits: LimitsConfig,
+}
+
+/// `gateway.limits`: how many turns and background runs may run at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct LimitsConfig {
+    /// Per client id (token), across every surface.
+    pub max_concurrent_turns_per_client: u32,
+    /// For the whole gateway.
+    pub max_concurrent_turns: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent_turns_per_client: 8,
+            max_concurrent_turns: 64,
+        }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -146,6 +170,8 @@ impl Default for GatewayConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             shutdown_grace_ms: 5_000,
+            trusted_proxies: Vec::new(),
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -389,12 +415,22 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ("gateway.wsMaxMessageBytes", g.ws_max_message_bytes as u64),
         ("gateway.headerReadTimeoutMs", g.header_read_timeout_ms),
         ("gateway.bodyReadTimeoutMs", g.body_read_timeout_ms),
+        (
+            "gateway.limits.maxConcurrentTurnsPerClient",
+            u64::from(g.limits.max_concurrent_turns_per_client),
+        ),
+        (
+            "gateway.limits.maxConcurrentTurns",
+            u64::from(g.limits.max_concurrent_turns),
+        ),
     ];
     for (key, v) in positive {
         if v == 0 {
             return Err(ConfigError(format!("{key} must be greater than 0")));
         }
     }
+    crate::http::limits::TrustedProxies::parse(&g.trusted_proxies)
+        .map_err(|e| ConfigError(format!("gateway.trustedProxies: {e}")))?;
     if config.media.max_file_bytes == 0 || config.media.sweep_interval_seconds == 0 {
         return Err(ConfigError(
             "media.maxFileBytes and media.sweepIntervalSeconds must be greater than 0".to_owned(),

@@ -18,6 +18,9 @@ pub enum GatewayError {
     /// A dependency (provider, browser, model) is not configured or not reachable.
     #[error("{0}")]
     Unavailable(String),
+    /// A limit on concurrent work (turns, runs) is reached; try again later.
+    #[error("{0}")]
+    Busy(String),
     /// Anything else; the text goes to the log only.
     #[error("internal error: {0}")]
     Internal(String),
@@ -37,7 +40,9 @@ impl From<GatewayError> for RpcError {
             }
             GatewayError::NotFound(m) => RpcError::new(error_codes::NOT_FOUND, m),
             GatewayError::Conflict(m) => RpcError::new(error_codes::CONFLICT, m),
-            GatewayError::Unavailable(m) => RpcError::new(error_codes::UNAVAILABLE, m),
+            GatewayError::Unavailable(m) | GatewayError::Busy(m) => {
+                RpcError::new(error_codes::UNAVAILABLE, m)
+            }
             GatewayError::Internal(detail) => {
                 tracing::error!(error = %detail, "handler failed");
                 RpcError::internal()

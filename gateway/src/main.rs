@@ -89,11 +89,18 @@ async fn main() -> ExitCode {
             print!("{}", agent_gateway::http::openapi::document());
             ExitCode::SUCCESS
         }
+        // The same checks as a restart: loading, then the engine's dry run (in memory).
         Command::CheckConfig { config } => match agent_gateway::config::load(config.as_deref()) {
-            Ok(_) => {
-                println!("configuration ok");
-                ExitCode::SUCCESS
-            }
+            Ok(loaded) => match agent_gateway::server::check(&loaded.config, None).await {
+                Ok(()) => {
+                    println!("configuration ok");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            },
             Err(e) => {
                 eprintln!("{e}");
                 ExitCode::FAILURE

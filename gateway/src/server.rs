@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,10 +19,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{self, TokenStore};
-use crate::config::{self, Loaded};
+use crate::config::{self, Config, Loaded};
 use crate::error::GatewayError;
 use crate::runtime::engine::Engine;
 use crate::state::{AppState, Control};
+use crate::store::Store;
 
 type HyperBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
@@ -103,8 +104,64 @@ async fn build_state(
     Ok(state)
 }
 
-/// Serves generations until shutdown. A restart re-reads the configuration; when the new one
-/// is invalid the previous one stays in force.
+/// The checks a configuration must pass before a generation is built on it, besides those of
+/// loading: providers, agents, models and the default agent (a dry run of the engine on an
+/// in-memory database) and the webhook routes. `check-config` and `gateway.restart` run it, so
+/// the two agree; no data directory is touched. A restart passes the running generation's
+/// store (`current`): providers and agents created through the API count as they would at
+/// startup, where `check-config` judges the file alone.
+pub async fn check(config: &Config, current: Option<&Store>) -> Result<(), String> {
+    Engine::check(config, current).await.map_err(|e| match e {
+        GatewayError::Internal(m) => m,
+        other => other.to_string(),
+    })?;
+    crate::webhooks::Webhooks::new(&config.webhooks).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Waits for `gateway.restart` requests until one yields a next generation that is ready to
+/// serve: its configuration loads, passes [`check`] and is built (database opened, seeded).
+/// Any failure is logged and the running generation keeps serving.
+async fn next_generation(
+    config_path: Option<&Path>,
+    current: &Loaded,
+    current_store: &Store,
+    generation: u64,
+    control: &Arc<Control>,
+) -> (Loaded, AppState) {
+    loop {
+        control.restart_requested.notified().await;
+        let refused = |e: String| {
+            control
+                .restarts_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(error = %e, generation, "restart refused: the configuration would not start; the running generation keeps serving");
+        };
+        let next = match config::load(config_path) {
+            Ok(next) => next,
+            Err(e) => {
+                refused(e.to_string());
+                continue;
+            }
+        };
+        if let Err(e) = check(&next.config, Some(current_store)).await {
+            refused(e);
+            continue;
+        }
+        let (old, new) = (&current.config.gateway, &next.config.gateway);
+        if (old.host.as_str(), old.port) != (new.host.as_str(), new.port) {
+            tracing::warn!("host/port changes take effect on the next process start; the listening socket is kept");
+        }
+        match build_state(next.clone(), generation + 1, control.clone()).await {
+            Ok(state) => return (next, state),
+            Err(e) => refused(e),
+        }
+    }
+}
+
+/// Serves generations until shutdown. A restart builds the next generation while the current
+/// one serves, and swaps only when it is ready; a configuration that would not start leaves
+/// the current generation serving.
 pub async fn run(
     listener: TcpListener,
     config_path: Option<PathBuf>,
@@ -118,36 +175,54 @@ pub async fn run(
     if let Some(problem) = crate::runtime::providers::extra_roots_problem() {
         tracing::warn!(%problem, "HTTP providers cannot be used until the trusted roots file is fixed");
     }
+    let mut state = Arc::new(build_state(loaded.clone(), generation, control.clone()).await?);
     loop {
-        let state = Arc::new(build_state(loaded.clone(), generation, control.clone()).await?);
+        control.admission.configure(&state.config.gateway.limits);
         tracing::info!(%addr, generation, "agent-gateway listening");
-        let exit = serve(&listener, state.clone(), &shutdown).await;
+        let serving = serve(&listener, state.clone(), &shutdown);
+        tokio::pin!(serving);
+        let next = tokio::select! {
+            exit = &mut serving => match exit {
+                Exit::Shutdown => None,
+                // Nothing but this loop asks a generation to stop for a restart; should it
+                // happen anyway, the same configuration is built again.
+                Exit::Restart => Some(
+                    build_state(loaded.clone(), generation + 1, control.clone())
+                        .await
+                        .map(|s| (loaded.clone(), s))?,
+                ),
+            },
+            (next, next_state) = next_generation(config_path.as_deref(), &loaded, &state.engine.store, generation, &control) => {
+                // The next generation is ready: only now is this one stopped.
+                control.restart.notify_one();
+                if let Exit::Shutdown = serving.await {
+                    tracing::info!("shutdown requested during a restart");
+                    flush_usage(&state).await;
+                    return Ok(());
+                }
+                Some((next, next_state))
+            }
+        };
         // Usage rows are written behind the requests: commit the last ones.
-        if let Err(e) = state.engine.store.usage_flush().await {
-            tracing::warn!(error = %e, "usage rows not flushed");
-        }
-        match exit {
-            Exit::Shutdown => {
+        flush_usage(&state).await;
+        match next {
+            None => {
                 tracing::info!("agent-gateway stopped");
                 return Ok(());
             }
-            Exit::Restart => {
-                match config::load(config_path.as_deref()) {
-                    Ok(next) => {
-                        let (old, new) = (&loaded.config.gateway, &next.config.gateway);
-                        if (old.host.as_str(), old.port) != (new.host.as_str(), new.port) {
-                            tracing::warn!("host/port changes take effect on the next process start; the listening socket is kept");
-                        }
-                        loaded = next;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "restart: configuration invalid, keeping the previous one")
-                    }
-                }
+            Some((next, next_state)) => {
+                loaded = next;
                 generation += 1;
-                tracing::info!(generation, "restarting in-process");
+                state = Arc::new(next_state);
+                tracing::info!(generation, "restarted in-process");
             }
         }
+    }
+}
+
+async fn flush_usage(state: &AppState) {
+    if let Err(e) = state.engine.store.usage_flush().await {
+        tracing::warn!(error = %e, "usage rows not flushed");
     }
 }
 

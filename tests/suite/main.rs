@@ -5,12 +5,14 @@
 
 mod common;
 mod contract;
+mod e2e_admission;
 mod e2e_agents;
 mod e2e_http;
 mod e2e_limits;
 mod e2e_local;
 mod e2e_media;
 mod e2e_process;
+mod e2e_restart;
 mod e2e_rpc;
 mod e2e_tenancy;
 mod e2e_webhooks;

@@ -32,7 +32,7 @@ impl GatewayApi for Rpc {
         // The answer goes out first; the server loop then closes this generation.
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            control.restart.notify_one();
+            control.restart_requested.notify_one();
         });
         Ok(GatewayRestartResult {
             restarting: true,

@@ -15,7 +15,6 @@ pub mod turns;
 pub mod v1;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use poem::endpoint::StaticFilesEndpoint;
 use poem::web::Redirect;
@@ -95,25 +94,24 @@ async fn front<E: Endpoint>(
     typed: Arc<TypedPaths>,
     mut req: Request,
 ) -> poem::Result<Response> {
-    let path = req.uri().path();
-    let area = Area::of(path);
-    if !limits::RATE_EXEMPT.contains(&path) {
-        let ip = req
+    let area = Area::of(req.uri().path());
+    if !limits::RATE_EXEMPT.contains(&req.uri().path()) {
+        let peer = req
             .remote_addr()
             .as_socket_addr()
             .map(|a| a.ip())
             .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
-        if let Err(l) = state.http_limiter.check(ip, Instant::now()) {
-            let mut resp = Problem::new(http::StatusCode::TOO_MANY_REQUESTS, "Too many requests")
-                .into_area_response(area);
-            let secs = l.retry_after.as_secs().max(1).to_string();
-            if let Ok(v) = http::HeaderValue::from_str(&secs) {
-                resp.headers_mut().insert(http::header::RETRY_AFTER, v);
-            }
-            return Ok(resp);
+        let key = state.http_limiter.key(peer, req.headers());
+        if let Err(l) = state.http_limiter.check(key) {
+            return Ok(too_many_requests(area, &l));
+        }
+        // /rpc counts the rest of a batch under the same key (other paths skip the extension's
+        // allocation).
+        if req.uri().path() == "/rpc" {
+            req.extensions_mut().insert(limits::RateKey(key));
         }
     }
-    let mut resp = if req.method() == http::Method::POST && typed.contains(path) {
+    let mut resp = if req.method() == http::Method::POST && typed.contains(req.uri().path()) {
         match buffer_body(&state, &mut req).await {
             Ok(()) => answer(&*ep, req, area).await,
             Err(refused) => refused,
@@ -127,6 +125,17 @@ async fn front<E: Endpoint>(
         http::HeaderValue::from_static("nosniff"),
     );
     Ok(resp)
+}
+
+/// The rate limit's refusal: 429 with `Retry-After` (whole seconds, at least 1) and the
+/// area's error body.
+pub fn too_many_requests(area: Area, limited: &limits::Limited) -> Response {
+    let mut resp = Problem::new(http::StatusCode::TOO_MANY_REQUESTS, "Too many requests")
+        .into_area_response(area);
+    let secs = limited.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+    resp.headers_mut()
+        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+    resp
 }
 
 /// The endpoint's answer; a framework error becomes the area's error body.

@@ -96,8 +96,9 @@ struct Window {
 }
 
 impl Window {
-    /// Counts a message unless the window is full (refused messages are not counted).
-    fn admit(&mut self, now: Instant) -> bool {
+    /// Counts `n` messages (a batch's items) unless they do not all fit in the window
+    /// (refused messages are not counted).
+    fn admit(&mut self, now: Instant, n: usize) -> bool {
         while self
             .stamps
             .front()
@@ -105,10 +106,10 @@ impl Window {
         {
             self.stamps.pop_front();
         }
-        if self.stamps.len() >= self.max {
+        if self.stamps.len() + n > self.max {
             return false;
         }
-        self.stamps.push_back(now);
+        self.stamps.extend(std::iter::repeat_n(now, n));
         true
     }
 }
@@ -197,7 +198,8 @@ async fn connection(state: Arc<AppState>, principal: Principal, socket: WebSocke
                     .await;
                     continue;
                 }
-                if !window.admit(Instant::now()) {
+                let items = crate::rpc::http::batch_items(&text, max_batch) as usize;
+                if !window.admit(Instant::now(), items) {
                     reply_now(RpcError::rate_limited().response(Value::Null)).await;
                     continue;
                 }
@@ -211,7 +213,7 @@ async fn connection(state: Arc<AppState>, principal: Principal, socket: WebSocke
                 });
             }
             Some(Ok(Message::Binary(_))) => {
-                let v = if window.admit(Instant::now()) {
+                let v = if window.admit(Instant::now(), 1) {
                     RpcError::parse_error()
                 } else {
                     RpcError::rate_limited()

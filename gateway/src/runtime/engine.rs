@@ -17,6 +17,7 @@ use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
 use crate::runtime::tools::Tools;
 use crate::state::Control;
+use crate::store::registry::Table;
 use crate::store::{Store, DB_FILE};
 
 /// `AGENT_GATEWAY_NO_FETCH=1` turns `local.autoFetch` off (tests, air-gapped hosts).
@@ -134,13 +135,18 @@ impl Engine {
         data_dir: PathBuf,
         control: Arc<Control>,
     ) -> Result<Self, GatewayError> {
-        let store = Store::open(&data_dir.join(DB_FILE)).await?;
-        let orphaned = store.runs_orphan_unfinished(crate::store::now_ms()).await?;
-        if orphaned > 0 {
-            tracing::warn!(
-                orphaned,
-                "runs left unfinished by the previous process are marked orphaned"
-            );
+        let db = data_dir.join(DB_FILE);
+        let store = Store::open(&db).await?;
+        // Once per process and database: a restart's new generation must not orphan the runs
+        // the previous generation of this process still runs.
+        if control.first_open_of(&db) {
+            let orphaned = store.runs_orphan_unfinished(crate::store::now_ms()).await?;
+            if orphaned > 0 {
+                tracing::warn!(
+                    orphaned,
+                    "runs left unfinished by the previous process are marked orphaned"
+                );
+            }
         }
         let local = local_provider(config, &control);
         let m = &config.media;
@@ -179,86 +185,131 @@ impl Engine {
         Ok(engine)
     }
 
-    async fn seed(&self, config: &Config) -> Result<(), GatewayError> {
-        let mut providers = config.providers.clone();
-        if providers.is_empty() {
-            providers.insert(
-                EMBEDDED_PROVIDER.to_owned(),
-                ProvidersConfig {
-                    type_: Some(ProvidersType::Local),
-                    name: Some("In-process models (candle)".to_owned()),
-                    base_url: None,
-                    api_key_env: None,
-                    timeout_ms: Some(300_000),
-                    max_retries: Some(0),
-                    enabled: None,
-                    models: None,
-                    script: None,
-                },
-            );
-        }
-        for (id, cfg) in &providers {
-            let checked: ProvidersConfig =
-                check_entry::<crate::rpc::generated::types::ProvidersCreateParams>(
-                    MethodId::ProvidersCreate,
-                    serde_json::json!({"providerId": id, "config": cfg}),
-                    &format!("providers.{id}"),
-                )?
-                .config;
-            self.providers.seed(id, &checked).await?;
-        }
-        self.providers.reload().await?;
-        let snap = self.providers.snapshot();
-        let default_model = self.default_chat_model();
-        let mut agents = config.agents.clone();
-        if agents.is_empty() {
-            agents.insert(
-                EMBEDDED_AGENT.to_owned(),
-                AgentsConfig {
-                    name: Some("Default agent".to_owned()),
-                    provider: None,
-                    model: None,
-                    system_prompt: Some("You are a helpful assistant. Answer briefly.".to_owned()),
-                    max_steps: None,
-                    budget: None,
-                    tools: None,
-                    fallback_models: None,
-                    operation_models: None,
-                },
-            );
-        }
-        for (id, cfg) in &agents {
-            let params: crate::rpc::generated::types::AgentsCreateParams = check_entry(
-                MethodId::AgentsCreate,
-                serde_json::json!({"agentId": id, "config": cfg}),
-                &format!("agents.{id}"),
-            )?;
-            let cfg = params.config.unwrap_or(cfg.clone());
-            self.agents
-                .seed(id, &cfg, &snap, default_model.as_deref())
-                .await?;
-        }
-        self.agents.reload().await?;
-        if let Some(d) = &config.default_agent {
-            if self.agents.get(d).is_none() {
-                return Err(GatewayError::InvalidParams(format!(
-                    "defaultAgent: no agent {d}"
-                )));
+    /// The checks `open` makes of a configuration (every provider and agent entry, models,
+    /// the default agent), run on an in-memory database: no data directory is touched and no
+    /// model is loaded or fetched. What `check-config` and a restart run first. `current` is
+    /// the running generation's store: its providers and agents (those created through the
+    /// API too) are copied first, so that the dry run sees what `open` would see.
+    pub async fn check(config: &Config, current: Option<&Store>) -> Result<(), GatewayError> {
+        let store = Store::open_in_memory().await?;
+        if let Some(current) = current {
+            for table in [Table::Providers, Table::Agents] {
+                for row in current.registry_list(table).await? {
+                    store
+                        .registry_insert(table, &row.id, &row.config, row.seed_hash.as_deref())
+                        .await?;
+                }
             }
         }
-        Ok(())
+        let providers = Providers::new(
+            store.clone(),
+            config.models.clone(),
+            LocalProvider::new(local_options(config)),
+            false,
+        );
+        let agents = Agents::new(
+            store.clone(),
+            config.agent_defaults.clone(),
+            config.default_agent.clone(),
+        );
+        seed(&providers, &agents, config).await
+    }
+
+    async fn seed(&self, config: &Config) -> Result<(), GatewayError> {
+        seed(&self.providers, &self.agents, config).await
     }
 
     /// The first chat model of the catalogue: the embedded local model when present.
     pub fn default_chat_model(&self) -> Option<String> {
-        let snap = self.providers.snapshot();
-        let local = format!("{EMBEDDED_PROVIDER}/{}", local::CHAT_MODEL_ID);
-        if snap.model(&local).is_some() {
-            return Some(local);
-        }
-        snap.models
-            .iter()
-            .find(|m| m.can(ModelsCapability::Chat))
-            .map(|m| m.id())
+        default_chat_model(&self.providers)
     }
+}
+
+/// Writes the configuration file's providers and agents (or the embedded ones) into the
+/// registries, checking each entry, then checks the default agent.
+async fn seed(
+    registry: &Providers,
+    agent_registry: &Agents,
+    config: &Config,
+) -> Result<(), GatewayError> {
+    let mut providers = config.providers.clone();
+    if providers.is_empty() {
+        providers.insert(
+            EMBEDDED_PROVIDER.to_owned(),
+            ProvidersConfig {
+                type_: Some(ProvidersType::Local),
+                name: Some("In-process models (candle)".to_owned()),
+                base_url: None,
+                api_key_env: None,
+                timeout_ms: Some(300_000),
+                max_retries: Some(0),
+                enabled: None,
+                models: None,
+                script: None,
+            },
+        );
+    }
+    for (id, cfg) in &providers {
+        let checked: ProvidersConfig =
+            check_entry::<crate::rpc::generated::types::ProvidersCreateParams>(
+                MethodId::ProvidersCreate,
+                serde_json::json!({"providerId": id, "config": cfg}),
+                &format!("providers.{id}"),
+            )?
+            .config;
+        registry.seed(id, &checked).await?;
+    }
+    registry.reload().await?;
+    let snap = registry.snapshot();
+    let default_model = default_chat_model(registry);
+    let mut agents = config.agents.clone();
+    if agents.is_empty() {
+        agents.insert(
+            EMBEDDED_AGENT.to_owned(),
+            AgentsConfig {
+                name: Some("Default agent".to_owned()),
+                provider: None,
+                model: None,
+                system_prompt: Some("You are a helpful assistant. Answer briefly.".to_owned()),
+                max_steps: None,
+                budget: None,
+                tools: None,
+                fallback_models: None,
+                operation_models: None,
+            },
+        );
+    }
+    for (id, cfg) in &agents {
+        let params: crate::rpc::generated::types::AgentsCreateParams = check_entry(
+            MethodId::AgentsCreate,
+            serde_json::json!({"agentId": id, "config": cfg}),
+            &format!("agents.{id}"),
+        )?;
+        let cfg = params.config.unwrap_or(cfg.clone());
+        agent_registry
+            .seed(id, &cfg, &snap, default_model.as_deref())
+            .await?;
+    }
+    agent_registry.reload().await?;
+    if let Some(d) = &config.default_agent {
+        if agent_registry.get(d).is_none() {
+            return Err(GatewayError::InvalidParams(format!(
+                "defaultAgent: no agent {d}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The first chat model of the catalogue: the embedded local model when present.
+fn default_chat_model(providers: &Providers) -> Option<String> {
+    let snap = providers.snapshot();
+    let local = format!("{EMBEDDED_PROVIDER}/{}", local::CHAT_MODEL_ID);
+    if snap.model(&local).is_some() {
+        return Some(local);
+    }
+    snap.models
+        .iter()
+        .find(|m| m.can(ModelsCapability::Chat))
+        .map(|m| m.id())
 }

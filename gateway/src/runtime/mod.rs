@@ -1,5 +1,6 @@
 //! The agent engine: providers, the model catalogue, agents, tools and the agent turn.
 
+pub mod admission;
 pub mod agents;
 pub mod catalog;
 pub mod compact;

@@ -46,6 +46,7 @@ impl Engine {
     /// Records the run as running and starts it on its own task (it keeps running when the
     /// caller stops waiting).
     pub async fn start_run(self: &Arc<Self>, spec: RunSpec) -> Result<Started, GatewayError> {
+        let permit = self.control.admission.admit(Some(&spec.caller.client_id))?;
         if spec.agent.suspended {
             return Err(GatewayError::Conflict(format!(
                 "Agent {} is suspended; agents.resume lets it run again",
@@ -87,6 +88,7 @@ impl Engine {
                     only_tools: spec.only_tools,
                     cancel,
                     scopes: spec.scopes,
+                    admitted: Some(permit),
                     ..TurnRequest::new(spec.agent, spec.task, &spec.caller)
                 })
                 .await;

@@ -39,7 +39,8 @@ pub struct TurnRequest {
     pub scopes: BTreeSet<Scope>,
     /// Whose records the turn's tools reach: the caller's tenant (admin: every tenant).
     pub tenant: Tenant,
-    /// The caller's client id: it owns what an ephemeral turn's tools store.
+    /// The caller's client id: it owns what an ephemeral turn's tools store, and its turns
+    /// count against `gateway.limits.maxConcurrentTurnsPerClient`.
     pub client_id: String,
     /// Receives text deltas as they are produced.
     pub sink: Option<DeltaSink>,
@@ -57,6 +58,8 @@ pub struct TurnRequest {
     pub temperature: Option<f64>,
     /// The session key recorded with usage when the turn is ephemeral (e.g. a /v1 completion).
     pub usage_label: Option<String>,
+    /// Already admitted (a background run holds its permit from `start_run` on).
+    pub admitted: Option<crate::runtime::admission::Permit>,
 }
 
 impl TurnRequest {
@@ -79,6 +82,7 @@ impl TurnRequest {
             max_tokens: None,
             temperature: None,
             usage_label: None,
+            admitted: None,
         }
     }
 }
@@ -210,6 +214,7 @@ impl Engine {
     /// Runs one turn. Errors are for turns that could not start (suspended agent, no usable
     /// provider); a provider failure during the turn ends it with finishReason error.
     pub async fn run_turn(&self, req: TurnRequest) -> Result<TurnOutcome, GatewayError> {
+        let _permit = self.control.admission.admit_turn(&req)?;
         let agent = req.agent.clone();
         if agent.suspended {
             return Err(GatewayError::Conflict(format!(

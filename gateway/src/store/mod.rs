@@ -54,6 +54,26 @@ impl Store {
         Ok(Self { pool, usage })
     }
 
+    /// A private in-memory database with every migration applied (the configuration dry run
+    /// of `check-config` and restart): one connection, kept for the store's life, since each
+    /// in-memory connection would be a database of its own.
+    pub async fn open_in_memory() -> Result<Self, GatewayError> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("gateway/migrations")
+            .run(&pool)
+            .await
+            .map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
+        let usage = usage::UsageQueue::start(pool.clone());
+        Ok(Self { pool, usage })
+    }
+
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
