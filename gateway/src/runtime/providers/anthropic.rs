@@ -144,8 +144,9 @@ impl AnthropicProvider {
             ("", t) => t.to_string(),
             (m, t) => format!("{m} ({t})"),
         };
+        self.http.log_upstream("error event in the stream", &message);
         self.http
-            .error(kind, &format!("the stream reported an error: {message}"))
+            .error(kind, "the server reported an error in the stream")
     }
 }
 

@@ -180,6 +180,9 @@ pub struct ChatResponse {
 pub struct DeltaSink {
     tx: tokio::sync::mpsc::UnboundedSender<String>,
     sent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The flag of the sink this one was made from: a delta through an attempt's sink also
+    /// counts for the model step around it (which must then not fall back to another model).
+    outer: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl DeltaSink {
@@ -187,18 +190,26 @@ impl DeltaSink {
         Self {
             tx,
             sent: std::sync::Arc::default(),
+            outer: None,
         }
     }
 
     /// Passes a delta on.
     pub fn send(&self, text: String) -> Result<(), tokio::sync::mpsc::error::SendError<String>> {
         self.sent.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(outer) = &self.outer {
+            outer.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         self.tx.send(text)
     }
 
-    /// A sink to the same receiver that counts only its own deltas (one per attempt).
+    /// A sink to the same receiver that counts only its own deltas (one per attempt, or one
+    /// per model step); its deltas also count for this sink.
     pub fn attempt(&self) -> Self {
-        Self::new(self.tx.clone())
+        Self {
+            outer: Some(self.sent.clone()),
+            ..Self::new(self.tx.clone())
+        }
     }
 
     /// Whether a delta went through this sink.
@@ -301,6 +312,18 @@ impl ProviderError {
             message: message.into(),
             status: Some(status),
             retry_after: None,
+        }
+    }
+
+    /// What a caller may be told: the kind and the status, never the message (which can
+    /// carry text from the upstream's answer; it goes to the log).
+    pub fn public_message(&self) -> String {
+        match self.status {
+            Some(status) => format!(
+                "The model call failed ({}, upstream HTTP {status})",
+                self.kind.as_str()
+            ),
+            None => format!("The model call failed ({})", self.kind.as_str()),
         }
     }
 
