@@ -139,13 +139,15 @@ async fn every_finish_reason() {
         r["tokensUsed"],
         json!({"input": 50, "output": 10, "total": 60})
     );
-    // A provider failure after its retries says what failed.
+    // A provider failure after its retries says what failed (kind and status), never in
+    // the upstream's own words.
     let r = execute(&gw, RPC, json!({"message": "fail hard"})).await;
-    assert!(
-        r["response"]
-            .as_str()
-            .unwrap()
-            .contains("upstream exploded"),
+    assert_eq!(
+        (&r["response"], &r["errorKind"]),
+        (
+            &json!("The model call failed (provider_error, upstream HTTP 500)"),
+            &json!("provider_error")
+        ),
         "{r}"
     );
     gw.stop().await;

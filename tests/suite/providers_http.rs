@@ -28,11 +28,11 @@ const KEY: &str = "sk-test-0123456789-secret";
 
 /// One request the fixture received.
 #[derive(Debug, Clone)]
-struct Recorded {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Value,
+pub(crate) struct Recorded {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
 }
 
 impl Recorded {
@@ -45,7 +45,7 @@ impl Recorded {
 }
 
 #[derive(Debug, Clone)]
-enum Part {
+pub(crate) enum Part {
     Bytes(Vec<u8>),
     /// Stop sending and wait until the client closes the connection.
     Stall,
@@ -54,7 +54,7 @@ enum Part {
 }
 
 #[derive(Debug, Clone)]
-enum Body {
+pub(crate) enum Body {
     Full(Vec<u8>),
     Chunked(Vec<Part>),
     /// Never answer (not even the status line); wait for the client to go away.
@@ -62,14 +62,14 @@ enum Body {
 }
 
 #[derive(Debug, Clone)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Body,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Body,
 }
 
 impl Reply {
-    fn json(status: u16, body: &Value) -> Self {
+    pub(crate) fn json(status: u16, body: &Value) -> Self {
         Self {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
@@ -77,7 +77,7 @@ impl Reply {
         }
     }
 
-    fn sse(parts: Vec<Part>) -> Self {
+    pub(crate) fn sse(parts: Vec<Part>) -> Self {
         Self {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
@@ -85,7 +85,7 @@ impl Reply {
         }
     }
 
-    fn header(mut self, name: &str, value: &str) -> Self {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
         self
     }
@@ -93,8 +93,8 @@ impl Reply {
 
 type Handler = Arc<dyn Fn(&Recorded) -> Reply + Send + Sync>;
 
-struct Fixture {
-    addr: SocketAddr,
+pub(crate) struct Fixture {
+    pub(crate) addr: SocketAddr,
     requests: Arc<Mutex<Vec<Recorded>>>,
     /// Signalled when a client closes a connection the fixture was stalling on.
     closed: Arc<Notify>,
@@ -108,7 +108,9 @@ impl Drop for Fixture {
 }
 
 impl Fixture {
-    async fn start(handler: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) -> Self {
+    pub(crate) async fn start(
+        handler: impl Fn(&Recorded) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -139,15 +141,15 @@ impl Fixture {
     }
 
     /// Serves the same reply to every request.
-    async fn always(reply: Reply) -> Self {
+    pub(crate) async fn always(reply: Reply) -> Self {
         Self::start(move |_| reply.clone()).await
     }
 
-    fn base(&self, suffix: &str) -> String {
+    pub(crate) fn base(&self, suffix: &str) -> String {
         format!("http://{}{suffix}", self.addr)
     }
 
-    fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.requests.lock().unwrap().clone()
     }
 
@@ -284,7 +286,7 @@ async fn read_request(socket: &mut TcpStream) -> Option<Recorded> {
 }
 
 /// `text` cut every `size` bytes (inside field names, CRLF pairs and UTF-8 characters alike).
-fn pieces(text: &str, size: usize) -> Vec<Part> {
+pub(crate) fn pieces(text: &str, size: usize) -> Vec<Part> {
     text.as_bytes()
         .chunks(size)
         .map(|c| Part::Bytes(c.to_vec()))
@@ -292,7 +294,7 @@ fn pieces(text: &str, size: usize) -> Vec<Part> {
 }
 
 /// OpenAI stream text: one `data:` line per chunk, then `[DONE]`.
-fn openai_sse(chunks: &[Value], newline: &str) -> String {
+pub(crate) fn openai_sse(chunks: &[Value], newline: &str) -> String {
     let mut out = format!(": keep-alive{newline}{newline}");
     for chunk in chunks {
         out.push_str(&format!("data: {chunk}{newline}{newline}"));
@@ -549,7 +551,7 @@ async fn check_timeouts(
 
 // ---------------------------------------------------------------- openai
 
-fn openai_text_completion() -> Value {
+pub(crate) fn openai_text_completion() -> Value {
     json!({
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -567,7 +569,7 @@ fn openai_text_completion() -> Value {
     })
 }
 
-fn content_chunk(delta: Value, finish: Option<&str>) -> Value {
+pub(crate) fn content_chunk(delta: Value, finish: Option<&str>) -> Value {
     json!({
         "id": "chatcmpl-2",
         "object": "chat.completion.chunk",
