@@ -80,6 +80,7 @@ agents:
   failover: {model: broken/down, fallbackModels: [script/m2]}
   narrow: {model: script/m1, tools: [current_time]}
 agentDefaults: {circuitBreakerThreshold: 3}
+providerPolicy: {apiKeyEnvAllowlist: [AGENT_GATEWAY_TEST_UNSET_KEY], allowLoopbackBaseUrl: true}
 "#;
 
 async fn engine() -> Gateway {

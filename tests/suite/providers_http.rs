@@ -1288,3 +1288,219 @@ async fn invalid_base_url_is_refused_at_construction() {
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidRequest);
 }
+
+// ---------------------------------------------------------------- settings made through the API
+
+/// `apiKeyEnv` and `baseUrl` set through providers.create/update follow `providerPolicy`; the
+/// configuration file may name anything.
+mod api_policy {
+    use serde_json::{json, Value};
+
+    use crate::common::*;
+
+    const FILE: &str = r#"
+providers:
+  filed:
+    type: openai
+    baseUrl: http://10.9.9.9/v1
+    apiKeyEnv: FILE_NAMED_KEY
+    models: [a]
+providerPolicy:
+  apiKeyEnvAllowlist: [LISTED_KEY]
+"#;
+
+    async fn create(gw: &Gateway, id: &str, config: Value) -> Value {
+        gw.call(
+            ADMIN,
+            "providers.create",
+            json!({"providerId": id, "config": config}),
+        )
+        .await
+    }
+
+    /// A -32602 naming `member`, and the provider `id` not stored (unless it existed before:
+    /// "filed" and "public" are updated, not created).
+    async fn refused(gw: &Gateway, r: &Value, member: &str, id: &str) {
+        assert_eq!(code(r), -32602, "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains(member), "{r}");
+        let got = gw
+            .call(ADMIN, "providers.get", json!({"providerId": id}))
+            .await;
+        if id != "filed" && id != "public" {
+            assert_eq!(code(&got), -32001, "{id} was stored: {got}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn key_variables_follow_the_allow_list() {
+        let gw = start(FILE).await;
+        let ok_cases = [
+            (
+                "by-file",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "FILE_NAMED_KEY"}),
+            ),
+            (
+                "by-list",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "LISTED_KEY"}),
+            ),
+            (
+                "keyless",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1"}),
+            ),
+            ("script", json!({"type": "scripted"})),
+        ];
+        for (id, config) in ok_cases {
+            let r = create(&gw, id, config).await;
+            assert_eq!(r["result"]["created"], true, "{id}: {r}");
+        }
+        let refused_cases = [
+            (
+                "secret",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "AWS_SECRET_ACCESS_KEY"}),
+            ),
+            (
+                "near",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "LISTED_KEY_2"}),
+            ),
+            (
+                "case",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "listed_key"}),
+            ),
+            // The type's default variable counts: the file names neither.
+            ("oai", json!({"type": "openai"})),
+            ("anth", json!({"type": "anthropic"})),
+        ];
+        for (id, config) in refused_cases {
+            let r = create(&gw, id, config).await;
+            refused(&gw, &r, "'config.apiKeyEnv'", id).await;
+        }
+        // update: a new variable is checked; other changes to a file provider are not.
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "filed", "config": {"apiKeyEnv": "PATH"}}),
+            )
+            .await;
+        refused(&gw, &r, "'config.apiKeyEnv'", "filed").await;
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "by-file", "config": {"apiKeyEnv": "LISTED_KEY"}}),
+            )
+            .await;
+        assert_eq!(r["result"]["provider"]["apiKeyEnv"], "LISTED_KEY", "{r}");
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "filed", "config": {"timeoutMs": 5000}}),
+            )
+            .await;
+        assert_eq!(r["result"]["provider"]["timeoutMs"], 5000, "{r}");
+        let got = gw
+            .call(ADMIN, "providers.get", json!({"providerId": "filed"}))
+            .await;
+        assert_eq!(
+            (&got["result"]["apiKeyEnv"], &got["result"]["baseUrl"]),
+            (&json!("FILE_NAMED_KEY"), &json!("http://10.9.9.9/v1")),
+            "{got}"
+        );
+        gw.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn base_urls_follow_the_url_policy() {
+        let gw = start(FILE).await;
+        let refused_urls = [
+            "http://127.0.0.1:9/v1",
+            "http://localhost:9/v1",
+            "http://[::1]:9/v1",
+            "http://10.0.0.1/v1",
+            "http://192.168.1.10/v1",
+            "http://169.254.169.254/latest",
+            "http://[::ffff:127.0.0.1]/v1",
+            "http://0.0.0.0/v1",
+        ];
+        for (i, url) in refused_urls.iter().enumerate() {
+            let id = format!("u{i}");
+            let r = create(&gw, &id, json!({"type": "openai", "baseUrl": url})).await;
+            refused(&gw, &r, "'config.baseUrl'", &id).await;
+        }
+        let r = create(
+            &gw,
+            "ftp",
+            json!({"type": "openai", "baseUrl": "ftp://8.8.8.8/"}),
+        )
+        .await;
+        refused(&gw, &r, "'config.baseUrl'", "ftp").await;
+        // Public addresses are fine.
+        let r = create(
+            &gw,
+            "public",
+            json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1"}),
+        )
+        .await;
+        assert_eq!(r["result"]["created"], true, "{r}");
+        // update is checked too, and a refused one changes nothing.
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "public", "config": {"baseUrl": "http://127.0.0.1:9/v1"}}),
+            )
+            .await;
+        refused(&gw, &r, "'config.baseUrl'", "public").await;
+        let got = gw
+            .call(ADMIN, "providers.get", json!({"providerId": "public"}))
+            .await;
+        assert_eq!(got["result"]["baseUrl"], "https://8.8.8.8/v1", "{got}");
+        gw.stop().await;
+
+        // With the loopback allowance: loopback is accepted, private still refused.
+        let gw = start(&format!("{FILE}  allowLoopbackBaseUrl: true\n")).await;
+        for (id, url) in [
+            ("lo4", "http://127.0.0.1:9/v1"),
+            ("lo6", "http://[::1]:9/v1"),
+            ("lon", "http://localhost:9/v1"),
+        ] {
+            let r = create(&gw, id, json!({"type": "openai", "baseUrl": url})).await;
+            assert_eq!(r["result"]["created"], true, "{url}: {r}");
+        }
+        let r = create(
+            &gw,
+            "priv",
+            json!({"type": "openai", "baseUrl": "http://10.0.0.1/v1"}),
+        )
+        .await;
+        refused(&gw, &r, "'config.baseUrl'", "priv").await;
+        let r = create(
+            &gw,
+            "meta",
+            json!({"type": "openai", "baseUrl": "http://169.254.169.254/"}),
+        )
+        .await;
+        refused(&gw, &r, "'config.baseUrl'", "meta").await;
+        gw.stop().await;
+    }
+
+    #[test]
+    fn a_bad_allow_list_entry_refuses_to_start() {
+        let config = agent_gateway::config::from_value(
+            json!({"providerPolicy": {"apiKeyEnvAllowlist": ["GOOD", "BAD NAME"]}}),
+        )
+        .unwrap();
+        let err = agent_gateway::config::validate(&config).unwrap_err();
+        assert!(
+            err.0.starts_with("providerPolicy.apiKeyEnvAllowlist[1]"),
+            "{}",
+            err.0
+        );
+        let unknown =
+            agent_gateway::config::from_value(json!({"providerPolicy": {"allowLoopback": true}}))
+                .unwrap_err();
+        assert!(unknown.0.contains("providerPolicy"), "{}", unknown.0);
+    }
+}

@@ -12,12 +12,12 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::GatewayError;
 use crate::http::problem::Problem;
-use http::StatusCode;
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog;
 use crate::runtime::engine::Engine;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use http::StatusCode;
 
 /// What a request's `model` resolves to.
 pub struct Target {

@@ -139,6 +139,7 @@ impl Engine {
                 config.models.clone(),
                 local,
                 config.local.preload,
+                &config.provider_policy,
             ),
             agents: Agents::new(
                 store.clone(),

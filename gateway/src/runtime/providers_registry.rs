@@ -10,6 +10,7 @@ use crate::error::GatewayError;
 use crate::rpc::generated::types::{ProvidersConfig, ProvidersRecord, ProvidersType};
 use crate::runtime::catalog::{self, ModelInfo};
 use crate::runtime::providers::local::{LocalProvider, LocalStatus};
+use crate::runtime::providers::policy::{ApiPolicy, ProviderPolicyConfig};
 use crate::runtime::providers::{
     anthropic::AnthropicProvider, openai::OpenAiProvider, scripted::ScriptedProvider, Provider,
     ProviderKind, ProviderSettings,
@@ -188,6 +189,8 @@ pub struct Providers {
     snapshot: RwLock<Arc<Snapshot>>,
     /// Serialises changes (persist, then swap).
     write: tokio::sync::Mutex<()>,
+    /// What create/update may set; the file's providers add their key variables when seeded.
+    policy: RwLock<ApiPolicy>,
 }
 
 impl Providers {
@@ -196,6 +199,7 @@ impl Providers {
         overrides: Vec<ModelConfig>,
         local: Arc<LocalProvider>,
         preload_local: bool,
+        policy: &ProviderPolicyConfig,
     ) -> Self {
         Self {
             store,
@@ -204,7 +208,38 @@ impl Providers {
             preload_local,
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             write: tokio::sync::Mutex::new(()),
+            policy: RwLock::new(ApiPolicy::new(policy)),
         }
+    }
+
+    fn policy(&self) -> ApiPolicy {
+        self.policy
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Checks settings made through the API against the policy: the completed `apiKeyEnv`
+    /// (the type's default counts too, since it is a variable the call would read) and a
+    /// given `baseUrl`.
+    async fn check_api_settings(
+        &self,
+        key_env: Option<&str>,
+        base_url: Option<&str>,
+    ) -> Result<(), GatewayError> {
+        let policy = self.policy();
+        if let Some(var) = key_env {
+            policy
+                .check_key_env(var)
+                .map_err(GatewayError::InvalidParams)?;
+        }
+        if let Some(url) = base_url {
+            policy
+                .check_base_url(url)
+                .await
+                .map_err(GatewayError::InvalidParams)?;
+        }
+        Ok(())
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
@@ -278,6 +313,8 @@ impl Providers {
     /// Adds a provider; Conflict when the id exists.
     pub async fn create(&self, id: &str, config: ProvidersConfig) -> Result<(), GatewayError> {
         let config = complete(id, config)?;
+        self.check_api_settings(config.api_key_env.as_deref(), config.base_url.as_deref())
+            .await?;
         let _w = self.write.lock().await;
         let text = to_json(&config)?;
         if !self
@@ -306,7 +343,13 @@ impl Providers {
                 "The type of provider {id} cannot change; delete it and create a new one"
             )));
         }
+        let (key_changed, url_changed) = (change.api_key_env.is_some(), change.base_url.is_some());
         let merged = complete(id, merge_provider(current, change))?;
+        self.check_api_settings(
+            merged.api_key_env.as_deref().filter(|_| key_changed),
+            merged.base_url.as_deref().filter(|_| url_changed),
+        )
+        .await?;
         self.store
             .registry_update(Table::Providers, id, &to_json(&merged)?, None)
             .await?;
@@ -347,6 +390,12 @@ impl Providers {
         let hash = seed_hash(config);
         let completed = complete(id, config.clone())
             .map_err(|e| GatewayError::InvalidParams(format!("providers.{id}: {e}")))?;
+        if let Some(var) = &completed.api_key_env {
+            match self.policy.write() {
+                Ok(mut p) => p.allow_env(var),
+                Err(p) => p.into_inner().allow_env(var),
+            }
+        }
         let text = to_json(&completed)?;
         self.store
             .registry_seed(Table::Providers, id, &text, &hash)

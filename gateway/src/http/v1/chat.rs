@@ -280,7 +280,11 @@ impl Chunker {
             Ok(o) => {
                 if let Some(f) = o.failure {
                     // Text was streamed already: the stream ends like an answer (README, `/v1` errors).
-                    tracing::warn!(kind = f.kind.as_str(), status = f.status, "streamed completion ended by a model failure");
+                    tracing::warn!(
+                        kind = f.kind.as_str(),
+                        status = f.status,
+                        "streamed completion ended by a model failure"
+                    );
                 }
                 out.extend_from_slice(&self.frame(Delta::default(), Some(openai_finish(o.finish))));
                 if include_usage {

@@ -144,7 +144,8 @@ impl AnthropicProvider {
             ("", t) => t.to_string(),
             (m, t) => format!("{m} ({t})"),
         };
-        self.http.log_upstream("error event in the stream", &message);
+        self.http
+            .log_upstream("error event in the stream", &message);
         self.http
             .error(kind, "the server reported an error in the stream")
     }

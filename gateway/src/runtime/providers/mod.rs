@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod local;
 pub mod openai;
+pub mod policy;
 pub mod retry;
 pub mod scripted;
 mod sse;

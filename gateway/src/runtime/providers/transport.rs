@@ -476,11 +476,7 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     }
     let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
     let wait = date.signed_duration_since(chrono::Utc::now());
-    Some(
-        wait.to_std()
-            .unwrap_or(Duration::ZERO)
-            .min(MAX_RETRY_WAIT),
-    )
+    Some(wait.to_std().unwrap_or(Duration::ZERO).min(MAX_RETRY_WAIT))
 }
 
 /// `secs` as a wait between zero and [`MAX_RETRY_WAIT`] (`Duration::from_secs_f64` panics
@@ -600,21 +596,49 @@ mod tests {
         let cases: Vec<(&str, String, Option<Duration>)> = vec![
             ("retry-after", max.to_string(), Some(MAX_RETRY_WAIT)),
             ("retry-after", (max + 1).to_string(), Some(MAX_RETRY_WAIT)),
-            ("retry-after", format!("{}", max - 1), Some(Duration::from_secs(max - 1))),
-            ("retry-after", "99999999999999999999999999".into(), Some(MAX_RETRY_WAIT)),
+            (
+                "retry-after",
+                format!("{}", max - 1),
+                Some(Duration::from_secs(max - 1)),
+            ),
+            (
+                "retry-after",
+                "99999999999999999999999999".into(),
+                Some(MAX_RETRY_WAIT),
+            ),
             ("retry-after", "1e308".into(), Some(MAX_RETRY_WAIT)),
             ("retry-after", "inf".into(), Some(MAX_RETRY_WAIT)),
             ("retry-after", "-5".into(), Some(Duration::ZERO)),
             ("retry-after", "-1e308".into(), Some(Duration::ZERO)),
             ("retry-after", "NaN".into(), None),
             ("retry-after", "soon".into(), None),
-            ("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT".into(), Some(MAX_RETRY_WAIT)),
+            (
+                "retry-after",
+                "Fri, 31 Dec 9999 23:59:59 GMT".into(),
+                Some(MAX_RETRY_WAIT),
+            ),
             ("retry-after-ms", "1e300".into(), Some(MAX_RETRY_WAIT)),
-            ("retry-after-ms", "18446744073709551616000".into(), Some(MAX_RETRY_WAIT)),
+            (
+                "retry-after-ms",
+                "18446744073709551616000".into(),
+                Some(MAX_RETRY_WAIT),
+            ),
             ("retry-after-ms", "-250".into(), Some(Duration::ZERO)),
-            ("retry-after-ms", (max * 1000).to_string(), Some(MAX_RETRY_WAIT)),
-            ("retry-after-ms", (max * 1000 + 1).to_string(), Some(MAX_RETRY_WAIT)),
-            ("retry-after-ms", "1500".into(), Some(Duration::from_millis(1500))),
+            (
+                "retry-after-ms",
+                (max * 1000).to_string(),
+                Some(MAX_RETRY_WAIT),
+            ),
+            (
+                "retry-after-ms",
+                (max * 1000 + 1).to_string(),
+                Some(MAX_RETRY_WAIT),
+            ),
+            (
+                "retry-after-ms",
+                "1500".into(),
+                Some(Duration::from_millis(1500)),
+            ),
         ];
         for (name, value, expected) in cases {
             let mut h = HeaderMap::new();
