@@ -111,7 +111,10 @@ impl Engine {
         control: Arc<Control>,
     ) -> Result<Self, GatewayError> {
         let store = Store::open(&data_dir.join(DB_FILE)).await?;
-        let orphaned = store.runs_orphan_unfinished(crate::store::now_ms()).await?;
+        // Queued webhook runs are resumed instead (webhooks::resume_queued).
+        let orphaned = store
+            .runs_orphan_unresumable(crate::store::now_ms())
+            .await?;
         if orphaned > 0 {
             tracing::warn!(
                 orphaned,

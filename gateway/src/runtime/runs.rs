@@ -64,6 +64,37 @@ impl Engine {
             ..RunRow::default()
         };
         self.store.run_insert(&row).await?;
+        Ok(self.spawn_run(row, spec))
+    }
+
+    /// Starts a run whose row was written as queued (a webhook run, acknowledged before it
+    /// got a slot): it becomes running, or failed when its agent cannot run now.
+    pub async fn start_queued_run(
+        self: &Arc<Self>,
+        mut row: RunRow,
+        spec: RunSpec,
+    ) -> Result<Started, GatewayError> {
+        if spec.agent.suspended {
+            let why = format!(
+                "Agent {} is suspended; agents.resume lets it run again",
+                spec.agent.id
+            );
+            row.status = SubagentRunStatus::Failed.as_str().to_owned();
+            row.completed_at = Some(crate::store::now_ms());
+            row.error = Some(why.clone());
+            self.store.run_finish(&row).await?;
+            return Err(GatewayError::Conflict(why));
+        }
+        row.started_at = crate::store::now_ms();
+        row.status = SubagentRunStatus::Running.as_str().to_owned();
+        self.store
+            .run_mark_running(&row.run_id, row.started_at)
+            .await?;
+        Ok(self.spawn_run(row, spec))
+    }
+
+    /// Runs `spec`'s turn on its own task and records its end in `row`.
+    fn spawn_run(self: &Arc<Self>, row: RunRow, spec: RunSpec) -> Started {
         let engine = self.clone();
         let mut finished = row.clone();
         let done = tokio::spawn(async move {
@@ -121,6 +152,6 @@ impl Engine {
             );
             (finished, outcome.ok())
         });
-        Ok(Started { row, done })
+        Started { row, done }
     }
 }
