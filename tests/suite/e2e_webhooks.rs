@@ -670,14 +670,13 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The real binary on `config`, healthy.
-async fn spawn_binary(
+fn spawn_child(
     dir: &std::path::Path,
     config: &std::path::Path,
     log: &str,
-) -> (std::process::Child, u16) {
-    let port = free_port();
-    let child = std::process::Command::new(BIN)
+    port: u16,
+) -> std::process::Child {
+    std::process::Command::new(BIN)
         .arg("serve")
         .arg("--config")
         .arg(config)
@@ -687,20 +686,29 @@ async fn spawn_binary(
         .stdout(std::fs::File::create(dir.join(format!("{log}.out"))).unwrap())
         .stderr(std::fs::File::create(dir.join(format!("{log}.err"))).unwrap())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// The real binary on `config`, healthy.
+async fn spawn_binary(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    log: &str,
+) -> (std::process::Child, u16) {
+    let port = free_port();
+    let mut child = spawn_child(dir, config, log, port);
     let deadline = std::time::Instant::now() + STEP;
-    loop {
+    while std::time::Instant::now() < deadline {
         if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
             if r.status() == 200 {
                 return (child, port);
             }
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "gateway did not become healthy"
-        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("gateway did not become healthy");
 }
 
 /// Polls the run rows of the mapping until `done` says they are as expected.
