@@ -317,6 +317,7 @@ fn anthropic_sse(events: &[Value]) -> String {
 
 fn settings(kind: ProviderKind, base: String, key: Option<&str>) -> ProviderSettings {
     ProviderSettings {
+        address_guard: None,
         id: format!("test-{}", kind.as_str()),
         kind,
         base_url: Some(base),
@@ -1483,6 +1484,79 @@ providerPolicy:
         )
         .await;
         refused(&gw, &r, "'config.baseUrl'", "meta").await;
+        gw.stop().await;
+    }
+
+    async fn test(gw: &Gateway, id: &str) -> Value {
+        gw.call(ADMIN, "models.test", json!({"provider": id})).await["result"].clone()
+    }
+
+    /// A base URL set through the API is checked again at every connection (by the address
+    /// its name resolves to then, and a literal address too): a tightened policy applies to
+    /// stored providers, and a name cannot later point somewhere refused. The file's URLs
+    /// are not checked.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn api_urls_are_checked_again_when_connecting() {
+        let upstream =
+            super::Fixture::always(super::Reply::json(200, &super::openai_text_completion())).await;
+        let file = |loopback: bool| {
+            format!(
+                "providers:\n  filed:\n    type: openai\n    baseUrl: {}\n    models: [m]\nproviderPolicy:\n  allowLoopbackBaseUrl: {loopback}\n",
+                upstream.base("/v1").replace("127.0.0.1", "localhost")
+            )
+        };
+        let gw = start(&file(true)).await;
+        for (id, host) in [("byname", "localhost"), ("literal", "127.0.0.1")] {
+            let url = upstream.base("/v1").replace("127.0.0.1", host);
+            let r = create(
+                &gw,
+                id,
+                json!({"type": "openai", "baseUrl": url, "models": ["m"]}),
+            )
+            .await;
+            assert_eq!(r["result"]["created"], true, "{r}");
+        }
+        for id in ["byname", "literal", "filed"] {
+            assert_eq!(test(&gw, id).await["ok"], true, "{id}");
+        }
+        assert_eq!(upstream.requests().len(), 3);
+
+        // The same stored providers under a policy without the loopback allowance.
+        let crate::common::Gateway { running, dir, .. } = gw;
+        running.shutdown.cancel();
+        tokio::time::timeout(STEP, running.done)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        std::fs::write(
+            dir.path().join("gateway.yaml"),
+            config_yaml(dir.path(), &file(false)),
+        )
+        .unwrap();
+        let running = agent_gateway::server::start(Some(dir.path().join("gateway.yaml")))
+            .await
+            .unwrap();
+        let gw = Gateway {
+            addr: running.addr,
+            running,
+            dir,
+        };
+        for id in ["byname", "literal"] {
+            let r = test(&gw, id).await;
+            assert_eq!(
+                (&r["ok"], &r["errorKind"]),
+                (&json!(false), &json!("network")),
+                "{id}: {r}"
+            );
+        }
+        assert_eq!(
+            upstream.requests().len(),
+            3,
+            "a refused address was connected to"
+        );
+        assert_eq!(test(&gw, "filed").await["ok"], true);
+        assert_eq!(upstream.requests().len(), 4);
         gw.stop().await;
     }
 

@@ -143,7 +143,12 @@ pub fn complete(id: &str, mut c: ProvidersConfig) -> Result<ProvidersConfig, Gat
     Ok(c)
 }
 
-fn build_entry(id: &str, config: ProvidersConfig, local: &Arc<LocalProvider>) -> ProviderEntry {
+fn build_entry(
+    id: &str,
+    config: ProvidersConfig,
+    local: &Arc<LocalProvider>,
+    address_guard: Option<Arc<ApiPolicy>>,
+) -> ProviderEntry {
     let kind = ProviderKind::from(config.type_.unwrap_or(ProvidersType::Openai));
     let api_key = config
         .api_key_env
@@ -158,6 +163,7 @@ fn build_entry(id: &str, config: ProvidersConfig, local: &Arc<LocalProvider>) ->
         api_key,
         api_key_env: config.api_key_env.clone(),
         timeout: Duration::from_millis(config.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS) as u64),
+        address_guard,
     };
     let instance: Result<Arc<dyn Provider>, String> = match kind {
         ProviderKind::Scripted => Ok(Arc::new(ScriptedProvider::new(
@@ -191,6 +197,9 @@ pub struct Providers {
     write: tokio::sync::Mutex<()>,
     /// What create/update may set; the file's providers add their key variables when seeded.
     policy: RwLock<ApiPolicy>,
+    /// The base URL each provider of the configuration file names: any other one in force was
+    /// set through the API, and its addresses are checked again at every connection.
+    file_urls: RwLock<BTreeMap<String, Option<String>>>,
 }
 
 impl Providers {
@@ -209,7 +218,18 @@ impl Providers {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             write: tokio::sync::Mutex::new(()),
             policy: RwLock::new(ApiPolicy::new(policy)),
+            file_urls: RwLock::default(),
         }
+    }
+
+    /// The connection-time address check of a provider whose base URL is not the file's.
+    fn address_guard(&self, id: &str, config: &ProvidersConfig) -> Option<Arc<ApiPolicy>> {
+        let from_file = self
+            .file_urls
+            .read()
+            .map(|f| f.get(id) == Some(&config.base_url))
+            .unwrap_or(false);
+        (!from_file).then(|| Arc::new(self.policy()))
     }
 
     fn policy(&self) -> ApiPolicy {
@@ -284,7 +304,8 @@ impl Providers {
                     continue;
                 }
             };
-            let entry = build_entry(&id, cfg, &self.local);
+            let guard = self.address_guard(&id, &cfg);
+            let entry = build_entry(&id, cfg, &self.local, guard);
             models.extend(catalog::models_of(
                 &id,
                 entry.kind,
@@ -396,6 +417,12 @@ impl Providers {
                 Err(p) => p.into_inner().allow_env(var),
             }
         }
+        match self.file_urls.write() {
+            Ok(mut f) => f.insert(id.to_owned(), completed.base_url.clone()),
+            Err(f) => f
+                .into_inner()
+                .insert(id.to_owned(), completed.base_url.clone()),
+        };
         let text = to_json(&completed)?;
         self.store
             .registry_seed(Table::Providers, id, &text, &hash)

@@ -379,6 +379,10 @@ pub struct ProviderSettings {
     pub api_key_env: Option<String>,
     /// Per-call timeout (applied by the caller around each attempt, and as the HTTP timeout).
     pub timeout: Duration,
+    /// For a base URL set through the API: every address its host resolves to when
+    /// connecting is checked again (a name that resolved to a public address when the provider
+    /// was created may point elsewhere later). None for the configuration file's URLs.
+    pub address_guard: Option<std::sync::Arc<policy::ApiPolicy>>,
 }
 
 impl std::fmt::Debug for ProviderSettings {
@@ -390,6 +394,7 @@ impl std::fmt::Debug for ProviderSettings {
             .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
             .field("api_key_env", &self.api_key_env)
             .field("timeout", &self.timeout)
+            .field("address_guard", &self.address_guard.is_some())
             .finish()
     }
 }

@@ -131,7 +131,7 @@ impl ApiPolicy {
     }
 
     /// Why `ip` is refused, or None when it may be reached.
-    fn refused(&self, ip: IpAddr) -> Option<&'static str> {
+    pub fn refused(&self, ip: IpAddr) -> Option<&'static str> {
         let class = classify(ip)?;
         let allowed = match class {
             Class::Loopback => self.allow_loopback,

@@ -7,7 +7,7 @@
 //! error message.
 
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -20,6 +20,7 @@ use http::Uri;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -32,6 +33,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::policy::ApiPolicy;
 use super::retry::MAX_RETRY_WAIT;
 use super::{ErrorKind, ProviderError, ProviderSettings};
 
@@ -55,8 +57,12 @@ type Conn = TokioIo<tokio::net::TcpStream>;
 /// alike; TLS to the server then runs inside the tunnel).
 #[derive(Clone)]
 struct Connect {
-    direct: HttpConnector,
+    direct: HttpConnector<Resolve>,
+    /// Reaches the proxy itself (never guarded: the operator's environment names it).
+    to_proxy: HttpConnector,
     proxies: Option<Arc<Matcher>>,
+    /// Checks a literal IP host too (the resolver never sees those).
+    guard: Option<Arc<ApiPolicy>>,
 }
 
 impl tower_service::Service<Uri> for Connect {
@@ -72,17 +78,82 @@ impl tower_service::Service<Uri> for Connect {
         let direct = self.direct.clone();
         match self.proxies.as_ref().and_then(|m| m.intercept(&dst)) {
             Some(proxy) => {
-                let mut tunnel = Tunnel::new(proxy.uri().clone(), direct);
+                let mut tunnel = Tunnel::new(proxy.uri().clone(), self.to_proxy.clone());
                 if let Some(auth) = proxy.basic_auth() {
                     tunnel = tunnel.with_auth(auth.clone());
                 }
                 Box::pin(async move { tunnel.call(dst).await.map_err(BoxError::from) })
             }
             None => {
+                let literal = dst
+                    .host()
+                    .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+                    .and_then(|h| h.parse::<IpAddr>().ok());
+                let refused = match (&self.guard, literal) {
+                    (Some(guard), Some(ip)) => guard.refused(ip).map(|class| {
+                        format!("{ip} is a {class} address the provider policy refuses")
+                    }),
+                    _ => None,
+                };
                 let mut direct = direct;
-                Box::pin(async move { direct.call(dst).await.map_err(BoxError::from) })
+                Box::pin(async move {
+                    if let Some(why) = refused {
+                        return Err(BoxError::from(why));
+                    }
+                    direct.call(dst).await.map_err(BoxError::from)
+                })
             }
         }
+    }
+}
+
+/// Resolves host names for the direct connector; with a guard, addresses the URL policy
+/// refuses are dropped (none left: the connection fails, naming the refused address).
+#[derive(Clone)]
+struct Resolve {
+    guard: Option<Arc<ApiPolicy>>,
+}
+
+impl tower_service::Service<Name> for Resolve {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, std::io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let guard = self.guard.clone();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let Some(guard) = guard else {
+                return Ok(found.into_iter());
+            };
+            let mut refused = None;
+            let allowed: Vec<SocketAddr> = found
+                .into_iter()
+                .filter(|a| match guard.refused(a.ip()) {
+                    Some(class) => {
+                        refused = Some(format!(
+                            "{} resolves to {}, a {class} address the provider policy refuses",
+                            name.as_str(),
+                            a.ip()
+                        ));
+                        false
+                    }
+                    None => true,
+                })
+                .collect();
+            match (allowed.is_empty(), refused) {
+                (true, Some(why)) => Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    why,
+                )),
+                _ => Ok(allowed.into_iter()),
+            }
+        })
     }
 }
 
@@ -180,15 +251,23 @@ impl Http {
         tls: Result<rustls::ClientConfig, String>,
     ) -> Result<Self, ProviderError> {
         let timeout = settings.timeout;
-        let mut direct = HttpConnector::new();
-        direct.enforce_http(false);
-        direct.set_nodelay(true);
-        direct.set_keepalive(Some(Duration::from_secs(60)));
-        direct.set_connect_timeout(Some(if timeout.is_zero() {
+        let connect_timeout = if timeout.is_zero() {
             CONNECT_TIMEOUT
         } else {
             CONNECT_TIMEOUT.min(timeout)
-        }));
+        };
+        let mut direct = HttpConnector::new_with_resolver(Resolve {
+            guard: settings.address_guard.clone(),
+        });
+        direct.enforce_http(false);
+        direct.set_nodelay(true);
+        direct.set_keepalive(Some(Duration::from_secs(60)));
+        direct.set_connect_timeout(Some(connect_timeout));
+        let mut to_proxy = HttpConnector::new();
+        to_proxy.enforce_http(false);
+        to_proxy.set_nodelay(true);
+        to_proxy.set_keepalive(Some(Duration::from_secs(60)));
+        to_proxy.set_connect_timeout(Some(connect_timeout));
         let proxies = proxies.map(Arc::new);
         let tls = tls.map_err(|e| {
             ProviderError::new(
@@ -201,7 +280,12 @@ impl Http {
             .https_or_http()
             .enable_http1()
             .enable_http2()
-            .wrap_connector(Connect { direct, proxies });
+            .wrap_connector(Connect {
+                direct,
+                to_proxy,
+                proxies,
+                guard: settings.address_guard.clone(),
+            });
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
@@ -764,6 +848,7 @@ mod proxy_tests {
 
     fn settings() -> ProviderSettings {
         ProviderSettings {
+            address_guard: None,
             id: "p".into(),
             kind: super::super::ProviderKind::Openai,
             base_url: None,
@@ -939,6 +1024,7 @@ mod tls_tests {
 
     fn settings() -> ProviderSettings {
         ProviderSettings {
+            address_guard: None,
             id: "p".into(),
             kind: super::super::ProviderKind::Openai,
             base_url: None,
