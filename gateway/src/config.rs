@@ -52,6 +52,9 @@ pub struct Config {
     /// Settings every agent shares.
     #[serde(default)]
     pub agent_defaults: AgentDefaults,
+    /// Limits on provider settings made through the API (`apiKeyEnv`, `baseUrl`).
+    #[serde(default)]
+    pub provider_policy: crate::runtime::providers::policy::ProviderPolicyConfig,
     /// Webhook ingestion under `webhooks.path`.
     #[serde(default)]
     pub webhooks: crate::webhooks::settings::WebhooksConfig,
@@ -436,6 +439,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "media.maxFileBytes and media.sweepIntervalSeconds must be greater than 0".to_owned(),
         ));
     }
+    crate::runtime::providers::policy::validate(&config.provider_policy).map_err(ConfigError)?;
     crate::webhooks::settings::validate(&config.webhooks)
 }
 

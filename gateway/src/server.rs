@@ -101,6 +101,7 @@ async fn build_state(
         Arc::new(engine),
     );
     state.webhooks = webhooks;
+    crate::webhooks::resume_queued(state.webhooks.as_deref(), &state.engine).await;
     Ok(state)
 }
 

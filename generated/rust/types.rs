@@ -472,6 +472,9 @@ pub struct AgentTurnResult {
     /// Why the turn ended.
     #[serde(rename = "finishReason")]
     pub finish_reason: FinishReason,
+    /// With finishReason error, why the model call failed (absent otherwise). response then holds a generic message naming this kind and the upstream's HTTP status, never the upstream's own error text (that goes to the gateway's log).
+    #[serde(rename = "errorKind", default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<TurnErrorKind>,
 }
 /// Spending limits of one agent turn (a run of agent.execute or a sub-agent run). A turn that would go past a limit ends with finishReason budget_exceeded. An absent member is unlimited; an empty object removes every limit.
 ///
@@ -9983,7 +9986,7 @@ pub struct ModelsTestResult {
     /// Why it failed (absent when ok): auth - key refused; not_found - unknown model; rate_limited; timeout; network - endpoint unreachable; provider_error - any other provider failure; missing_key - the apiKeyEnv variable is not set.
     #[serde(rename = "errorKind", default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<ModelsTestResultErrorKind>,
-    /// Provider error message with any credential removed; absent when ok.
+    /// What failed, in the gateway's words (the kind, the upstream's HTTP status); never the upstream's own error text, which goes to the gateway's log. Absent when ok.
     #[serde(rename = "error", default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -17102,6 +17105,61 @@ pub struct TtsSynthesizeResult {
     /// The provider that synthesized it.
     #[serde(rename = "provider")]
     pub provider: String,
+}
+/// Why a model call ended a turn: auth - key refused; not_found - unknown model; rate_limited; timeout; network - endpoint unreachable or the connection broke; provider_error - any other upstream failure (5xx, malformed answer); missing_key - the apiKeyEnv variable is not set; unavailable - no usable provider (disabled, local model not loaded); invalid_request - the upstream refused the request; cancelled - the caller went away or the run timed out.
+///
+/// Source: designed.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+pub enum TurnErrorKind {
+    #[serde(rename = "auth")]
+    Auth,
+    #[serde(rename = "not_found")]
+    NotFound,
+    #[serde(rename = "rate_limited")]
+    RateLimited,
+    #[serde(rename = "timeout")]
+    Timeout,
+    #[serde(rename = "network")]
+    Network,
+    #[serde(rename = "provider_error")]
+    ProviderError,
+    #[serde(rename = "missing_key")]
+    MissingKey,
+    #[serde(rename = "unavailable")]
+    Unavailable,
+    #[serde(rename = "invalid_request")]
+    InvalidRequest,
+    #[serde(rename = "cancelled")]
+    Cancelled,
+}
+impl TurnErrorKind {
+    /// The wire string of this value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Auth => "auth",
+            Self::NotFound => "not_found",
+            Self::RateLimited => "rate_limited",
+            Self::Timeout => "timeout",
+            Self::Network => "network",
+            Self::ProviderError => "provider_error",
+            Self::MissingKey => "missing_key",
+            Self::Unavailable => "unavailable",
+            Self::InvalidRequest => "invalid_request",
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 /// Parameters of `whatsapp.action`.
 ///

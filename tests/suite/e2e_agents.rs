@@ -80,6 +80,7 @@ agents:
   failover: {model: broken/down, fallbackModels: [script/m2]}
   narrow: {model: script/m1, tools: [current_time]}
 agentDefaults: {circuitBreakerThreshold: 3}
+providerPolicy: {apiKeyEnvAllowlist: [AGENT_GATEWAY_TEST_UNSET_KEY], allowLoopbackBaseUrl: true}
 "#;
 
 async fn engine() -> Gateway {
@@ -139,13 +140,15 @@ async fn every_finish_reason() {
         r["tokensUsed"],
         json!({"input": 50, "output": 10, "total": 60})
     );
-    // A provider failure after its retries says what failed.
+    // A provider failure after its retries says what failed (kind and status), never in
+    // the upstream's own words.
     let r = execute(&gw, RPC, json!({"message": "fail hard"})).await;
-    assert!(
-        r["response"]
-            .as_str()
-            .unwrap()
-            .contains("upstream exploded"),
+    assert_eq!(
+        (&r["response"], &r["errorKind"]),
+        (
+            &json!("The model call failed (provider_error, upstream HTTP 500)"),
+            &json!("provider_error")
+        ),
         "{r}"
     );
     gw.stop().await;

@@ -581,3 +581,245 @@ agents:
     }
     gw.stop().await;
 }
+
+// ---------------------------------------------------------------- durability
+
+/// Stops a gateway but keeps its data directory (and configuration file) for the next one.
+async fn stop_keeping_data(gw: Gateway) -> tempfile::TempDir {
+    let Gateway { running, dir, .. } = gw;
+    running.shutdown.cancel();
+    tokio::time::timeout(STEP, running.done)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    dir
+}
+
+/// A gateway on the configuration file and data directory a previous one left.
+async fn start_again(dir: tempfile::TempDir) -> Gateway {
+    let running = agent_gateway::server::start(Some(dir.path().join("gateway.yaml")))
+        .await
+        .unwrap();
+    Gateway {
+        addr: running.addr,
+        running,
+        dir,
+    }
+}
+
+/// The replay guard is keyed on what the signature covers (path and body), not on the
+/// unsigned timestamp header, and it survives a restart: the same signed body is run once.
+#[tokio::test]
+async fn the_replay_guard_survives_a_restart_and_ignores_the_unsigned_timestamp() {
+    let gw = start(&mapped_config()).await;
+    let body = br#"{"name":"Bo","id":"r1"}"#.to_vec();
+    let key = "agent:default:webhook:echo:r1";
+    let with_ts = |ts: i64| {
+        let mut h = hub(&body);
+        h.push(("x-webhook-timestamp", ts.to_string()));
+        h
+    };
+    let r = post_raw(&gw, "/hooks/echo", &with_ts(now()), body.clone()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(history(&gw, key, 2).await.len(), 2);
+    // Another (unsigned) timestamp does not make it a new delivery.
+    let r = post_raw(&gw, "/hooks/echo", &with_ts(now() - 5), body.clone()).await;
+    assert_eq!(r.status, 200);
+    let dir = stop_keeping_data(gw).await;
+
+    let gw = start_again(dir).await;
+    let r = post_raw(&gw, "/hooks/echo", &hub(&body), body.clone()).await;
+    assert_eq!(
+        (r.status, r.body.clone()),
+        (200, json!({"received": true, "mapping": "echo"}))
+    );
+    let other = br#"{"name":"Bo","id":"r2"}"#.to_vec();
+    let r = post_raw(&gw, "/hooks/echo", &hub(&other), other).await;
+    assert_eq!(r.status, 200);
+    // r2 ran (so the queue works); r1 ran once only, across both processes' lifetimes.
+    assert_eq!(
+        history(&gw, "agent:default:webhook:echo:r2", 2).await.len(),
+        2
+    );
+    assert_eq!(history(&gw, key, 2).await.len(), 2);
+    let pool = database(&gw).await;
+    let (runs,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM runs WHERE client_id = 'webhook:echo' AND session_key = ?",
+    )
+    .bind(key)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(runs, 1);
+    let (remembered,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM webhook_deliveries")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(remembered, 2);
+    gw.stop().await;
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_child(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    log: &str,
+    port: u16,
+) -> std::process::Child {
+    std::process::Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env_remove("AGENT_GATEWAY_CONFIG")
+        .env("AGENT_GATEWAY_PORT", port.to_string())
+        .env("AGENT_GATEWAY_NO_FETCH", "1")
+        .stdout(std::fs::File::create(dir.join(format!("{log}.out"))).unwrap())
+        .stderr(std::fs::File::create(dir.join(format!("{log}.err"))).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// The real binary on `config`, healthy.
+async fn spawn_binary(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    log: &str,
+) -> (std::process::Child, u16) {
+    let port = free_port();
+    let mut child = spawn_child(dir, config, log, port);
+    let deadline = std::time::Instant::now() + STEP;
+    while std::time::Instant::now() < deadline {
+        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
+            if r.status() == 200 {
+                return (child, port);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("gateway did not become healthy");
+}
+
+/// Polls the run rows of the mapping until `done` says they are as expected.
+async fn runs_until(
+    pool: &sqlx::SqlitePool,
+    done: impl Fn(&[(String, String, Option<String>)]) -> bool,
+) -> Vec<(String, String, Option<String>)> {
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+            "SELECT task, status, response FROM runs WHERE client_id = 'webhook:job' ORDER BY started_at",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        if done(&rows) || std::time::Instant::now() > deadline {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An acknowledged run that had not started when the process was killed (kill -9) is
+/// written as queued before the 200, and runs to completion after the next start; the run
+/// that was running is marked orphaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_webhook_run_survives_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &config,
+        config_yaml(
+            dir.path(),
+            r#"webhooks:
+  enabled: true
+  maxConcurrentRuns: 1
+  mappings:
+    - id: job
+      textTemplate: "{{payload.kind}} job"
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "slow"
+        steps:
+          - reply: "too late"
+            delayMs: 60000
+      - match: "quick"
+        steps:
+          - reply: "quick done"
+agents:
+  default: {model: script/m1, maxSteps: 2}
+"#,
+        ),
+    )
+    .unwrap();
+    let (mut first, port) = spawn_binary(dir.path(), &config, "first").await;
+    let hook = |kind: &str, port: u16| {
+        let body = format!(r#"{{"kind":"{kind}"}}"#);
+        async move {
+            reqwest::Client::new()
+                .post(format!("http://127.0.0.1:{port}/hooks/any"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(hook("slow", port).await, 200);
+    assert_eq!(hook("quick", port).await, 200);
+    let db = dir.path().join("data").join("gateway.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    // The slow run holds the only slot; the quick one was written as queued before its 200.
+    let rows = runs_until(&pool, |r| {
+        r.len() == 2 && r.iter().any(|(_, s, _)| s == "running")
+    })
+    .await;
+    let status = |rows: &[(String, String, Option<String>)], kind: &str| {
+        rows.iter()
+            .find(|(t, _, _)| t.contains(&format!("{kind} job")))
+            .map(|(_, s, r)| (s.clone(), r.clone()))
+            .unwrap()
+    };
+    assert_eq!(status(&rows, "slow").0, "running", "{rows:?}");
+    assert_eq!(
+        status(&rows, "quick"),
+        ("queued".to_owned(), None),
+        "{rows:?}"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    let (mut second, _) = spawn_binary(dir.path(), &config, "second").await;
+    let rows = runs_until(&pool, |r| {
+        r.iter()
+            .any(|(t, s, _)| t.contains("quick job") && s == "completed")
+    })
+    .await;
+    assert_eq!(
+        status(&rows, "quick"),
+        ("completed".to_owned(), Some("quick done".to_owned())),
+        "{rows:?}"
+    );
+    assert_eq!(status(&rows, "slow").0, "orphaned", "{rows:?}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    second.kill().unwrap();
+    second.wait().unwrap();
+}

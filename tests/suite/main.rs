@@ -7,6 +7,7 @@ mod common;
 mod contract;
 mod e2e_admission;
 mod e2e_agents;
+mod e2e_failures;
 mod e2e_http;
 mod e2e_limits;
 mod e2e_local;

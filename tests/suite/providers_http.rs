@@ -28,11 +28,11 @@ const KEY: &str = "sk-test-0123456789-secret";
 
 /// One request the fixture received.
 #[derive(Debug, Clone)]
-struct Recorded {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Value,
+pub(crate) struct Recorded {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
 }
 
 impl Recorded {
@@ -45,7 +45,7 @@ impl Recorded {
 }
 
 #[derive(Debug, Clone)]
-enum Part {
+pub(crate) enum Part {
     Bytes(Vec<u8>),
     /// Stop sending and wait until the client closes the connection.
     Stall,
@@ -54,7 +54,7 @@ enum Part {
 }
 
 #[derive(Debug, Clone)]
-enum Body {
+pub(crate) enum Body {
     Full(Vec<u8>),
     Chunked(Vec<Part>),
     /// Never answer (not even the status line); wait for the client to go away.
@@ -62,14 +62,14 @@ enum Body {
 }
 
 #[derive(Debug, Clone)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Body,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Body,
 }
 
 impl Reply {
-    fn json(status: u16, body: &Value) -> Self {
+    pub(crate) fn json(status: u16, body: &Value) -> Self {
         Self {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
@@ -77,7 +77,7 @@ impl Reply {
         }
     }
 
-    fn sse(parts: Vec<Part>) -> Self {
+    pub(crate) fn sse(parts: Vec<Part>) -> Self {
         Self {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
@@ -85,7 +85,7 @@ impl Reply {
         }
     }
 
-    fn header(mut self, name: &str, value: &str) -> Self {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
         self
     }
@@ -93,8 +93,8 @@ impl Reply {
 
 type Handler = Arc<dyn Fn(&Recorded) -> Reply + Send + Sync>;
 
-struct Fixture {
-    addr: SocketAddr,
+pub(crate) struct Fixture {
+    pub(crate) addr: SocketAddr,
     requests: Arc<Mutex<Vec<Recorded>>>,
     /// Signalled when a client closes a connection the fixture was stalling on.
     closed: Arc<Notify>,
@@ -108,7 +108,9 @@ impl Drop for Fixture {
 }
 
 impl Fixture {
-    async fn start(handler: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) -> Self {
+    pub(crate) async fn start(
+        handler: impl Fn(&Recorded) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -139,15 +141,15 @@ impl Fixture {
     }
 
     /// Serves the same reply to every request.
-    async fn always(reply: Reply) -> Self {
+    pub(crate) async fn always(reply: Reply) -> Self {
         Self::start(move |_| reply.clone()).await
     }
 
-    fn base(&self, suffix: &str) -> String {
+    pub(crate) fn base(&self, suffix: &str) -> String {
         format!("http://{}{suffix}", self.addr)
     }
 
-    fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.requests.lock().unwrap().clone()
     }
 
@@ -284,7 +286,7 @@ async fn read_request(socket: &mut TcpStream) -> Option<Recorded> {
 }
 
 /// `text` cut every `size` bytes (inside field names, CRLF pairs and UTF-8 characters alike).
-fn pieces(text: &str, size: usize) -> Vec<Part> {
+pub(crate) fn pieces(text: &str, size: usize) -> Vec<Part> {
     text.as_bytes()
         .chunks(size)
         .map(|c| Part::Bytes(c.to_vec()))
@@ -292,7 +294,7 @@ fn pieces(text: &str, size: usize) -> Vec<Part> {
 }
 
 /// OpenAI stream text: one `data:` line per chunk, then `[DONE]`.
-fn openai_sse(chunks: &[Value], newline: &str) -> String {
+pub(crate) fn openai_sse(chunks: &[Value], newline: &str) -> String {
     let mut out = format!(": keep-alive{newline}{newline}");
     for chunk in chunks {
         out.push_str(&format!("data: {chunk}{newline}{newline}"));
@@ -315,6 +317,7 @@ fn anthropic_sse(events: &[Value]) -> String {
 
 fn settings(kind: ProviderKind, base: String, key: Option<&str>) -> ProviderSettings {
     ProviderSettings {
+        address_guard: None,
         id: format!("test-{}", kind.as_str()),
         kind,
         base_url: Some(base),
@@ -477,7 +480,13 @@ async fn check_error_statuses(make: impl Fn(String) -> Box<dyn Provider>, base_s
                 Some(model[1..].parse::<u16>().unwrap()),
                 "{model}"
             );
-            assert!(err.message.contains(text), "{model}: {}", err.message);
+            // The upstream's words go to the log, never into the error callers see.
+            assert!(!err.message.contains(text), "{model}: {}", err.message);
+            assert!(
+                err.message.starts_with(&format!("HTTP {}", &model[1..])),
+                "{model}: {}",
+                err.message
+            );
             assert!(!err.message.contains(KEY), "key leaked: {}", err.message);
             let expected_wait = (model == "m429").then(|| Duration::from_secs(7));
             assert_eq!(err.retry_after, expected_wait, "{model}");
@@ -486,7 +495,7 @@ async fn check_error_statuses(make: impl Fn(String) -> Box<dyn Provider>, base_s
     let leaked = chat(provider.as_ref(), &simple_request("m500"))
         .await
         .unwrap_err();
-    assert!(leaked.message.contains("[REDACTED]"), "{}", leaked.message);
+    assert_eq!(leaked.message, "HTTP 500 Internal Server Error");
     assert!(!leaked.to_string().contains(KEY));
 }
 
@@ -543,7 +552,7 @@ async fn check_timeouts(
 
 // ---------------------------------------------------------------- openai
 
-fn openai_text_completion() -> Value {
+pub(crate) fn openai_text_completion() -> Value {
     json!({
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -561,7 +570,7 @@ fn openai_text_completion() -> Value {
     })
 }
 
-fn content_chunk(delta: Value, finish: Option<&str>) -> Value {
+pub(crate) fn content_chunk(delta: Value, finish: Option<&str>) -> Value {
     json!({
         "id": "chatcmpl-2",
         "object": "chat.completion.chunk",
@@ -1221,7 +1230,7 @@ async fn anthropic_error_event_mid_stream() {
     let err = result.unwrap_err();
     assert_eq!(err.kind, ErrorKind::ProviderError, "{err:?}");
     assert!(err.retryable());
-    assert!(err.message.contains("Overloaded"), "{}", err.message);
+    assert!(!err.message.contains("Overloaded"), "{}", err.message);
     assert!(!err.message.contains(KEY));
     assert_eq!(deltas, ["Hi"]);
 }
@@ -1279,4 +1288,293 @@ async fn invalid_base_url_is_refused_at_construction() {
     let err = AnthropicProvider::new(settings(ProviderKind::Anthropic, "not a url".into(), None))
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidRequest);
+}
+
+// ---------------------------------------------------------------- settings made through the API
+
+/// `apiKeyEnv` and `baseUrl` set through providers.create/update follow `providerPolicy`; the
+/// configuration file may name anything.
+mod api_policy {
+    use serde_json::{json, Value};
+
+    use crate::common::*;
+
+    const FILE: &str = r#"
+providers:
+  filed:
+    type: openai
+    baseUrl: http://10.9.9.9/v1
+    apiKeyEnv: FILE_NAMED_KEY
+    models: [a]
+providerPolicy:
+  apiKeyEnvAllowlist: [LISTED_KEY]
+"#;
+
+    async fn create(gw: &Gateway, id: &str, config: Value) -> Value {
+        gw.call(
+            ADMIN,
+            "providers.create",
+            json!({"providerId": id, "config": config}),
+        )
+        .await
+    }
+
+    /// A -32602 naming `member`, and the provider `id` not stored (unless it existed before:
+    /// "filed" and "public" are updated, not created).
+    async fn refused(gw: &Gateway, r: &Value, member: &str, id: &str) {
+        assert_eq!(code(r), -32602, "{r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains(member), "{r}");
+        let got = gw
+            .call(ADMIN, "providers.get", json!({"providerId": id}))
+            .await;
+        if id != "filed" && id != "public" {
+            assert_eq!(code(&got), -32001, "{id} was stored: {got}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn key_variables_follow_the_allow_list() {
+        let gw = start(FILE).await;
+        let ok_cases = [
+            (
+                "by-file",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "FILE_NAMED_KEY"}),
+            ),
+            (
+                "by-list",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "LISTED_KEY"}),
+            ),
+            (
+                "keyless",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1"}),
+            ),
+            ("script", json!({"type": "scripted"})),
+        ];
+        for (id, config) in ok_cases {
+            let r = create(&gw, id, config).await;
+            assert_eq!(r["result"]["created"], true, "{id}: {r}");
+        }
+        let refused_cases = [
+            (
+                "secret",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "AWS_SECRET_ACCESS_KEY"}),
+            ),
+            (
+                "near",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "LISTED_KEY_2"}),
+            ),
+            (
+                "case",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "listed_key"}),
+            ),
+            // The type's default variable counts: the file names neither.
+            ("oai", json!({"type": "openai"})),
+            ("anth", json!({"type": "anthropic"})),
+        ];
+        for (id, config) in refused_cases {
+            let r = create(&gw, id, config).await;
+            refused(&gw, &r, "'config.apiKeyEnv'", id).await;
+        }
+        // update: a new variable is checked; other changes to a file provider are not.
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "filed", "config": {"apiKeyEnv": "PATH"}}),
+            )
+            .await;
+        refused(&gw, &r, "'config.apiKeyEnv'", "filed").await;
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "by-file", "config": {"apiKeyEnv": "LISTED_KEY"}}),
+            )
+            .await;
+        assert_eq!(r["result"]["provider"]["apiKeyEnv"], "LISTED_KEY", "{r}");
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "filed", "config": {"timeoutMs": 5000}}),
+            )
+            .await;
+        assert_eq!(r["result"]["provider"]["timeoutMs"], 5000, "{r}");
+        let got = gw
+            .call(ADMIN, "providers.get", json!({"providerId": "filed"}))
+            .await;
+        assert_eq!(
+            (&got["result"]["apiKeyEnv"], &got["result"]["baseUrl"]),
+            (&json!("FILE_NAMED_KEY"), &json!("http://10.9.9.9/v1")),
+            "{got}"
+        );
+        gw.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn base_urls_follow_the_url_policy() {
+        let gw = start(FILE).await;
+        let refused_urls = [
+            "http://127.0.0.1:9/v1",
+            "http://localhost:9/v1",
+            "http://[::1]:9/v1",
+            "http://10.0.0.1/v1",
+            "http://192.168.1.10/v1",
+            "http://169.254.169.254/latest",
+            "http://[::ffff:127.0.0.1]/v1",
+            "http://0.0.0.0/v1",
+        ];
+        for (i, url) in refused_urls.iter().enumerate() {
+            let id = format!("u{i}");
+            let r = create(&gw, &id, json!({"type": "openai", "baseUrl": url})).await;
+            refused(&gw, &r, "'config.baseUrl'", &id).await;
+        }
+        let r = create(
+            &gw,
+            "ftp",
+            json!({"type": "openai", "baseUrl": "ftp://8.8.8.8/"}),
+        )
+        .await;
+        refused(&gw, &r, "'config.baseUrl'", "ftp").await;
+        // Public addresses are fine.
+        let r = create(
+            &gw,
+            "public",
+            json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1"}),
+        )
+        .await;
+        assert_eq!(r["result"]["created"], true, "{r}");
+        // update is checked too, and a refused one changes nothing.
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "public", "config": {"baseUrl": "http://127.0.0.1:9/v1"}}),
+            )
+            .await;
+        refused(&gw, &r, "'config.baseUrl'", "public").await;
+        let got = gw
+            .call(ADMIN, "providers.get", json!({"providerId": "public"}))
+            .await;
+        assert_eq!(got["result"]["baseUrl"], "https://8.8.8.8/v1", "{got}");
+        gw.stop().await;
+
+        // With the loopback allowance: loopback is accepted, private still refused.
+        let gw = start(&format!("{FILE}  allowLoopbackBaseUrl: true\n")).await;
+        for (id, url) in [
+            ("lo4", "http://127.0.0.1:9/v1"),
+            ("lo6", "http://[::1]:9/v1"),
+            ("lon", "http://localhost:9/v1"),
+        ] {
+            let r = create(&gw, id, json!({"type": "openai", "baseUrl": url})).await;
+            assert_eq!(r["result"]["created"], true, "{url}: {r}");
+        }
+        let r = create(
+            &gw,
+            "priv",
+            json!({"type": "openai", "baseUrl": "http://10.0.0.1/v1"}),
+        )
+        .await;
+        refused(&gw, &r, "'config.baseUrl'", "priv").await;
+        let r = create(
+            &gw,
+            "meta",
+            json!({"type": "openai", "baseUrl": "http://169.254.169.254/"}),
+        )
+        .await;
+        refused(&gw, &r, "'config.baseUrl'", "meta").await;
+        gw.stop().await;
+    }
+
+    async fn test(gw: &Gateway, id: &str) -> Value {
+        gw.call(ADMIN, "models.test", json!({"provider": id})).await["result"].clone()
+    }
+
+    /// A base URL set through the API is checked again at every connection (by the address
+    /// its name resolves to then, and a literal address too): a tightened policy applies to
+    /// stored providers, and a name cannot later point somewhere refused. The file's URLs
+    /// are not checked.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn api_urls_are_checked_again_when_connecting() {
+        let upstream =
+            super::Fixture::always(super::Reply::json(200, &super::openai_text_completion())).await;
+        let file = |loopback: bool| {
+            format!(
+                "providers:\n  filed:\n    type: openai\n    baseUrl: {}\n    models: [m]\nproviderPolicy:\n  allowLoopbackBaseUrl: {loopback}\n",
+                upstream.base("/v1").replace("127.0.0.1", "localhost")
+            )
+        };
+        let gw = start(&file(true)).await;
+        for (id, host) in [("byname", "localhost"), ("literal", "127.0.0.1")] {
+            let url = upstream.base("/v1").replace("127.0.0.1", host);
+            let r = create(
+                &gw,
+                id,
+                json!({"type": "openai", "baseUrl": url, "models": ["m"]}),
+            )
+            .await;
+            assert_eq!(r["result"]["created"], true, "{r}");
+        }
+        for id in ["byname", "literal", "filed"] {
+            assert_eq!(test(&gw, id).await["ok"], true, "{id}");
+        }
+        assert_eq!(upstream.requests().len(), 3);
+
+        // The same stored providers under a policy without the loopback allowance.
+        let crate::common::Gateway { running, dir, .. } = gw;
+        running.shutdown.cancel();
+        tokio::time::timeout(STEP, running.done)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        std::fs::write(
+            dir.path().join("gateway.yaml"),
+            config_yaml(dir.path(), &file(false)),
+        )
+        .unwrap();
+        let running = agent_gateway::server::start(Some(dir.path().join("gateway.yaml")))
+            .await
+            .unwrap();
+        let gw = Gateway {
+            addr: running.addr,
+            running,
+            dir,
+        };
+        for id in ["byname", "literal"] {
+            let r = test(&gw, id).await;
+            assert_eq!(
+                (&r["ok"], &r["errorKind"]),
+                (&json!(false), &json!("network")),
+                "{id}: {r}"
+            );
+        }
+        assert_eq!(
+            upstream.requests().len(),
+            3,
+            "a refused address was connected to"
+        );
+        assert_eq!(test(&gw, "filed").await["ok"], true);
+        assert_eq!(upstream.requests().len(), 4);
+        gw.stop().await;
+    }
+
+    #[test]
+    fn a_bad_allow_list_entry_refuses_to_start() {
+        let config = agent_gateway::config::from_value(
+            json!({"providerPolicy": {"apiKeyEnvAllowlist": ["GOOD", "BAD NAME"]}}),
+        )
+        .unwrap();
+        let err = agent_gateway::config::validate(&config).unwrap_err();
+        assert!(
+            err.0.starts_with("providerPolicy.apiKeyEnvAllowlist[1]"),
+            "{}",
+            err.0
+        );
+        let unknown =
+            agent_gateway::config::from_value(json!({"providerPolicy": {"allowLoopback": true}}))
+                .unwrap_err();
+        assert!(unknown.0.contains("providerPolicy"), "{}", unknown.0);
+    }
 }

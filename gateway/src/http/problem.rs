@@ -224,6 +224,10 @@ const STATUSES: &[(u16, &str)] = &[
         "Global rate limit exceeded (Retry-After says when to retry)",
     ),
     (500, "Internal error"),
+    (
+        502,
+        "The model call failed upstream (the message names the error kind and the upstream's status)",
+    ),
     (503, "No provider can serve the request right now"),
 ];
 

@@ -11,11 +11,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::GatewayError;
+use crate::http::problem::Problem;
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog;
 use crate::runtime::engine::Engine;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use http::StatusCode;
 
 /// What a request's `model` resolves to.
 pub struct Target {
@@ -59,15 +61,29 @@ pub trait Render: Send + 'static {
 }
 
 /// Runs a turn to its end; the turn is cancelled if the caller goes away first (the
-/// request future is dropped).
-pub async fn run_to_end(
-    engine: &Engine,
-    mut req: TurnRequest,
-) -> Result<TurnOutcome, GatewayError> {
+/// request future is dropped). A turn a model failure ended is an error status (502, or 503
+/// when nothing could serve it), never an answer that looks like one.
+pub async fn run_to_end(engine: &Engine, mut req: TurnRequest) -> Result<TurnOutcome, Problem> {
     let cancel = CancellationToken::new();
     req.cancel = cancel.clone();
     let _cancel_on_drop = cancel.drop_guard();
-    engine.run_turn(req).await
+    let outcome = engine.run_turn(req).await?;
+    match failure_problem(&outcome) {
+        Some(p) => Err(p),
+        None => Ok(outcome),
+    }
+}
+
+/// The error status of a turn a model failure ended: 503 when no provider could serve it,
+/// 502 when the upstream failed. The message is the turn's generic one (kind and status).
+pub fn failure_problem(outcome: &TurnOutcome) -> Option<Problem> {
+    let failure = outcome.failure?;
+    let status = if failure.unavailable() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    Some(Problem::new(status, outcome.response.clone()))
 }
 
 /// What a streaming turn yields next.
@@ -98,11 +114,19 @@ impl StreamingTurn {
     }
 
     /// Starts the turn and waits for its first sign of life, so that a turn that cannot
-    /// start (unknown provider, suspended agent) is an error status and not an empty stream.
-    pub async fn begin(engine: Arc<Engine>, req: TurnRequest) -> Result<Started, GatewayError> {
+    /// start (unknown provider, suspended agent) or whose model failed before the first
+    /// delta is an error status and not a stream that looks like an answer.
+    pub async fn begin(engine: Arc<Engine>, req: TurnRequest) -> Result<Started, Problem> {
         let mut turn = Self::start(engine, req);
         match turn.next().await {
-            Some(Step::Done(Err(e))) => Err(e),
+            Some(Step::Done(Err(e))) => Err(e.into()),
+            Some(Step::Done(Ok(outcome))) => match failure_problem(&outcome) {
+                Some(p) => Err(p),
+                None => Ok(Started {
+                    turn,
+                    first: Some(Step::Done(Ok(outcome))),
+                }),
+            },
             first => Ok(Started { turn, first }),
         }
     }

@@ -138,9 +138,12 @@ impl Engine {
         let db = data_dir.join(DB_FILE);
         let store = Store::open(&db).await?;
         // Once per process and database: a restart's new generation must not orphan the runs
-        // the previous generation of this process still runs.
+        // the previous generation of this process still runs. Queued webhook runs are resumed
+        // instead (webhooks::resume_queued).
         if control.first_open_of(&db) {
-            let orphaned = store.runs_orphan_unfinished(crate::store::now_ms()).await?;
+            let orphaned = store
+                .runs_orphan_unresumable(crate::store::now_ms())
+                .await?;
             if orphaned > 0 {
                 tracing::warn!(
                     orphaned,
@@ -169,6 +172,7 @@ impl Engine {
                 config.models.clone(),
                 local,
                 config.local.preload,
+                &config.provider_policy,
             ),
             agents: Agents::new(
                 store.clone(),
@@ -206,6 +210,7 @@ impl Engine {
             config.models.clone(),
             LocalProvider::new(local_options(config)),
             false,
+            &config.provider_policy,
         );
         let agents = Agents::new(
             store.clone(),

@@ -10,6 +10,7 @@ use crate::error::GatewayError;
 use crate::rpc::generated::types::{ProvidersConfig, ProvidersRecord, ProvidersType};
 use crate::runtime::catalog::{self, ModelInfo};
 use crate::runtime::providers::local::{LocalProvider, LocalStatus};
+use crate::runtime::providers::policy::{ApiPolicy, ProviderPolicyConfig};
 use crate::runtime::providers::{
     anthropic::AnthropicProvider, openai::OpenAiProvider, scripted::ScriptedProvider, Provider,
     ProviderKind, ProviderSettings,
@@ -142,7 +143,12 @@ pub fn complete(id: &str, mut c: ProvidersConfig) -> Result<ProvidersConfig, Gat
     Ok(c)
 }
 
-fn build_entry(id: &str, config: ProvidersConfig, local: &Arc<LocalProvider>) -> ProviderEntry {
+fn build_entry(
+    id: &str,
+    config: ProvidersConfig,
+    local: &Arc<LocalProvider>,
+    address_guard: Option<Arc<ApiPolicy>>,
+) -> ProviderEntry {
     let kind = ProviderKind::from(config.type_.unwrap_or(ProvidersType::Openai));
     let api_key = config
         .api_key_env
@@ -157,6 +163,7 @@ fn build_entry(id: &str, config: ProvidersConfig, local: &Arc<LocalProvider>) ->
         api_key,
         api_key_env: config.api_key_env.clone(),
         timeout: Duration::from_millis(config.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS) as u64),
+        address_guard,
     };
     let instance: Result<Arc<dyn Provider>, String> = match kind {
         ProviderKind::Scripted => Ok(Arc::new(ScriptedProvider::new(
@@ -188,6 +195,11 @@ pub struct Providers {
     snapshot: RwLock<Arc<Snapshot>>,
     /// Serialises changes (persist, then swap).
     write: tokio::sync::Mutex<()>,
+    /// What create/update may set; the file's providers add their key variables when seeded.
+    policy: RwLock<ApiPolicy>,
+    /// The base URL each provider of the configuration file names: any other one in force was
+    /// set through the API, and its addresses are checked again at every connection.
+    file_urls: RwLock<BTreeMap<String, Option<String>>>,
 }
 
 impl Providers {
@@ -196,6 +208,7 @@ impl Providers {
         overrides: Vec<ModelConfig>,
         local: Arc<LocalProvider>,
         preload_local: bool,
+        policy: &ProviderPolicyConfig,
     ) -> Self {
         Self {
             store,
@@ -204,7 +217,49 @@ impl Providers {
             preload_local,
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             write: tokio::sync::Mutex::new(()),
+            policy: RwLock::new(ApiPolicy::new(policy)),
+            file_urls: RwLock::default(),
         }
+    }
+
+    /// The connection-time address check of a provider whose base URL is not the file's.
+    fn address_guard(&self, id: &str, config: &ProvidersConfig) -> Option<Arc<ApiPolicy>> {
+        let from_file = self
+            .file_urls
+            .read()
+            .map(|f| f.get(id) == Some(&config.base_url))
+            .unwrap_or(false);
+        (!from_file).then(|| Arc::new(self.policy()))
+    }
+
+    fn policy(&self) -> ApiPolicy {
+        self.policy
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Checks settings made through the API against the policy: the completed `apiKeyEnv`
+    /// (the type's default counts too, since it is a variable the call would read) and a
+    /// given `baseUrl`.
+    async fn check_api_settings(
+        &self,
+        key_env: Option<&str>,
+        base_url: Option<&str>,
+    ) -> Result<(), GatewayError> {
+        let policy = self.policy();
+        if let Some(var) = key_env {
+            policy
+                .check_key_env(var)
+                .map_err(GatewayError::InvalidParams)?;
+        }
+        if let Some(url) = base_url {
+            policy
+                .check_base_url(url)
+                .await
+                .map_err(GatewayError::InvalidParams)?;
+        }
+        Ok(())
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
@@ -249,7 +304,8 @@ impl Providers {
                     continue;
                 }
             };
-            let entry = build_entry(&id, cfg, &self.local);
+            let guard = self.address_guard(&id, &cfg);
+            let entry = build_entry(&id, cfg, &self.local, guard);
             models.extend(catalog::models_of(
                 &id,
                 entry.kind,
@@ -278,6 +334,8 @@ impl Providers {
     /// Adds a provider; Conflict when the id exists.
     pub async fn create(&self, id: &str, config: ProvidersConfig) -> Result<(), GatewayError> {
         let config = complete(id, config)?;
+        self.check_api_settings(config.api_key_env.as_deref(), config.base_url.as_deref())
+            .await?;
         let _w = self.write.lock().await;
         let text = to_json(&config)?;
         if !self
@@ -306,7 +364,13 @@ impl Providers {
                 "The type of provider {id} cannot change; delete it and create a new one"
             )));
         }
+        let (key_changed, url_changed) = (change.api_key_env.is_some(), change.base_url.is_some());
         let merged = complete(id, merge_provider(current, change))?;
+        self.check_api_settings(
+            merged.api_key_env.as_deref().filter(|_| key_changed),
+            merged.base_url.as_deref().filter(|_| url_changed),
+        )
+        .await?;
         self.store
             .registry_update(Table::Providers, id, &to_json(&merged)?, None)
             .await?;
@@ -347,6 +411,18 @@ impl Providers {
         let hash = seed_hash(config);
         let completed = complete(id, config.clone())
             .map_err(|e| GatewayError::InvalidParams(format!("providers.{id}: {e}")))?;
+        if let Some(var) = &completed.api_key_env {
+            match self.policy.write() {
+                Ok(mut p) => p.allow_env(var),
+                Err(p) => p.into_inner().allow_env(var),
+            }
+        }
+        match self.file_urls.write() {
+            Ok(mut f) => f.insert(id.to_owned(), completed.base_url.clone()),
+            Err(f) => f
+                .into_inner()
+                .insert(id.to_owned(), completed.base_url.clone()),
+        };
         let text = to_json(&completed)?;
         self.store
             .registry_seed(Table::Providers, id, &text, &hash)

@@ -69,6 +69,52 @@ impl Engine {
             ..RunRow::default()
         };
         self.store.run_insert(&row).await?;
+        Ok(self.spawn_run(row, spec, permit))
+    }
+
+    /// Starts a run whose row was written as queued (a webhook run, acknowledged before it
+    /// got a slot): it becomes running, or failed when its agent cannot run now.
+    pub async fn start_queued_run(
+        self: &Arc<Self>,
+        mut row: RunRow,
+        spec: RunSpec,
+    ) -> Result<Started, GatewayError> {
+        // A run that cannot start now (suspended agent, over `gateway.limits`) fails with the
+        // reason on its row: it was acknowledged, so it never just disappears.
+        let refused = if spec.agent.suspended {
+            Err(GatewayError::Conflict(format!(
+                "Agent {} is suspended; agents.resume lets it run again",
+                spec.agent.id
+            )))
+        } else {
+            self.control.admission.admit(Some(&spec.caller.client_id))
+        };
+        let permit = match refused {
+            Ok(permit) => permit,
+            Err(e) => {
+                row.status = SubagentRunStatus::Failed.as_str().to_owned();
+                row.completed_at = Some(crate::store::now_ms());
+                row.error = Some(e.to_string());
+                self.store.run_finish(&row).await?;
+                return Err(e);
+            }
+        };
+        row.started_at = crate::store::now_ms();
+        row.status = SubagentRunStatus::Running.as_str().to_owned();
+        self.store
+            .run_mark_running(&row.run_id, row.started_at)
+            .await?;
+        Ok(self.spawn_run(row, spec, permit))
+    }
+
+    /// Runs `spec`'s turn on its own task (holding its admission `permit` until it ends) and
+    /// records its end in `row`.
+    fn spawn_run(
+        self: &Arc<Self>,
+        row: RunRow,
+        spec: RunSpec,
+        permit: crate::runtime::admission::Permit,
+    ) -> Started {
         let engine = self.clone();
         let mut finished = row.clone();
         let done = tokio::spawn(async move {
@@ -128,6 +174,6 @@ impl Engine {
             );
             (finished, outcome.ok())
         });
-        Ok(Started { row, done })
+        Started { row, done }
     }
 }

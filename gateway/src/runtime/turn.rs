@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::RecordKind;
 use crate::rpc::generated::methods::Scope;
-use crate::rpc::generated::types::{AgentTurnResult, FinishReason, TokensUsed};
+use crate::rpc::generated::types::{AgentTurnResult, FinishReason, TokensUsed, TurnErrorKind};
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog::ModelInfo;
@@ -98,6 +98,29 @@ pub struct TurnOutcome {
     pub steps: u32,
     /// The model that produced the last answer.
     pub model: String,
+    /// Why the turn ended with `finishReason: error`, when a model call failed.
+    pub failure: Option<TurnFailure>,
+}
+
+/// A model call that ended a turn: its kind and the upstream's HTTP status, which are all a
+/// caller is told (the upstream's own words go to the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnFailure {
+    pub kind: ErrorKind,
+    pub status: Option<u16>,
+    /// Whether text of the failed step had already been streamed to the caller.
+    pub after_output: bool,
+}
+
+impl TurnFailure {
+    /// Nothing could serve the call (no usable provider, no key, disabled, not loaded), as
+    /// opposed to an upstream that answered with a failure.
+    pub fn unavailable(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Unavailable | ErrorKind::MissingKey | ErrorKind::NotFound
+        ) && self.status.is_none()
+    }
 }
 
 impl TurnOutcome {
@@ -114,6 +137,7 @@ impl TurnOutcome {
             response: self.response.clone(),
             tokens_used: self.tokens(),
             finish_reason: self.finish,
+            error_kind: self.failure.map(|f| turn_error_kind(f.kind)),
         }
     }
 }
@@ -361,6 +385,7 @@ impl Engine {
             cost_usd: 0.0,
             steps: 0,
             model: context_model.id(),
+            failure: None,
         };
         let mut seen_calls = HashSet::new();
         let mut failures = 0u32;
@@ -380,7 +405,7 @@ impl Engine {
                 temperature: req.temperature,
             };
             let called = match self
-                .call_chain(
+                .call_step(
                     &chain,
                     request,
                     req.sink.as_ref(),
@@ -401,15 +426,23 @@ impl Engine {
                 Ok(c) => c,
                 Err(e)
                     if out.steps == 1
-                        && matches!(e.kind, ErrorKind::Unavailable | ErrorKind::MissingKey) =>
+                        && matches!(
+                            e.error.kind,
+                            ErrorKind::Unavailable | ErrorKind::MissingKey
+                        ) =>
                 {
-                    return Err(GatewayError::Unavailable(e.message));
+                    return Err(GatewayError::Unavailable(e.error.message));
                 }
-                Err(e) => {
-                    tracing::warn!(agent = %agent.id, kind = e.kind.as_str(), error = %e.message, "turn ended by a provider failure");
+                Err(failed) => {
+                    let e = &failed.error;
+                    tracing::warn!(agent = %agent.id, kind = e.kind.as_str(), status = e.status, error = %bounded(&e.message), "turn ended by a provider failure");
                     out.finish = FinishReason::Error;
-                    out.response =
-                        format!("The model call failed ({}): {}", e.kind.as_str(), e.message);
+                    out.response = e.public_message();
+                    out.failure = Some(TurnFailure {
+                        kind: e.kind,
+                        status: e.status,
+                        after_output: failed.after_output,
+                    });
                     break;
                 }
             };
@@ -470,6 +503,11 @@ impl Engine {
             if req.cancel.is_cancelled() {
                 out.finish = FinishReason::Error;
                 out.response = "The caller went away".to_owned();
+                out.failure = Some(TurnFailure {
+                    kind: ErrorKind::Cancelled,
+                    status: None,
+                    after_output: false,
+                });
                 break;
             }
         }
@@ -525,11 +563,31 @@ impl Engine {
     pub(crate) async fn call_chain(
         &self,
         chain: &[String],
-        mut request: ChatRequest,
+        request: ChatRequest,
         sink: Option<&DeltaSink>,
         cancel: &CancellationToken,
         who: CallFor<'_>,
     ) -> Result<Called, ProviderError> {
+        self.call_step(chain, request, sink, cancel, who)
+            .await
+            .map_err(|f| f.error)
+    }
+
+    /// [`Self::call_chain`], saying whether the step had streamed text before it failed: then
+    /// no fallback model runs (the caller has seen the first model's words; a second model's
+    /// would be mixed into the same answer).
+    pub(crate) async fn call_step(
+        &self,
+        chain: &[String],
+        mut request: ChatRequest,
+        sink: Option<&DeltaSink>,
+        cancel: &CancellationToken,
+        who: CallFor<'_>,
+    ) -> Result<Called, StepFailed> {
+        // One sink for the step: it knows whether any attempt of any model streamed text.
+        let step_sink = sink.map(DeltaSink::attempt);
+        let sink = step_sink.as_ref();
+        let streamed = || step_sink.as_ref().is_some_and(DeltaSink::sent_any);
         let snap = self.providers.snapshot();
         let mut last = ProviderError::new(ErrorKind::Unavailable, "no model configured");
         for (index, name) in chain.iter().enumerate() {
@@ -602,7 +660,15 @@ impl Engine {
             }
             match result {
                 Ok(response) => return Ok(Called { response, model }),
-                Err(e) if e.kind == ErrorKind::Cancelled => return Err(e),
+                Err(e) if e.kind == ErrorKind::Cancelled || streamed() => {
+                    if e.kind != ErrorKind::Cancelled && index + 1 < chain.len() {
+                        tracing::warn!(model = %model.id(), kind = e.kind.as_str(), "model failed after streaming text; no fallback model runs");
+                    }
+                    return Err(StepFailed {
+                        error: e,
+                        after_output: streamed(),
+                    });
+                }
                 Err(e) => {
                     tracing::warn!(model = %model.id(), kind = e.kind.as_str(), "model failed; trying the next fallback if any");
                     if index + 1 < chain.len() {
@@ -624,6 +690,43 @@ impl Engine {
                 json!({"agentId": who.agent_id, "models": chain, "reason": last.kind.as_str()}),
             );
         }
-        Err(last)
+        Err(StepFailed {
+            error: last,
+            after_output: false,
+        })
+    }
+}
+
+/// A model step that failed.
+pub(crate) struct StepFailed {
+    pub error: ProviderError,
+    /// Text of this step had reached the caller.
+    pub after_output: bool,
+}
+
+/// At most this much of a provider's error text is logged per failed turn.
+const LOGGED_ERROR_CHARS: usize = 1000;
+
+fn bounded(text: &str) -> String {
+    let mut out: String = text.chars().take(LOGGED_ERROR_CHARS).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// The wire value of a failed turn's error kind.
+pub fn turn_error_kind(kind: ErrorKind) -> TurnErrorKind {
+    match kind {
+        ErrorKind::Auth => TurnErrorKind::Auth,
+        ErrorKind::NotFound => TurnErrorKind::NotFound,
+        ErrorKind::RateLimited => TurnErrorKind::RateLimited,
+        ErrorKind::Timeout => TurnErrorKind::Timeout,
+        ErrorKind::Network => TurnErrorKind::Network,
+        ErrorKind::ProviderError => TurnErrorKind::ProviderError,
+        ErrorKind::MissingKey => TurnErrorKind::MissingKey,
+        ErrorKind::Unavailable => TurnErrorKind::Unavailable,
+        ErrorKind::InvalidRequest => TurnErrorKind::InvalidRequest,
+        ErrorKind::Cancelled => TurnErrorKind::Cancelled,
     }
 }

@@ -1,7 +1,8 @@
 //! Webhook ingestion: the strict signed endpoint (`<base>/webhook`) and the mapped endpoints
 //! (`<base>/<path>`), which turn outside events into agent runs or heartbeat wakes. The
 //! routes live in `routes.rs`; this module holds what one server generation needs: the
-//! mappings in force, the verifiers, the replay guard and the run queue.
+//! mappings in force, the verifiers, the replay window and the run queue, and the resumption
+//! of queued runs a previous process acknowledged but did not run.
 
 pub mod routes;
 pub mod settings;
@@ -13,16 +14,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use settings::{MappingConfig, WebhooksConfig};
-use verify::{ReplayGuard, Verifier};
+use verify::Verifier;
 
+use crate::auth::Principal;
 use crate::config::ConfigError;
+use crate::rpc::generated::methods::Scope;
+use crate::rpc::generated::types::SubagentRunStatus;
+use crate::runtime::engine::Engine;
+use crate::runtime::runs::RunSpec;
+use crate::runtime::sessions::SessionIdent;
+use crate::store::runs::{ResumableRun, RunRow};
 
-/// Deliveries remembered for replay detection at most.
-const REPLAY_CAPACITY: usize = 100_000;
+/// Deliveries remembered for replay detection at most (rows of `webhook_deliveries`).
+pub const REPLAY_CAPACITY: i64 = 100_000;
 /// A rendered session key is cut to this many characters.
 const SESSION_KEY_CHARS: usize = 200;
 
@@ -36,7 +45,8 @@ pub struct Webhooks {
     /// Checks the strict endpoint (`hmac.secret`, else `webhooks.token`).
     strict: Option<Verifier>,
     pub max_body_bytes: u64,
-    replay: ReplayGuard,
+    /// How long a signed delivery is remembered (replays within it are not run again).
+    replay_window: Duration,
     slots: Arc<Semaphore>,
     queued: Arc<AtomicUsize>,
     /// Runs running plus waiting, at most.
@@ -92,10 +102,7 @@ impl Webhooks {
             max_body_bytes: c.max_body_bytes,
             // A timestamp is accepted maxAgeSec either side of ours, so one signed request
             // stays acceptable for twice that.
-            replay: ReplayGuard::new(
-                Duration::from_secs(2 * c.hmac.max_age_sec.max(1) + 1),
-                REPLAY_CAPACITY,
-            ),
+            replay_window: Duration::from_secs(2 * c.hmac.max_age_sec.max(1) + 1),
             slots: Arc::new(Semaphore::new(c.max_concurrent_runs.max(1))),
             queued: Arc::new(AtomicUsize::new(0)),
             capacity: c.max_concurrent_runs.max(1) + c.max_queued_runs,
@@ -114,6 +121,16 @@ impl Webhooks {
                     && x.source.as_deref().is_none_or(|s| source == Some(s))
             }
         })
+    }
+
+    /// Takes a place in the run queue even when it is full: for runs acknowledged by a
+    /// previous process, which the queue owes already.
+    fn reserve_owed(&self) -> QueuePlace {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        QueuePlace {
+            queued: self.queued.clone(),
+            slots: self.slots.clone(),
+        }
     }
 
     /// Takes a place in the run queue, or None when it is full.
@@ -212,4 +229,140 @@ pub fn message_of(m: &MappingConfig, ctx: &RequestContext) -> String {
         .or(m.text_template.as_deref())
         .map(|t| ctx.render(t))
         .unwrap_or_default()
+}
+
+/// Identifies this process in `runs.claimed_by`: the queued runs it holds are not resumed
+/// again by a later server generation of the same process (they are still waiting in the
+/// earlier generation's queue).
+pub fn process_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| uuid::Uuid::new_v4().simple().to_string())
+}
+
+/// What a queued webhook run needs besides its row to start after a restart (`runs.resume`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resume {
+    pub agent_id: String,
+    pub channel: String,
+    /// The session's owner (`SessionIdent::tenant_id`).
+    pub tenant_id: String,
+    pub user_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl Resume {
+    pub fn of(spec: &RunSpec) -> Self {
+        Self {
+            agent_id: spec.agent.id.clone(),
+            channel: spec.session.channel.clone(),
+            tenant_id: spec.session.tenant_id.clone(),
+            user_id: spec.session.user_id.clone(),
+            model: spec.model.clone(),
+            timeout_ms: spec.timeout.map(|t| t.as_millis() as u64),
+        }
+    }
+}
+
+/// The run row of a webhook run, queued.
+pub fn queued_row(spec: &RunSpec) -> RunRow {
+    let run_id = format!("run_{}", uuid::Uuid::new_v4().simple());
+    RunRow {
+        root_run_id: run_id.clone(),
+        run_id,
+        agent_id: spec.agent.id.clone(),
+        session_key: spec.session.key.clone(),
+        task: spec.task.clone(),
+        status: SubagentRunStatus::Queued.as_str().to_owned(),
+        client_id: spec.caller.client_id.clone(),
+        started_at: crate::store::now_ms(),
+        delivery: spec.delivery.clone(),
+        ..RunRow::default()
+    }
+}
+
+/// At start-up: the queued webhook runs a previous process acknowledged are queued again
+/// (ahead of new deliveries, past the queue limit, since they were accepted already); when
+/// webhooks are off, or a run's agent is gone or its record unreadable, the run is marked
+/// failed with the reason.
+pub async fn resume_queued(hooks: Option<&Webhooks>, engine: &Arc<Engine>) {
+    let claimed = match engine.store.runs_claim_queued(process_id()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "queued webhook runs could not be read; they stay queued");
+            return;
+        }
+    };
+    if claimed.is_empty() {
+        return;
+    }
+    tracing::info!(
+        runs = claimed.len(),
+        "resuming webhook runs queued before the restart"
+    );
+    for ResumableRun { row, resume } in claimed {
+        let spec = match (hooks, resumed_spec(engine, &row, &resume)) {
+            (Some(_), Ok(spec)) => spec,
+            (None, _) => {
+                fail(
+                    engine,
+                    row,
+                    "webhooks are disabled; the queued run was not resumed",
+                )
+                .await;
+                continue;
+            }
+            (Some(_), Err(why)) => {
+                fail(engine, row, &why).await;
+                continue;
+            }
+        };
+        if let Some(hooks) = hooks {
+            let place = hooks.reserve_owed();
+            tokio::spawn(routes::run_queued(engine.clone(), place, row, spec));
+        }
+    }
+}
+
+fn resumed_spec(engine: &Engine, row: &RunRow, resume: &str) -> Result<RunSpec, String> {
+    let r: Resume = serde_json::from_str(resume)
+        .map_err(|e| format!("the queued run's record is unreadable ({e})"))?;
+    let agent = engine
+        .agents
+        .require(&r.agent_id)
+        .map_err(|e| format!("the queued run cannot start: {e}"))?;
+    // The key as stored (`tenant_id` is the session's owner, not the key's tenant part).
+    let session = SessionIdent {
+        key: row.session_key.clone(),
+        agent_id: r.agent_id.clone(),
+        channel: r.channel.clone(),
+        tenant_id: r.tenant_id.clone(),
+        user_id: r.user_id.clone(),
+    };
+    Ok(RunSpec {
+        agent,
+        session,
+        task: row.task.clone(),
+        caller: Principal::internal(&row.client_id).context(None),
+        scopes: std::collections::BTreeSet::from([Scope::Rpc]),
+        parent_run_id: None,
+        max_steps: None,
+        model: r.model,
+        only_tools: None,
+        timeout: r.timeout_ms.map(Duration::from_millis),
+        delivery: row.delivery.clone(),
+    })
+}
+
+async fn fail(engine: &Engine, mut row: RunRow, why: &str) {
+    tracing::warn!(run = %row.run_id, reason = why, "queued webhook run not resumed");
+    row.status = SubagentRunStatus::Failed.as_str().to_owned();
+    row.completed_at = Some(crate::store::now_ms());
+    row.error = Some(why.to_owned());
+    if let Err(e) = engine.store.run_finish(&row).await {
+        tracing::error!(run = %row.run_id, error = %e, "run outcome not recorded");
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 use poem::web::Data;
@@ -17,12 +17,12 @@ use crate::auth::Principal;
 use crate::http::json_error;
 use crate::http::limits::{read_body, BodyError};
 use crate::rpc::generated::methods::Scope;
-use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
 use crate::runtime::heartbeat::heartbeat_message;
 use crate::runtime::runs::RunSpec;
 use crate::runtime::sessions::SessionIdent;
 use crate::state::AppState;
+use crate::store::runs::{Delivery, RunRow};
 
 /// The strict endpoint's path below the base.
 pub const STRICT_PATH: &str = "webhook";
@@ -95,10 +95,10 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
     } else {
         hooks.mapped.as_ref()
     };
-    let delivery = match verifier {
-        None => None,
+    let signed = match verifier {
+        None => false,
         Some(v) => match v.verify(req.headers(), &bytes, chrono::Utc::now().timestamp()) {
-            Ok(verified) => Some(verified.delivery),
+            Ok(_) => true,
             Err(rejection) => {
                 engine.emit(
                     "audit:event",
@@ -145,30 +145,61 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
     } else {
         json!({"received": true, "mapping": mapping.id})
     };
-    // One delivery per endpoint path: the same body sent to two paths is two deliveries.
-    let delivery = delivery.map(|d| {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        h.update(path.as_bytes());
-        h.update([0]);
-        h.update(d);
-        <[u8; 32]>::from(h.finalize())
-    });
-    if delivery.is_some_and(|d| !hooks.replay.first_seen(d, Instant::now())) {
-        engine.emit(
-            "webhook:received",
-            json!({"path": path, "mapping": mapping.id, "replay": true}),
-        );
-        return ok(ack);
+    // A signed delivery is identified by what the signature covers (the body), per endpoint
+    // path; not by the timestamp header, which is not signed and so could be changed to get
+    // a replay past the guard. Remembered in the database: a restart does not forget it.
+    let delivery = signed.then(|| delivery_id(&path, &bytes));
+    if let Some(d) = &delivery {
+        let now = crate::store::now_ms();
+        let expires = now.saturating_add(hooks.replay_window.as_millis() as i64);
+        match engine
+            .store
+            .webhook_delivery_seen(d, now, expires, super::REPLAY_CAPACITY)
+            .await
+        {
+            Ok(Delivery::First) => {}
+            Ok(Delivery::Repeat) => {
+                engine.emit(
+                    "webhook:received",
+                    json!({"path": path, "mapping": mapping.id, "replay": true}),
+                );
+                return ok(ack);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "webhook delivery not recorded");
+                return internal();
+            }
+        }
     }
-    match act(state, &hooks, &mapping, &ctx) {
+    match act(state, &hooks, &mapping, &ctx).await {
         None => ok(ack),
-        Some(refusal) => refusal,
+        Some(refusal) => {
+            // Not acted on: a redelivery must not be taken for a replay.
+            if let Some(d) = &delivery {
+                if let Err(e) = engine.store.webhook_delivery_forget(d).await {
+                    tracing::error!(error = %e, "webhook delivery not forgotten");
+                }
+            }
+            refusal
+        }
     }
 }
 
-/// Runs the mapping's action (queued); Some is the response to send instead of 200.
-fn act(
+/// Hex SHA-256 over the endpoint path, a 0 byte and the body's SHA-256.
+pub fn delivery_id(path: &str, body: &[u8]) -> String {
+    use sha2::Digest;
+    let body_digest = sha2::Sha256::digest(body);
+    let mut h = sha2::Sha256::new();
+    h.update(path.as_bytes());
+    h.update([0]);
+    h.update(body_digest);
+    hex::encode(h.finalize())
+}
+
+/// Runs the mapping's action (queued); Some is the response to send instead of 200. A run is
+/// written to the database as queued before this returns, so an acknowledged run survives a
+/// killed process (it is resumed at the next start).
+async fn act(
     state: &Arc<AppState>,
     hooks: &Webhooks,
     m: &MappingConfig,
@@ -257,28 +288,44 @@ fn act(
         )),
         delivery,
     };
-    let engine = engine.clone();
-    tokio::spawn(run_queued(engine, place, spec, agent));
+    let row = super::queued_row(&spec);
+    let resume = match serde_json::to_string(&super::Resume::of(&spec)) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "webhook run record not encoded");
+            return Some(internal());
+        }
+    };
+    if let Err(e) = engine
+        .store
+        .run_insert_queued(&row, &resume, super::process_id())
+        .await
+    {
+        tracing::error!(mapping = %m.id, error = %e, "webhook run not queued");
+        return Some(internal());
+    }
+    tokio::spawn(run_queued(engine.clone(), place, row, spec));
     None
 }
 
-/// Waits for a run slot, then runs to the end (the slot is held until then).
-async fn run_queued(
+/// Waits for a run slot, then runs the queued run to its end (the slot is held until then).
+pub(crate) async fn run_queued(
     engine: Arc<Engine>,
     place: super::QueuePlace,
+    row: RunRow,
     spec: RunSpec,
-    agent: Arc<Agent>,
 ) {
     let Some(_slot) = place.run_slot().await else {
         return;
     };
-    match engine.start_run(spec).await {
+    let (agent, run) = (spec.agent.id.clone(), row.run_id.clone());
+    match engine.start_queued_run(row, spec).await {
         Ok(started) => {
             if let Err(e) = started.done.await {
-                tracing::error!(agent = %agent.id, error = %e, "webhook run task failed");
+                tracing::error!(%agent, %run, error = %e, "webhook run task failed");
             }
         }
-        Err(e) => tracing::warn!(agent = %agent.id, error = %e, "webhook run not started"),
+        Err(e) => tracing::warn!(%agent, %run, error = %e, "webhook run not started"),
     }
 }
 

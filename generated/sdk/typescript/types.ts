@@ -358,6 +358,10 @@ export interface AgentTurnResult {
    * Why the turn ended.
    */
   "finishReason": FinishReason;
+  /**
+   * With finishReason error, why the model call failed (absent otherwise). response then holds a generic message naming this kind and the upstream's HTTP status, never the upstream's own error text (that goes to the gateway's log).
+   */
+  "errorKind"?: TurnErrorKind;
 }
 
 /**
@@ -6875,7 +6879,7 @@ export interface ModelsTestResult {
    */
   "errorKind"?: ModelsTestResultErrorKind;
   /**
-   * Provider error message with any credential removed; absent when ok.
+   * What failed, in the gateway's words (the kind, the upstream's HTTP status); never the upstream's own error text, which goes to the gateway's log. Absent when ok.
    */
   "error"?: string;
 }
@@ -11585,6 +11589,11 @@ export interface TtsSynthesizeResult {
    */
   "provider": string;
 }
+
+/**
+ * Why a model call ended a turn: auth - key refused; not_found - unknown model; rate_limited; timeout; network - endpoint unreachable or the connection broke; provider_error - any other upstream failure (5xx, malformed answer); missing_key - the apiKeyEnv variable is not set; unavailable - no usable provider (disabled, local model not loaded); invalid_request - the upstream refused the request; cancelled - the caller went away or the run timed out.
+ */
+export type TurnErrorKind = "auth" | "not_found" | "rate_limited" | "timeout" | "network" | "provider_error" | "missing_key" | "unavailable" | "invalid_request" | "cancelled";
 
 /**
  * Parameters of `whatsapp.action`.

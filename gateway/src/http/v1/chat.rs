@@ -278,6 +278,14 @@ impl Chunker {
         let mut out = Vec::new();
         match result {
             Ok(o) => {
+                if let Some(f) = o.failure {
+                    // Text was streamed already: the stream ends like an answer (README, `/v1` errors).
+                    tracing::warn!(
+                        kind = f.kind.as_str(),
+                        status = f.status,
+                        "streamed completion ended by a model failure"
+                    );
+                }
                 out.extend_from_slice(&self.frame(Delta::default(), Some(openai_finish(o.finish))));
                 if include_usage {
                     out.extend_from_slice(&self.chunk(Vec::new(), Some(usage_of(&o))));

@@ -145,7 +145,9 @@ impl AnthropicProvider {
             (m, t) => format!("{m} ({t})"),
         };
         self.http
-            .error(kind, &format!("the stream reported an error: {message}"))
+            .log_upstream("error event in the stream", &message);
+        self.http
+            .error(kind, "the server reported an error in the stream")
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod local;
 pub mod openai;
+pub mod policy;
 pub mod retry;
 pub mod scripted;
 mod sse;
@@ -180,6 +181,9 @@ pub struct ChatResponse {
 pub struct DeltaSink {
     tx: tokio::sync::mpsc::UnboundedSender<String>,
     sent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The flag of the sink this one was made from: a delta through an attempt's sink also
+    /// counts for the model step around it (which must then not fall back to another model).
+    outer: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl DeltaSink {
@@ -187,18 +191,26 @@ impl DeltaSink {
         Self {
             tx,
             sent: std::sync::Arc::default(),
+            outer: None,
         }
     }
 
     /// Passes a delta on.
     pub fn send(&self, text: String) -> Result<(), tokio::sync::mpsc::error::SendError<String>> {
         self.sent.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(outer) = &self.outer {
+            outer.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         self.tx.send(text)
     }
 
-    /// A sink to the same receiver that counts only its own deltas (one per attempt).
+    /// A sink to the same receiver that counts only its own deltas (one per attempt, or one
+    /// per model step); its deltas also count for this sink.
     pub fn attempt(&self) -> Self {
-        Self::new(self.tx.clone())
+        Self {
+            outer: Some(self.sent.clone()),
+            ..Self::new(self.tx.clone())
+        }
     }
 
     /// Whether a delta went through this sink.
@@ -304,6 +316,18 @@ impl ProviderError {
         }
     }
 
+    /// What a caller may be told: the kind and the status, never the message (which can
+    /// carry text from the upstream's answer; it goes to the log).
+    pub fn public_message(&self) -> String {
+        match self.status {
+            Some(status) => format!(
+                "The model call failed ({}, upstream HTTP {status})",
+                self.kind.as_str()
+            ),
+            None => format!("The model call failed ({})", self.kind.as_str()),
+        }
+    }
+
     /// Worth another attempt: network failures, timeouts, 429 and 5xx.
     pub fn retryable(&self) -> bool {
         match self.kind {
@@ -355,6 +379,10 @@ pub struct ProviderSettings {
     pub api_key_env: Option<String>,
     /// Per-call timeout (applied by the caller around each attempt, and as the HTTP timeout).
     pub timeout: Duration,
+    /// For a base URL set through the API: every address its host resolves to when
+    /// connecting is checked again (a name that resolved to a public address when the provider
+    /// was created may point elsewhere later). None for the configuration file's URLs.
+    pub address_guard: Option<std::sync::Arc<policy::ApiPolicy>>,
 }
 
 impl std::fmt::Debug for ProviderSettings {
@@ -366,6 +394,7 @@ impl std::fmt::Debug for ProviderSettings {
             .field("api_key", &self.api_key.as_ref().map(|_| "[REDACTED]"))
             .field("api_key_env", &self.api_key_env)
             .field("timeout", &self.timeout)
+            .field("address_guard", &self.address_guard.is_some())
             .finish()
     }
 }

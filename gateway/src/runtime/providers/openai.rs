@@ -152,9 +152,10 @@ impl OpenAiProvider {
             .and_then(Value::as_str)
             .or_else(|| error.as_str())
             .unwrap_or("unknown error");
+        self.http.log_upstream("error in the stream", message);
         self.http.error(
             ErrorKind::ProviderError,
-            &format!("the server reported an error: {message}"),
+            "the server reported an error in the stream",
         )
     }
 

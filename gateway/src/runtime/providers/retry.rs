@@ -8,6 +8,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ChatRequest, ChatResponse, DeltaSink, ErrorKind, Provider, ProviderError};
 
+/// The longest wait between two attempts, whatever the server's `Retry-After` says (a
+/// provider's own `timeoutMs` bounds it further).
+pub const MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
+
 /// How a provider's calls are retried.
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
@@ -26,18 +30,22 @@ impl RetryPolicy {
             max_retries,
             timeout,
             base_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(10),
+            max_backoff: MAX_RETRY_WAIT,
         }
     }
 
+    /// The wait before retry number `attempt + 1`: the server's hint when it gave one, else
+    /// exponential with jitter; never longer than `max_backoff` nor than one attempt's timeout
+    /// (waiting longer than a call may take is not worth it to the caller).
     fn backoff(&self, attempt: u32, err: &ProviderError) -> Duration {
+        let cap = self.max_backoff.min(self.timeout);
         if let Some(wait) = err.retry_after {
-            return wait.min(self.max_backoff);
+            return wait.min(cap);
         }
         let exp = self
             .base_backoff
             .saturating_mul(1u32 << attempt.min(16))
-            .min(self.max_backoff);
+            .min(cap);
         // Full jitter between half and all of the exponential delay.
         let half = exp / 2;
         half + Duration::from_millis(fastrand::u64(0..=half.as_millis() as u64))

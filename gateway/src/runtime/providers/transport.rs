@@ -7,7 +7,7 @@
 //! error message.
 
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -20,6 +20,7 @@ use http::Uri;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -32,6 +33,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::policy::ApiPolicy;
+use super::retry::MAX_RETRY_WAIT;
 use super::{ErrorKind, ProviderError, ProviderSettings};
 
 /// Longest wait for a TCP/TLS connection (capped by the call timeout).
@@ -40,6 +43,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// At most this much of an error answer is read (to find its message).
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
+/// At most this much of an upstream's error text is logged.
+const LOGGED_UPSTREAM_CHARS: usize = 1000;
 /// An error answer that is not JSON is quoted up to this many characters.
 const ERROR_TEXT_CHARS: usize = 300;
 const USER_AGENT_VALUE: &str = concat!("agent-gateway/", env!("CARGO_PKG_VERSION"));
@@ -52,8 +57,12 @@ type Conn = TokioIo<tokio::net::TcpStream>;
 /// alike; TLS to the server then runs inside the tunnel).
 #[derive(Clone)]
 struct Connect {
-    direct: HttpConnector,
+    direct: HttpConnector<Resolve>,
+    /// Reaches the proxy itself (never guarded: the operator's environment names it).
+    to_proxy: HttpConnector,
     proxies: Option<Arc<Matcher>>,
+    /// Checks a literal IP host too (the resolver never sees those).
+    guard: Option<Arc<ApiPolicy>>,
 }
 
 impl tower_service::Service<Uri> for Connect {
@@ -69,17 +78,82 @@ impl tower_service::Service<Uri> for Connect {
         let direct = self.direct.clone();
         match self.proxies.as_ref().and_then(|m| m.intercept(&dst)) {
             Some(proxy) => {
-                let mut tunnel = Tunnel::new(proxy.uri().clone(), direct);
+                let mut tunnel = Tunnel::new(proxy.uri().clone(), self.to_proxy.clone());
                 if let Some(auth) = proxy.basic_auth() {
                     tunnel = tunnel.with_auth(auth.clone());
                 }
                 Box::pin(async move { tunnel.call(dst).await.map_err(BoxError::from) })
             }
             None => {
+                let literal = dst
+                    .host()
+                    .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+                    .and_then(|h| h.parse::<IpAddr>().ok());
+                let refused = match (&self.guard, literal) {
+                    (Some(guard), Some(ip)) => guard.refused(ip).map(|class| {
+                        format!("{ip} is a {class} address the provider policy refuses")
+                    }),
+                    _ => None,
+                };
                 let mut direct = direct;
-                Box::pin(async move { direct.call(dst).await.map_err(BoxError::from) })
+                Box::pin(async move {
+                    if let Some(why) = refused {
+                        return Err(BoxError::from(why));
+                    }
+                    direct.call(dst).await.map_err(BoxError::from)
+                })
             }
         }
+    }
+}
+
+/// Resolves host names for the direct connector; with a guard, addresses the URL policy
+/// refuses are dropped (none left: the connection fails, naming the refused address).
+#[derive(Clone)]
+struct Resolve {
+    guard: Option<Arc<ApiPolicy>>,
+}
+
+impl tower_service::Service<Name> for Resolve {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, std::io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let guard = self.guard.clone();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let Some(guard) = guard else {
+                return Ok(found.into_iter());
+            };
+            let mut refused = None;
+            let allowed: Vec<SocketAddr> = found
+                .into_iter()
+                .filter(|a| match guard.refused(a.ip()) {
+                    Some(class) => {
+                        refused = Some(format!(
+                            "{} resolves to {}, a {class} address the provider policy refuses",
+                            name.as_str(),
+                            a.ip()
+                        ));
+                        false
+                    }
+                    None => true,
+                })
+                .collect();
+            match (allowed.is_empty(), refused) {
+                (true, Some(why)) => Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    why,
+                )),
+                _ => Ok(allowed.into_iter()),
+            }
+        })
     }
 }
 
@@ -177,15 +251,23 @@ impl Http {
         tls: Result<rustls::ClientConfig, String>,
     ) -> Result<Self, ProviderError> {
         let timeout = settings.timeout;
-        let mut direct = HttpConnector::new();
-        direct.enforce_http(false);
-        direct.set_nodelay(true);
-        direct.set_keepalive(Some(Duration::from_secs(60)));
-        direct.set_connect_timeout(Some(if timeout.is_zero() {
+        let connect_timeout = if timeout.is_zero() {
             CONNECT_TIMEOUT
         } else {
             CONNECT_TIMEOUT.min(timeout)
-        }));
+        };
+        let mut direct = HttpConnector::new_with_resolver(Resolve {
+            guard: settings.address_guard.clone(),
+        });
+        direct.enforce_http(false);
+        direct.set_nodelay(true);
+        direct.set_keepalive(Some(Duration::from_secs(60)));
+        direct.set_connect_timeout(Some(connect_timeout));
+        let mut to_proxy = HttpConnector::new();
+        to_proxy.enforce_http(false);
+        to_proxy.set_nodelay(true);
+        to_proxy.set_keepalive(Some(Duration::from_secs(60)));
+        to_proxy.set_connect_timeout(Some(connect_timeout));
         let proxies = proxies.map(Arc::new);
         let tls = tls.map_err(|e| {
             ProviderError::new(
@@ -198,7 +280,12 @@ impl Http {
             .https_or_http()
             .enable_http1()
             .enable_http2()
-            .wrap_connector(Connect { direct, proxies });
+            .wrap_connector(Connect {
+                direct,
+                to_proxy,
+                proxies,
+                guard: settings.address_guard.clone(),
+            });
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
@@ -251,12 +338,22 @@ impl Http {
         ProviderError::new(kind, self.scrub(message))
     }
 
-    /// An answer that could not be understood.
+    /// An answer that could not be understood. The parser's words can quote the answer, so
+    /// they go to the log only.
     pub(crate) fn malformed(&self, what: &str, err: &dyn std::fmt::Display) -> ProviderError {
-        self.error(
-            ErrorKind::ProviderError,
-            &format!("malformed {what}: {err}"),
-        )
+        self.log_upstream(&format!("malformed {what}"), &err.to_string());
+        self.error(ErrorKind::ProviderError, &format!("malformed {what}"))
+    }
+
+    /// Logs text that came from an upstream answer: scrubbed of the key and cut to
+    /// [`LOGGED_UPSTREAM_CHARS`].
+    pub(crate) fn log_upstream(&self, what: &str, text: &str) {
+        let text = self.scrub(text);
+        let mut short: String = text.chars().take(LOGGED_UPSTREAM_CHARS).collect();
+        if short.len() < text.len() {
+            short.push('…');
+        }
+        tracing::warn!(upstream = %short, "provider answer: {what}");
     }
 
     /// A connection that failed (connecting, sending, reading the answer).
@@ -318,13 +415,16 @@ impl Http {
         let status = parts.status;
         let retry_after = retry_after(&parts.headers);
         let body = read_limited(body).await;
-        let detail = error_detail(&body).unwrap_or_else(|| {
-            status
-                .canonical_reason()
-                .unwrap_or("no error message")
-                .to_string()
-        });
-        let message = self.scrub(&format!("HTTP {}: {detail}", status.as_u16()));
+        // The answer's own words go to the log only: callers (turn results, models.test)
+        // must never be shown text an upstream chose.
+        if let Some(detail) = error_detail(&body) {
+            self.log_upstream(&format!("HTTP {}", status.as_u16()), &detail);
+        }
+        let message = format!(
+            "HTTP {} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("error")
+        );
         let mut error = ProviderError::from_status(status.as_u16(), message);
         error.retry_after = retry_after;
         Err(error)
@@ -438,7 +538,9 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// The server's wait hint: `retry-after-ms`, else `Retry-After` in seconds or as an HTTP date.
+/// The server's wait hint: `retry-after-ms`, else `Retry-After` in seconds or as an HTTP date,
+/// clamped to [`MAX_RETRY_WAIT`]. Any value parses without a panic: huge numbers are clamped,
+/// negative ones and dates in the past mean no wait, unreadable ones are ignored.
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let header = |name: &str| {
         headers
@@ -446,18 +548,32 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1000.0));
-        }
+    let millis = header("retry-after-ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|ms| !ms.is_nan());
+    if let Some(ms) = millis {
+        return Some(clamped_wait(ms / 1000.0));
     }
     let value = header("retry-after")?;
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return (!secs.is_nan()).then(|| clamped_wait(secs));
     }
     let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
     let wait = date.signed_duration_since(chrono::Utc::now());
-    Some(wait.to_std().unwrap_or(Duration::ZERO))
+    Some(wait.to_std().unwrap_or(Duration::ZERO).min(MAX_RETRY_WAIT))
+}
+
+/// `secs` as a wait between zero and [`MAX_RETRY_WAIT`] (`Duration::from_secs_f64` panics
+/// on values out of its range, so the range is checked on the float first).
+fn clamped_wait(secs: f64) -> Duration {
+    let max = MAX_RETRY_WAIT.as_secs_f64();
+    if secs.is_nan() || secs <= 0.0 {
+        Duration::ZERO
+    } else if secs >= max {
+        MAX_RETRY_WAIT
+    } else {
+        Duration::from_secs_f64(secs)
+    }
 }
 
 /// The message of a JSON error answer: `error.message` (OpenAI, Anthropic), `error` as a
@@ -546,10 +662,73 @@ mod tests {
     #[test]
     fn retry_after_future_date() {
         let mut h = HeaderMap::new();
-        let when = (chrono::Utc::now() + chrono::Duration::seconds(120)).to_rfc2822();
+        let when = (chrono::Utc::now() + chrono::Duration::seconds(8)).to_rfc2822();
         h.insert("retry-after", HeaderValue::from_str(&when).unwrap());
         let wait = retry_after(&h).unwrap();
-        assert!(wait > Duration::from_secs(100) && wait <= Duration::from_secs(120));
+        assert!(wait > Duration::from_secs(5) && wait <= Duration::from_secs(8));
+        // Far in the future: clamped.
+        let when = (chrono::Utc::now() + chrono::Duration::days(400)).to_rfc2822();
+        h.insert("retry-after", HeaderValue::from_str(&when).unwrap());
+        assert_eq!(retry_after(&h), Some(MAX_RETRY_WAIT));
+    }
+
+    /// Values of any size or sign parse without a panic, clamped to [0, MAX_RETRY_WAIT]; the
+    /// limit itself and just past it.
+    #[test]
+    fn retry_after_of_any_size_is_clamped() {
+        let max = MAX_RETRY_WAIT.as_secs();
+        let cases: Vec<(&str, String, Option<Duration>)> = vec![
+            ("retry-after", max.to_string(), Some(MAX_RETRY_WAIT)),
+            ("retry-after", (max + 1).to_string(), Some(MAX_RETRY_WAIT)),
+            (
+                "retry-after",
+                format!("{}", max - 1),
+                Some(Duration::from_secs(max - 1)),
+            ),
+            (
+                "retry-after",
+                "99999999999999999999999999".into(),
+                Some(MAX_RETRY_WAIT),
+            ),
+            ("retry-after", "1e308".into(), Some(MAX_RETRY_WAIT)),
+            ("retry-after", "inf".into(), Some(MAX_RETRY_WAIT)),
+            ("retry-after", "-5".into(), Some(Duration::ZERO)),
+            ("retry-after", "-1e308".into(), Some(Duration::ZERO)),
+            ("retry-after", "NaN".into(), None),
+            ("retry-after", "soon".into(), None),
+            (
+                "retry-after",
+                "Fri, 31 Dec 9999 23:59:59 GMT".into(),
+                Some(MAX_RETRY_WAIT),
+            ),
+            ("retry-after-ms", "1e300".into(), Some(MAX_RETRY_WAIT)),
+            (
+                "retry-after-ms",
+                "18446744073709551616000".into(),
+                Some(MAX_RETRY_WAIT),
+            ),
+            ("retry-after-ms", "-250".into(), Some(Duration::ZERO)),
+            (
+                "retry-after-ms",
+                (max * 1000).to_string(),
+                Some(MAX_RETRY_WAIT),
+            ),
+            (
+                "retry-after-ms",
+                (max * 1000 + 1).to_string(),
+                Some(MAX_RETRY_WAIT),
+            ),
+            (
+                "retry-after-ms",
+                "1500".into(),
+                Some(Duration::from_millis(1500)),
+            ),
+        ];
+        for (name, value, expected) in cases {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_str(&value).unwrap());
+            assert_eq!(retry_after(&h), expected, "{name}: {value}");
+        }
     }
 
     #[test]
@@ -669,6 +848,7 @@ mod proxy_tests {
 
     fn settings() -> ProviderSettings {
         ProviderSettings {
+            address_guard: None,
             id: "p".into(),
             kind: super::super::ProviderKind::Openai,
             base_url: None,
@@ -844,6 +1024,7 @@ mod tls_tests {
 
     fn settings() -> ProviderSettings {
         ProviderSettings {
+            address_guard: None,
             id: "p".into(),
             kind: super::super::ProviderKind::Openai,
             base_url: None,

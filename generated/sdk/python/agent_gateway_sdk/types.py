@@ -86,6 +86,7 @@ TokensScope = Literal["rpc", "admin", "*", "api", "mcp-client"]
 ToolInvokeResultRoutedTo = Literal["rpc", "builtin"]
 TtsAutoCheckResultMode = Literal["off", "always", "inbound", "tagged"]
 TtsSynthesizeParamsFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+TurnErrorKind = Literal["auth", "not_found", "rate_limited", "timeout", "network", "provider_error", "missing_key", "unavailable", "invalid_request", "cancelled"]
 WorkspaceFileEncoding = Literal["utf8", "base64"]
 WorkspaceGitFileState = Literal["added", "modified", "deleted", "renamed", "copied", "typechange", "untracked", "conflicted"]
 WorkspaceListDirResultEntriesItemType = Literal["file", "directory", "symlink"]
@@ -222,6 +223,7 @@ AgentTurnResult = TypedDict("AgentTurnResult", {
     "response": "Required[str]",
     "tokensUsed": "Required[TokensUsed]",
     "finishReason": "Required[FinishReason]",
+    "errorKind": "NotRequired[TurnErrorKind]",
 }, total=False)
 
 # Spending limits of one agent turn (a run of agent.execute or a sub-agent run). A turn that would go past a limit ends with finishReason budget_exceeded. An absent member is unlimited; an empty object removes every limit.
