@@ -2,6 +2,8 @@
 //! table (plus our documented additions), strict (unknown keys are refused with their path),
 //! environment overrides, validation, and secret redaction.
 
+pub mod webhooks;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -57,7 +59,7 @@ pub struct Config {
     pub provider_policy: crate::runtime::providers::policy::ProviderPolicyConfig,
     /// Webhook ingestion under `webhooks.path`.
     #[serde(default)]
-    pub webhooks: crate::webhooks::settings::WebhooksConfig,
+    pub webhooks: webhooks::WebhooksConfig,
     /// Files saved by agents and tools, served under /media/.
     #[serde(default)]
     pub media: MediaConfig,
@@ -440,7 +442,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
     crate::runtime::providers::policy::validate(&config.provider_policy).map_err(ConfigError)?;
-    crate::webhooks::settings::validate(&config.webhooks)
+    webhooks::validate(&config.webhooks)
 }
 
 /// Top-level sections, sorted.

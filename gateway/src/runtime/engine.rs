@@ -12,11 +12,11 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::support;
 use crate::runtime::agents::Agents;
+use crate::runtime::control::Control;
 use crate::runtime::providers::local::{self, LocalOptions, LocalProvider};
 use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
 use crate::runtime::tools::Tools;
-use crate::state::Control;
 use crate::store::registry::Table;
 use crate::store::{Store, DB_FILE};
 

@@ -4,6 +4,7 @@ pub mod admission;
 pub mod agents;
 pub mod catalog;
 pub mod compact;
+pub mod control;
 pub mod embed;
 pub mod engine;
 pub mod heartbeat;

@@ -5,7 +5,8 @@
 //! of queued runs a previous process acknowledged but did not run.
 
 pub mod routes;
-pub mod settings;
+/// The `webhooks` configuration keys (owned by `config`, read here).
+pub use crate::config::webhooks as settings;
 pub mod template;
 pub mod verify;
 

@@ -15,48 +15,7 @@ use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use subtle::ConstantTimeEq;
 
-/// The hash behind the HMAC; the sender and the gateway must agree on it.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    /// HMAC-SHA-256: what GitHub and most senders use.
-    #[default]
-    Sha256,
-    /// HMAC-SHA-384.
-    Sha384,
-    /// HMAC-SHA-512.
-    Sha512,
-}
-
-impl Algorithm {
-    /// The name used in configuration and in a `<algorithm>=` signature prefix.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::Sha256 => "sha256",
-            Algorithm::Sha384 => "sha384",
-            Algorithm::Sha512 => "sha512",
-        }
-    }
-
-    /// Hex digest length: a signature of any other length is refused before hashing anything.
-    pub fn hex_len(self) -> usize {
-        match self {
-            Algorithm::Sha256 => 64,
-            Algorithm::Sha384 => 96,
-            Algorithm::Sha512 => 128,
-        }
-    }
-}
+pub use crate::config::webhooks::Algorithm;
 
 /// The longest digest (SHA-512) in bytes: room for any decoded signature.
 const MAX_DIGEST_BYTES: usize = 64;

@@ -4,8 +4,50 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::verify::Algorithm;
-use crate::config::{ConfigError, MIN_SECRET_LEN};
+use super::{ConfigError, MIN_SECRET_LEN};
+
+/// The hash behind the HMAC; the sender and the gateway must agree on it.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// HMAC-SHA-256: what GitHub and most senders use.
+    #[default]
+    Sha256,
+    /// HMAC-SHA-384.
+    Sha384,
+    /// HMAC-SHA-512.
+    Sha512,
+}
+
+impl Algorithm {
+    /// The name used in configuration and in a `<algorithm>=` signature prefix.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Sha256 => "sha256",
+            Algorithm::Sha384 => "sha384",
+            Algorithm::Sha512 => "sha512",
+        }
+    }
+
+    /// Hex digest length: a signature of any other length is refused before hashing anything.
+    pub fn hex_len(self) -> usize {
+        match self {
+            Algorithm::Sha256 => 64,
+            Algorithm::Sha384 => 96,
+            Algorithm::Sha512 => 128,
+        }
+    }
+}
 
 /// Paths the webhook base path may not take (they belong to other routes).
 const RESERVED: &[&str] = &[

@@ -1,0 +1,69 @@
+//! What outlives a server generation (the process-wide control block): the restart requests,
+//! the push hub, the event bus, the local model, pending wakes and turn admission. The engine
+//! and the server generations both hold it; it depends on neither.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use crate::events::EventBus;
+use crate::hub::Hub;
+use crate::runtime::providers::local::LocalProvider;
+
+/// What outlives a server generation: the restart request, process start, and the push hub
+/// (connections of a stopping generation unregister themselves).
+pub struct Control {
+    /// Stops the running generation (the server loop signals it once the next one is ready).
+    pub restart: Notify,
+    pub process_start: Instant,
+    pub hub: Hub,
+    /// The in-process model provider: loaded once per process, shared by every generation.
+    pub local: OnceLock<Arc<LocalProvider>>,
+    /// System events for /api/events and /api/activity.
+    pub events: EventBus,
+    /// Events waiting for each agent's next heartbeat turn (webhook wakes).
+    pub wakes: crate::runtime::heartbeat::PendingWakes,
+    /// Concurrent turns and runs (`gateway.limits`), counted across generations.
+    pub admission: crate::runtime::admission::Admission,
+    /// Databases this process has opened (their unfinished runs were swept once).
+    opened_databases: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// `gateway.restart` asks for the next generation here; the server loop builds and checks
+    /// it, and only then stops the running one (`restart`).
+    pub restart_requested: Notify,
+    /// Restarts refused because the configuration would not start (logged each time).
+    pub restarts_refused: std::sync::atomic::AtomicU64,
+}
+
+impl Control {
+    pub fn new() -> Self {
+        Self {
+            restart: Notify::new(),
+            process_start: Instant::now(),
+            hub: Hub::default(),
+            local: OnceLock::new(),
+            events: EventBus::default(),
+            wakes: Default::default(),
+            admission: Default::default(),
+            opened_databases: Default::default(),
+            restart_requested: Notify::new(),
+            restarts_refused: Default::default(),
+        }
+    }
+
+    /// True the first time this process opens the database at `path`.
+    pub fn first_open_of(&self, path: &std::path::Path) -> bool {
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        self.opened_databases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key)
+    }
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Self::new()
+    }
+}
