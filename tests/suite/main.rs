@@ -3,6 +3,7 @@
 //! `cargo test --test suite <module>::`, e.g. `cargo test --test suite e2e_agents::`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod autobahn;
 mod common;
 mod contract;
 mod e2e_agents;
@@ -13,5 +14,6 @@ mod e2e_media;
 mod e2e_process;
 mod e2e_rpc;
 mod e2e_webhooks;
+mod fuzz_harness;
 mod local_model;
 mod providers_http;
