@@ -210,7 +210,9 @@ pub fn envelope_problem(text: &str, reply: &Reply) -> Option<String> {
         (Reply::Some(Value::Array(_)), Some(_)) => {
             return Some("an array answers a request that is not a batch".into())
         }
-        (Reply::Some(_), Some(_)) if batch => return Some("a batch answered by a single object".into()),
+        (Reply::Some(_), Some(_)) if batch => {
+            return Some("a batch answered by a single object".into())
+        }
         (Reply::Some(v), Some(_)) => vec![v],
     };
     let owed = owed.unwrap_or_default();
@@ -266,8 +268,9 @@ pub fn check_template(data: &[u8]) {
     let tpl = text(parts[0]);
     let payload: Value =
         serde_json::from_slice(parts[1]).unwrap_or_else(|_| Value::String(text(parts[1])));
-    let query: BTreeMap<String, String> =
-        [("ref".to_owned(), "main".to_owned())].into_iter().collect();
+    let query: BTreeMap<String, String> = [("ref".to_owned(), "main".to_owned())]
+        .into_iter()
+        .collect();
     let render = |secret: &str| {
         let headers = template_headers(secret);
         let ctx = Context {
@@ -364,7 +367,11 @@ pub fn check_signature(data: &[u8]) {
         headers.insert("x-timestamp", value.clone());
     }
     let expected = v.sign(body);
-    assert_eq!(expected.len(), algorithm.hex_len(), "signature: sign length");
+    assert_eq!(
+        expected.len(),
+        algorithm.hex_len(),
+        "signature: sign length"
+    );
     if v.verify(&headers, body, SIG_NOW).is_ok() {
         let claimed = std::str::from_utf8(sig).unwrap_or_default().trim();
         let digits = claimed.split_once('=').map_or(claimed, |(_, d)| d);

@@ -158,7 +158,9 @@ where
             } else {
                 format!("a mutation (FUZZ_SEED={seed})")
             };
-            panic!("{target}: {origin} broke a property: {message}\n input (escaped): b\"{shown}\"");
+            panic!(
+                "{target}: {origin} broke a property: {message}\n input (escaped): b\"{shown}\""
+            );
         }
     }
 }
@@ -193,7 +195,10 @@ async fn signature_corpus_and_mutations() {
 async fn media_id_corpus_and_mutations() {
     let rig = props::MediaRig::new().await.unwrap();
     let rig = &rig;
-    run("media_id", ITERATIONS, |input| async move { rig.check(&input).await }).await;
+    run("media_id", ITERATIONS, |input| async move {
+        rig.check(&input).await
+    })
+    .await;
 }
 
 /// The envelope's oracle flags wrong replies (so the properties above can fail).
@@ -207,24 +212,27 @@ fn envelope_oracle_refuses_wrong_replies() {
     let wrong = [
         Reply::None,
         Reply::Some(json!({"jsonrpc": "2.0", "result": {}, "id": 8})),
-        Reply::Some(json!({"jsonrpc": "2.0", "result": {}, "error": {"code": 1, "message": ""}, "id": 7})),
+        Reply::Some(
+            json!({"jsonrpc": "2.0", "result": {}, "error": {"code": 1, "message": ""}, "id": 7}),
+        ),
         Reply::Some(json!({"jsonrpc": "1.0", "result": {}, "id": 7})),
         Reply::Some(json!([{"jsonrpc": "2.0", "result": {}, "id": 7}])),
         Reply::Some(json!({"jsonrpc": "2.0", "error": {"code": "x", "message": ""}, "id": 7})),
     ];
     for reply in &wrong {
-        assert!(
-            props::envelope_problem(ping, reply).is_some(),
-            "{reply:?}"
-        );
+        assert!(props::envelope_problem(ping, reply).is_some(), "{reply:?}");
     }
     // A notification is owed nothing; a parse error is owed -32700 with a null id.
     let note = r#"{"jsonrpc":"2.0","method":"system.ping"}"#;
     assert_eq!(props::envelope_problem(note, &Reply::None), None);
     assert!(props::envelope_problem(note, &good).is_some());
-    let parse = Reply::Some(json!({"jsonrpc": "2.0", "error": {"code": -32700, "message": "Parse error"}, "id": null}));
+    let parse = Reply::Some(
+        json!({"jsonrpc": "2.0", "error": {"code": -32700, "message": "Parse error"}, "id": null}),
+    );
     assert_eq!(props::envelope_problem("{", &parse), None);
-    let invalid = Reply::Some(json!({"jsonrpc": "2.0", "error": {"code": -32600, "message": "x"}, "id": null}));
+    let invalid = Reply::Some(
+        json!({"jsonrpc": "2.0", "error": {"code": -32600, "message": "x"}, "id": null}),
+    );
     assert!(props::envelope_problem("{", &invalid).is_some());
     // A batch keeps order and skips notifications.
     let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"},{"jsonrpc":"2.0","id":"x","method":"c"}]"#;
@@ -241,7 +249,9 @@ fn mutator_is_deterministic_and_mutates() {
     let items = corpus("template");
     let run = |seed| {
         let mut rng = fastrand::Rng::with_seed(seed);
-        (0..200).map(|_| mutate(&mut rng, &items)).collect::<Vec<_>>()
+        (0..200)
+            .map(|_| mutate(&mut rng, &items))
+            .collect::<Vec<_>>()
     };
     let a = run(42);
     assert_eq!(a, run(42));
