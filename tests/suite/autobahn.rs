@@ -106,3 +106,69 @@ async fn fuzzingclient_reports_no_failed_case() {
     assert_eq!(tally.get("FAILED"), None);
     gw.stop().await;
 }
+
+async fn echo_socket(gw: &common::Gateway, token: &str) -> common::Ws {
+    let url = format!("ws://{}/ws-echo?token={token}", gw.addr);
+    let (ws, _) = tokio::time::timeout(common::STEP, tokio_tungstenite::connect_async(url))
+        .await
+        .unwrap()
+        .unwrap();
+    ws
+}
+
+/// What Autobahn runs against, checked in every test run: the echo answers only a valid token
+/// (4001 otherwise, as /ws), echoes text and binary up to the byte cap derived from
+/// `wsMaxMessageBytes` (4 bytes per character), drops a message one byte past it unread, and
+/// closes with 1001 on shutdown.
+#[tokio::test]
+async fn echo_route_has_the_ws_stack_and_limits() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let gw = common::start("  wsMaxMessageBytes: 1000\n").await;
+    let mut ws = echo_socket(&gw, "not-a-token").await;
+    assert_eq!(
+        common::closed(&mut ws).await,
+        (4001, "Unauthorized".to_owned())
+    );
+
+    let mut ws = echo_socket(&gw, RPC).await;
+    let at_limit = vec![7u8; 4000];
+    for msg in [
+        Message::text("héllo"),
+        Message::binary(vec![0u8, 1, 2]),
+        Message::binary(at_limit),
+        Message::text("é".repeat(2000)),
+    ] {
+        ws.send(msg.clone()).await.unwrap();
+        let echoed = tokio::time::timeout(common::STEP, ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(echoed, msg);
+    }
+    ws.send(Message::binary(vec![7u8; 4001])).await.unwrap();
+    // Past the cap tungstenite refuses the message before buffering it and the connection is
+    // dropped (no echo, no close frame).
+    assert_eq!(common::closed(&mut ws).await, (1006, String::new()));
+
+    let mut ws = echo_socket(&gw, RPC).await;
+    ws.send(Message::text("still served")).await.unwrap();
+    let echoed = tokio::time::timeout(common::STEP, ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(echoed, Message::text("still served"));
+    gw.running.shutdown.cancel();
+    assert_eq!(
+        common::closed(&mut ws).await,
+        (1001, "Server shutting down".to_owned())
+    );
+    tokio::time::timeout(common::STEP, gw.running.done)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
