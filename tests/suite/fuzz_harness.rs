@@ -15,9 +15,9 @@ use futures_util::FutureExt;
 mod props;
 
 /// Mutations per target when `FUZZ_ITERATIONS` is not set: a few seconds in all (debug build).
-const ITERATIONS: usize = 2_000;
+const ITERATIONS: usize = 5_000;
 /// The envelope runs real handlers, so it gets fewer.
-const ENVELOPE_ITERATIONS: usize = 500;
+const ENVELOPE_ITERATIONS: usize = 2_000;
 /// Longest mutated input (libFuzzer's default `-max_len` is 4096 too).
 const MAX_LEN: usize = 4096;
 
