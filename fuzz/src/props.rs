@@ -43,8 +43,8 @@ fn text(bytes: &[u8]) -> String {
 /// `gateway.maxBatchSize` of the rig (the default).
 pub const MAX_BATCH: usize = 50;
 
-/// A real handler set on a temp data directory (no provider reachable, the local model never
-/// fetched), called as an `rpc` client: admin methods (restart, config writes) are refused by
+/// A real handler set on a temp data directory (no provider reachable; the local model never
+/// fetched, and never loaded from the user's model cache: a turn would take seconds), called as an `rpc` client: admin methods (restart, config writes) are refused by
 /// the scope check, so random input cannot stop or reconfigure the rig.
 pub struct EnvelopeRig {
     rpc: Rpc,
@@ -58,7 +58,8 @@ impl EnvelopeRig {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let data = dir.path().join("data");
         let yaml = format!(
-            "local:\n  autoFetch: false\n  preload: false\ngateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {}\n  tokens:\n    - {{id: client, secret: fuzz-secret-0123456789abcdefghijklmnopq, scopes: [rpc]}}\n",
+            "local:\n  autoFetch: false\n  preload: false\n  cacheDir: {}\ngateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {}\n  tokens:\n    - {{id: client, secret: fuzz-secret-0123456789abcdefghijklmnopq, scopes: [rpc]}}\n",
+            dir.path().join("models").display(),
             data.display()
         );
         let path = dir.path().join("gateway.yaml");
