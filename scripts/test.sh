@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what the tests need (a Python virtualenv
 # with the SDK and tools, npm packages, Debian packages when run as root), then runs lints,
-# the generated-files check, the Rust tests, the TypeScript SDK type-check, the Python tests and the
+# the generated-files check, the Rust tests (with the fuzz corpus replay), the Autobahn WebSocket
+# conformance run, the TypeScript SDK type-check, the Python tests and the
 # Node tests of the OpenAI-compatible API.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,9 @@ step "Python virtualenv (.venv)"
 .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 
 
+step "Autobahn testsuite (wstest, Python 2.7 virtualenv in target/autobahn)"
+bash tests/autobahn/install.sh
+
 step "npm packages (tests/node)"
 (cd tests/node && npm install --no-audit --no-fund --loglevel=error >/dev/null)
 node -e "process.stdout.write(JSON.stringify(require('./tests/node/node_modules/@open-rpc/meta-schema').openrpcDocument))" > target-openrpc-meta.json.tmp
@@ -47,6 +51,13 @@ step "Rust tests"
 cargo test -q --all 2>&1 | tee target/cargo-test.log | grep -vE '^\s*$' | grep -E 'test result|FAILED|panicked|error' || true
 if grep -qE 'FAILED|error(\[|:)' target/cargo-test.log || ! grep -q 'test result' target/cargo-test.log; then
   cat target/cargo-test.log
+  exit 1
+fi
+
+step "RFC 6455 conformance (Autobahn fuzzingclient against the test build's /ws-echo)"
+cargo test -q --test suite autobahn:: -- --ignored --nocapture 2>&1 | tee target/autobahn.log | grep -E '^autobahn:|test result' || true
+if ! grep -q 'test result: ok. 1 passed' target/autobahn.log; then
+  cat target/autobahn.log
   exit 1
 fi
 

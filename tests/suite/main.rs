@@ -3,6 +3,7 @@
 //! `cargo test --test suite <module>::`, e.g. `cargo test --test suite e2e_agents::`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod autobahn;
 mod common;
 mod contract;
 mod e2e_admission;
@@ -17,5 +18,6 @@ mod e2e_restart;
 mod e2e_rpc;
 mod e2e_tenancy;
 mod e2e_webhooks;
+mod fuzz_harness;
 mod local_model;
 mod providers_http;

@@ -182,6 +182,8 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     for prefix in &paths.prefixes {
         route = route.nest_no_strip(*prefix, typed.clone());
     }
+    #[cfg(feature = "ws-echo")]
+    let route = route.at(crate::rpc::ws_echo::PATH, get(crate::rpc::ws_echo::upgrade));
     let route = Arc::new(route.data(state.clone()));
     poem::endpoint::make(move |req: Request| {
         front(route.clone(), state.clone(), paths.clone(), req)

@@ -5,6 +5,8 @@ pub mod generated;
 pub mod http;
 pub mod support;
 pub mod ws;
+#[cfg(feature = "ws-echo")]
+pub mod ws_echo;
 
 use std::collections::BTreeSet;
 

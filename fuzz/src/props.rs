@@ -1,0 +1,476 @@
+//! The fuzzing properties, shared by the cargo-fuzz targets (`fuzz/fuzz_targets/`) and the
+//! bounded CI harness (`tests/suite/fuzz_harness.rs`): each check takes raw fuzzer bytes and
+//! panics, naming the broken promise, when the code under test breaks it.
+//!
+//! One file serves both so that the properties cannot drift apart: the harness includes it with
+//! `#[path]`, the fuzz crate as a module. It uses only what both have: the gateway library,
+//! serde_json, tokio, http and tempfile.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use agent_gateway::handlers::Rpc;
+use agent_gateway::media::{self, MediaError, MediaStore};
+use agent_gateway::rpc::envelope::{handle_text, Reply};
+use agent_gateway::rpc::generated::methods::Scope;
+use agent_gateway::rpc::CallContext;
+use agent_gateway::webhooks::template::{self, Context, MAX_OUTPUT_BYTES};
+use agent_gateway::webhooks::verify::{Algorithm, Rejection, Verifier};
+use http::{HeaderMap, HeaderValue};
+use serde_json::Value;
+
+/// Splits one fuzzer input into fields. 0xFF never occurs in UTF-8, so a text field never
+/// contains it by accident.
+pub const SEP: u8 = 0xFF;
+
+/// Splits `data` into at most `n` fields at [`SEP`]; missing fields are empty.
+pub fn fields(data: &[u8], n: usize) -> Vec<&[u8]> {
+    let mut out: Vec<&[u8]> = data.splitn(n, |b| *b == SEP).collect();
+    out.resize(n, &[]);
+    out
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON-RPC envelope
+
+/// `gateway.maxBatchSize` of the rig (the default).
+pub const MAX_BATCH: usize = 50;
+
+/// A real handler set on a temp data directory (no provider reachable; the local model never
+/// fetched, and never loaded from the user's model cache: a turn would take seconds), called as an `rpc` client: admin methods (restart, config writes) are refused by
+/// the scope check, so random input cannot stop or reconfigure the rig.
+pub struct EnvelopeRig {
+    rpc: Rpc,
+    ctx: CallContext,
+    _dir: tempfile::TempDir,
+}
+
+impl EnvelopeRig {
+    pub async fn new() -> Result<Self, String> {
+        use agent_gateway::{auth, config, runtime::engine::Engine, state};
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let data = dir.path().join("data");
+        let yaml = format!(
+            "local:\n  autoFetch: false\n  preload: false\n  cacheDir: {}\ngateway:\n  host: 127.0.0.1\n  port: 0\n  dataDir: {}\n  tokens:\n    - {{id: client, secret: fuzz-secret-0123456789abcdefghijklmnopq, scopes: [rpc]}}\n",
+            dir.path().join("models").display(),
+            data.display()
+        );
+        let path = dir.path().join("gateway.yaml");
+        std::fs::write(&path, yaml).map_err(|e| e.to_string())?;
+        let loaded = config::load(Some(&path)).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+        let control = Arc::new(state::Control::new());
+        let engine = Engine::open(&loaded.config, data.clone(), control.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let tokens = auth::TokenStore::new(&loaded.config.gateway.tokens);
+        let state = state::AppState::new(
+            loaded.config,
+            loaded.paths,
+            data,
+            tokens,
+            1,
+            control,
+            Arc::new(engine),
+        );
+        let ctx = CallContext {
+            client_id: "client".to_owned(),
+            scopes: BTreeSet::from([Scope::Rpc]),
+            connection: None,
+        };
+        Ok(Self {
+            rpc: Rpc::new(Arc::new(state)),
+            ctx,
+            _dir: dir,
+        })
+    }
+
+    /// The envelope answers any text with valid JSON-RPC responses, one per request that is
+    /// owed one, in order, and nothing for notifications.
+    pub async fn check(&self, data: &[u8]) {
+        let text = text(data);
+        let reply = handle_text(&self.rpc, &self.ctx, &text, MAX_BATCH).await;
+        if let Some(problem) = envelope_problem(&text, &reply) {
+            panic!("envelope: {problem}\n input: {text:?}\n reply: {reply:?}");
+        }
+    }
+}
+
+/// What one request item is owed: no response (a valid notification), or a response with this
+/// id; `code` is the error code the envelope itself must give, when it decides alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owed {
+    pub id: Value,
+    pub code: Option<i64>,
+}
+
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+
+/// JSON-RPC 2.0 section 4 to 6, written from the spec rather than from the envelope's code.
+fn owed_for(item: &Value) -> Option<Owed> {
+    let invalid = |id: Value| {
+        Some(Owed {
+            id,
+            code: Some(INVALID_REQUEST),
+        })
+    };
+    let Value::Object(obj) = item else {
+        return invalid(Value::Null);
+    };
+    let id = match obj.get("id") {
+        None => None,
+        Some(v @ Value::String(_)) => Some(v.clone()),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(Value::Number(n.clone())),
+        Some(_) => return invalid(Value::Null),
+    };
+    let well_formed = obj.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
+        && obj.get("method").is_some_and(Value::is_string)
+        && matches!(
+            obj.get("params"),
+            None | Some(Value::Object(_) | Value::Array(_))
+        );
+    match (id, well_formed) {
+        (id, false) => invalid(id.unwrap_or(Value::Null)),
+        (None, true) => None,
+        (Some(id), true) => Some(Owed { id, code: None }),
+    }
+}
+
+/// What `text` is owed: `None` for nothing at all, else the responses in order.
+pub fn owed(text: &str, max_batch: usize) -> Option<Vec<Owed>> {
+    let whole = |code| {
+        Some(vec![Owed {
+            id: Value::Null,
+            code: Some(code),
+        }])
+    };
+    let Ok(parsed) = serde_json::from_str::<Value>(text) else {
+        return whole(PARSE_ERROR);
+    };
+    match parsed {
+        Value::Array(items) if items.is_empty() || items.len() > max_batch => {
+            whole(INVALID_REQUEST)
+        }
+        Value::Array(items) => {
+            let owed: Vec<Owed> = items.iter().filter_map(owed_for).collect();
+            (!owed.is_empty()).then_some(owed)
+        }
+        item => owed_for(&item).map(|o| vec![o]),
+    }
+}
+
+/// Why one response object is not a valid JSON-RPC 2.0 response, if it is not.
+fn response_problem(v: &Value) -> Option<String> {
+    let Value::Object(obj) = v else {
+        return Some("a response is not an object".into());
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Some("jsonrpc is not \"2.0\"".into());
+    }
+    match obj.get("id") {
+        Some(Value::String(_) | Value::Null) => {}
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {}
+        _ => return Some("id is missing or of a wrong type".into()),
+    }
+    match (obj.get("result"), obj.get("error")) {
+        (Some(_), None) => {}
+        (None, Some(Value::Object(e))) => {
+            if !e.get("code").is_some_and(|c| c.is_i64()) {
+                return Some("error.code is not an integer".into());
+            }
+            if !e.get("message").is_some_and(Value::is_string) {
+                return Some("error.message is not a string".into());
+            }
+        }
+        _ => return Some("not exactly one of result and error (an object)".into()),
+    }
+    let extra: Vec<&String> = obj
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "jsonrpc" | "id" | "result" | "error"))
+        .collect();
+    (!extra.is_empty()).then(|| format!("unexpected members {extra:?}"))
+}
+
+/// Why `reply` is not what the JSON-RPC 2.0 spec owes `text`, if it is not.
+pub fn envelope_problem(text: &str, reply: &Reply) -> Option<String> {
+    let owed = owed(text, MAX_BATCH);
+    let batch = matches!(serde_json::from_str::<Value>(text), Ok(Value::Array(ref a)) if !a.is_empty() && a.len() <= MAX_BATCH);
+    let got: Vec<&Value> = match (reply, &owed) {
+        (Reply::None, None) => return None,
+        (Reply::None, Some(_)) => return Some("no reply where responses are owed".into()),
+        (Reply::Some(_), None) => return Some("a reply to notifications only".into()),
+        (Reply::Some(Value::Array(items)), Some(_)) if batch => items.iter().collect(),
+        (Reply::Some(Value::Array(_)), Some(_)) => {
+            return Some("an array answers a request that is not a batch".into())
+        }
+        (Reply::Some(_), Some(_)) if batch => {
+            return Some("a batch answered by a single object".into())
+        }
+        (Reply::Some(v), Some(_)) => vec![v],
+    };
+    let owed = owed.unwrap_or_default();
+    if got.len() != owed.len() {
+        return Some(format!(
+            "{} responses where {} are owed",
+            got.len(),
+            owed.len()
+        ));
+    }
+    for (response, owed) in got.iter().zip(&owed) {
+        if let Some(problem) = response_problem(response) {
+            return Some(problem);
+        }
+        if response["id"] != owed.id {
+            return Some(format!("id {} where {} is owed", response["id"], owed.id));
+        }
+        if let Some(code) = owed.code {
+            if response["error"]["code"].as_i64() != Some(code) {
+                return Some(format!("{} where error {code} is owed", response));
+            }
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// Webhook templates
+
+const NOW: &str = "2024-01-02T03:04:05Z";
+
+fn template_headers(secret: &str) -> BTreeMap<String, String> {
+    [
+        ("authorization", format!("Bearer {secret}")),
+        ("cookie", format!("session={secret}")),
+        ("x-hub-signature-256", format!("sha256={secret}")),
+        ("x-gitlab-token", secret.to_owned()),
+        ("x-api-key", secret.to_owned()),
+        ("x-github-event", "push".to_owned()),
+        ("content-type", "application/json".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// Input: template, [`SEP`], payload (JSON, or else taken as one string).
+///
+/// Rendering never panics; the output is at most MAX_OUTPUT_BYTES; it does not depend on the
+/// values of secret-bearing headers; a template without `{{` renders as itself (cut at the cap).
+pub fn check_template(data: &[u8]) {
+    let parts = fields(data, 2);
+    let tpl = text(parts[0]);
+    let payload: Value =
+        serde_json::from_slice(parts[1]).unwrap_or_else(|_| Value::String(text(parts[1])));
+    let query: BTreeMap<String, String> = [("ref".to_owned(), "main".to_owned())]
+        .into_iter()
+        .collect();
+    let render = |secret: &str| {
+        let headers = template_headers(secret);
+        let ctx = Context {
+            payload: &payload,
+            headers: &headers,
+            query: &query,
+            path: "github/push",
+            now: NOW,
+        };
+        template::render(&tpl, &ctx)
+    };
+    let out = render("s3cr3t-A");
+    assert!(
+        out.len() <= MAX_OUTPUT_BYTES,
+        "template: output of {} bytes exceeds the cap\n template: {tpl:?}",
+        out.len()
+    );
+    let other = render("another-much-longer-secret-value-B");
+    assert!(
+        out == other,
+        "template: the output depends on a secret header\n template: {tpl:?}"
+    );
+    if !tpl.contains("{{") {
+        let mut cut = tpl.len().min(MAX_OUTPUT_BYTES);
+        while !tpl.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        assert!(
+            out == tpl[..cut],
+            "template: text without placeholders changed\n template: {tpl:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Webhook signature header
+
+const SIG_SECRET: &[u8] = b"fuzz webhook secret";
+const SIG_NOW: i64 = 1_700_000_000;
+const SIG_MAX_AGE: u64 = 300;
+
+/// What the timestamp header alone decides: `Ok` when it lets a well-signed request through.
+fn timestamp_verdict(raw: Option<&HeaderValue>, required: bool) -> Result<(), Rejection> {
+    let Some(raw) = raw else {
+        return if required {
+            Err(Rejection::MissingTimestamp)
+        } else {
+            Ok(())
+        };
+    };
+    let text = std::str::from_utf8(raw.as_bytes()).map_err(|_| Rejection::MalformedTimestamp)?;
+    let at: i64 = text
+        .trim()
+        .parse()
+        .map_err(|_| Rejection::MalformedTimestamp)?;
+    if SIG_NOW.abs_diff(at) > SIG_MAX_AGE {
+        return Err(Rejection::StaleTimestamp);
+    }
+    Ok(())
+}
+
+/// Input: one flags byte (algorithm, timestamp required), then signature header, [`SEP`],
+/// timestamp header (absent when empty), [`SEP`], body.
+///
+/// `verify` never panics; it accepts a header only when it carries this body's HMAC (hex, any
+/// case, optionally prefixed with this algorithm); the true HMAC is refused only for the
+/// timestamp, and exactly as the timestamp rules say.
+pub fn check_signature(data: &[u8]) {
+    let (flags, rest) = data.split_first().map_or((0, data), |(f, r)| (*f, r));
+    let algorithm = match flags % 3 {
+        0 => Algorithm::Sha256,
+        1 => Algorithm::Sha384,
+        _ => Algorithm::Sha512,
+    };
+    let required = flags & 0x80 != 0;
+    let parts = fields(rest, 3);
+    let (sig, ts, body) = (parts[0], parts[1], parts[2]);
+    let v = Verifier::new(
+        SIG_SECRET,
+        algorithm,
+        "X-Signature",
+        "x-timestamp",
+        SIG_MAX_AGE,
+        required,
+    );
+    let mut headers = HeaderMap::new();
+    if let Ok(value) = HeaderValue::from_bytes(sig) {
+        headers.insert("x-signature", value);
+    }
+    let ts_value = (!ts.is_empty())
+        .then(|| HeaderValue::from_bytes(ts).ok())
+        .flatten();
+    if let Some(value) = &ts_value {
+        headers.insert("x-timestamp", value.clone());
+    }
+    let expected = v.sign(body);
+    assert_eq!(
+        expected.len(),
+        algorithm.hex_len(),
+        "signature: sign length"
+    );
+    if v.verify(&headers, body, SIG_NOW).is_ok() {
+        let claimed = std::str::from_utf8(sig).unwrap_or_default().trim();
+        let digits = claimed.split_once('=').map_or(claimed, |(_, d)| d);
+        assert!(
+            digits.eq_ignore_ascii_case(&expected),
+            "signature: accepted a header that is not the body's HMAC: {claimed:?}"
+        );
+        assert_eq!(timestamp_verdict(ts_value.as_ref(), required), Ok(()));
+    }
+    let spellings = [
+        expected.clone(),
+        expected.to_uppercase(),
+        format!("{}={expected}", algorithm.as_str()),
+        format!(" {}={} ", algorithm.as_str().to_uppercase(), expected),
+    ];
+    let spelling = &spellings[usize::from(flags >> 2) % spellings.len()];
+    let Ok(good) = HeaderValue::from_str(spelling) else {
+        panic!("signature: a hex header value is refused by http");
+    };
+    headers.insert("x-signature", good);
+    let got = v.verify(&headers, body, SIG_NOW).map(|_| ());
+    assert_eq!(
+        got,
+        timestamp_verdict(ts_value.as_ref(), required),
+        "signature: the true HMAC {spelling:?} with timestamp {ts_value:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Media ids
+
+/// A media store with one file, and escape hatches beside it: a symlink to a file outside the
+/// root and one to the directory above it.
+pub struct MediaRig {
+    store: MediaStore,
+    files: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The id of the one real file in the rig's store.
+pub const MEDIA_FILE: &str = "inside.txt";
+
+impl MediaRig {
+    pub async fn new() -> Result<Self, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let root = dir.path().join("media");
+        let store = MediaStore::open(root, None, 1024 * 1024)
+            .await
+            .map_err(|e| e.to_string())?;
+        store
+            .save_as(MEDIA_FILE, b"inside", Some("text/plain"), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let files = store.root().join("files");
+        let outside = dir.path().join("outside.txt");
+        std::fs::write(&outside, b"outside").map_err(|e| e.to_string())?;
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&outside, files.join("escape"))
+                .map_err(|e| e.to_string())?;
+            std::os::unix::fs::symlink(dir.path(), files.join("up")).map_err(|e| e.to_string())?;
+        }
+        Ok(Self {
+            store,
+            files,
+            _dir: dir,
+        })
+    }
+
+    /// Input: an id (lossy UTF-8).
+    ///
+    /// An accepted id is exactly one normal path component (so joining it to the root cannot
+    /// leave the root), `get` refuses every other id before touching the filesystem, and a
+    /// found file is a regular file inside `files/`.
+    pub async fn check(&self, data: &[u8]) {
+        let id = text(data);
+        let valid = media::valid_id(&id);
+        if valid {
+            let components: Vec<Component<'_>> = Path::new(&id).components().collect();
+            assert!(
+                matches!(components.as_slice(), [Component::Normal(c)] if *c == OsStr::new(&id)),
+                "media: accepted id {id:?} is not one plain path component: {components:?}"
+            );
+        }
+        match self.store.get(&id, 0).await {
+            Err(MediaError::InvalidId) => {
+                assert!(!valid, "media: valid id {id:?} refused as invalid")
+            }
+            Err(_) => assert!(valid, "media: invalid id {id:?} was looked up"),
+            Ok(file) => {
+                assert!(valid, "media: invalid id {id:?} found a file");
+                assert!(
+                    file.path.starts_with(&self.files) && file.path.is_file(),
+                    "media: id {id:?} resolved to {} outside the store",
+                    file.path.display()
+                );
+                assert_eq!(id, MEDIA_FILE, "media: id {id:?} found a file never saved");
+            }
+        }
+    }
+}
