@@ -7,7 +7,6 @@
 //! serde_json, tokio, http and tempfile.
 
 use std::collections::BTreeMap;
-use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +14,6 @@ use std::sync::Arc;
 use agent_gateway::handlers::Rpc;
 use agent_gateway::media::{self, MediaError, MediaStore};
 use agent_gateway::rpc::envelope::{handle_text, Reply};
-use agent_gateway::rpc::generated::methods::Scope;
 use agent_gateway::rpc::CallContext;
 use agent_gateway::webhooks::template::{self, Context, MAX_OUTPUT_BYTES};
 use agent_gateway::webhooks::verify::{Algorithm, Rejection, Verifier};
@@ -71,6 +69,10 @@ impl EnvelopeRig {
             .await
             .map_err(|e| e.to_string())?;
         let tokens = auth::TokenStore::new(&loaded.config.gateway.tokens);
+        let ctx = tokens
+            .verify("fuzz-secret-0123456789abcdefghijklmnopq")
+            .map(|p| p.context(None))
+            .ok_or("the rig's token is not configured")?;
         let state = state::AppState::new(
             loaded.config,
             loaded.paths,
@@ -80,11 +82,6 @@ impl EnvelopeRig {
             control,
             Arc::new(engine),
         );
-        let ctx = CallContext {
-            client_id: "client".to_owned(),
-            scopes: BTreeSet::from([Scope::Rpc]),
-            connection: None,
-        };
         Ok(Self {
             rpc: Rpc::new(Arc::new(state)),
             ctx,
