@@ -123,6 +123,9 @@ pub struct GatewayConfig {
     pub body_read_timeout_ms: u64,
     /// On shutdown or restart, how long open connections get to close, in ms.
     pub shutdown_grace_ms: u64,
+    /// Open connections (HTTP and upgraded WebSockets) at most; past it a connection gets a
+    /// 503 and is closed.
+    pub max_connections: usize,
 }
 
 impl Default for GatewayConfig {
@@ -146,6 +149,7 @@ impl Default for GatewayConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             shutdown_grace_ms: 5_000,
+            max_connections: 16_384,
         }
     }
 }
@@ -381,6 +385,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ("gateway.wsMaxMessageBytes", g.ws_max_message_bytes as u64),
         ("gateway.headerReadTimeoutMs", g.header_read_timeout_ms),
         ("gateway.bodyReadTimeoutMs", g.body_read_timeout_ms),
+        ("gateway.maxConnections", g.max_connections as u64),
     ];
     for (key, v) in positive {
         if v == 0 {
