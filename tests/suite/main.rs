@@ -6,6 +6,7 @@
 mod common;
 mod contract;
 mod e2e_agents;
+mod e2e_conn;
 mod e2e_http;
 mod e2e_limits;
 mod e2e_local;
