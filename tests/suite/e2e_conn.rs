@@ -28,7 +28,10 @@ async fn read_until_closed(tcp: &mut TcpStream) -> String {
         }
     })
     .await;
-    assert!(read.is_ok(), "the server did not close the connection in time");
+    assert!(
+        read.is_ok(),
+        "the server did not close the connection in time"
+    );
     String::from_utf8_lossy(&out).into_owned()
 }
 
@@ -85,7 +88,7 @@ async fn a_partial_http2_preface_is_closed_after_the_deadline_and_h2c_is_not_spo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_answered_while_three_hundred_connections_idle() {
-    let gw = start("").await;
+    let gw = start("  rateLimit: {windowMs: 60000, maxRequests: 1000}\n").await;
     let mut idle_tcp = Vec::new();
     for _ in 0..200 {
         idle_tcp.push(TcpStream::connect(gw.addr).await.unwrap());
@@ -98,7 +101,10 @@ async fn health_is_answered_while_three_hundred_connections_idle() {
         assert_eq!(health(&gw).await, 200);
     }
     let status = gw.call(ADMIN, "gateway.status", json!({})).await;
-    assert_eq!(status["result"]["connections"], 100, "every WebSocket is open");
+    assert_eq!(
+        status["result"]["connections"], 100,
+        "every WebSocket is open"
+    );
     assert_ping(&mut idle_ws[0], 1).await;
     drop(idle_tcp);
     gw.stop().await;
@@ -139,7 +145,11 @@ async fn the_connection_cap_at_the_limit_and_one_past_it() {
     let (head, body) = refused.split_once("\r\n\r\n").unwrap();
     let head: Vec<&str> = head.lines().collect();
     assert_eq!(head[0], "HTTP/1.1 503 Service Unavailable");
-    for h in ["Connection: close", "Retry-After: 5", "Content-Type: application/json"] {
+    for h in [
+        "Connection: close",
+        "Retry-After: 5",
+        "Content-Type: application/json",
+    ] {
         assert!(head.contains(&h), "{h} in {head:?}");
     }
     assert_eq!(
@@ -167,17 +177,12 @@ async fn the_connection_cap_at_the_limit_and_one_past_it() {
 async fn the_ws_byte_cap_is_four_bytes_per_character_then_1009() {
     let gw = start("  wsMaxMessageBytes: 1000\n").await;
     let mut ws = gw.ws(RPC).await;
-    // 4000 bytes (fewer than 1000 characters): read and parsed.
-    let head = r#"{"jsonrpc":"2.0","id":1,"method":""#;
-    let tail = r#""}"#;
-    let ascii = head.len() + tail.len();
-    let pad = "😀".repeat((4000 - ascii) / 4) + &"x".repeat((4000 - ascii) % 4);
-    let at = format!("{head}{pad}{tail}");
-    assert_eq!(at.len(), 4000);
-    assert!(at.chars().count() <= 1000);
+    // 4000 bytes that are 1000 characters: read, counted, then parsed (not JSON: -32700).
+    let at = "😀".repeat(1000);
+    assert_eq!((at.len(), at.chars().count()), (4000, 1000));
     send(&mut ws, &at).await;
     let r = recv(&mut ws).await;
-    assert_eq!((code(&r), r["id"].clone()), (-32601, json!(1)));
+    assert_eq!((code(&r), r["id"].clone()), (-32700, Value::Null));
     // 1001 characters in fewer than 4000 bytes: the character check answers.
     send(&mut ws, &"y".repeat(1001)).await;
     assert_eq!(code(&recv(&mut ws).await), -32600);
@@ -287,30 +292,48 @@ async fn an_8_mib_message_against_a_1_mib_limit_is_closed_with_1009_without_bein
     let _ = child.wait();
 }
 
+/// A ping whose id is `len` bytes: its answer is as big, and cheap to make.
+fn big_ping(len: usize) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":"{}","method":"system.ping"}}"#,
+        "x".repeat(len)
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_dropped_and_others_are_served() {
     let gw = start("  wsMessageRateLimit: {maxMessages: 100000, windowMs: 1000}\n").await;
-    let mut reader = gw.ws(ADMIN).await;
-    let mut stuck = gw.ws(ADMIN).await;
-    let schema = r#"{"jsonrpc":"2.0","id":1,"method":"config.schema"}"#;
-    let batch = format!("[{}]", vec![schema; 50].join(","));
-    // Big answers that are never read: the socket fills, then the queue, then the server
+    let mut reader = gw.ws(RPC).await;
+    let mut stuck = gw.ws(RPC).await;
+    assert_ping(&mut reader, 1).await;
+    let hub = &gw.running.control.hub;
+    assert_eq!(hub.count(), 2);
+    // Big answers that are never read: the sockets fill, then the queue, then the server
     // drops the connection.
+    let ping = big_ping(200_000);
     let deadline = Instant::now() + STEP;
-    let mut dropped = false;
-    while Instant::now() < deadline {
-        if stuck.send(Message::text(batch.clone())).await.is_err() {
-            dropped = true;
+    let mut sent = 0;
+    while hub.count() == 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the client that never reads was not dropped ({sent} sent)"
+        );
+        if stuck.send(Message::text(ping.clone())).await.is_err() {
             break;
         }
-        let status = gw.call(ADMIN, "gateway.status", json!({})).await;
-        if status["result"]["connections"] == 1 {
-            dropped = true;
-            break;
-        }
+        sent += 1;
     }
-    assert!(dropped, "the client that never reads was not dropped");
+    assert!(
+        sent > 128,
+        "more answers than the queue holds were needed: {sent}"
+    );
+    // The other connection is served.
     assert_ping(&mut reader, 2).await;
+    let deadline = Instant::now() + STEP;
+    while hub.count() != 1 {
+        assert!(Instant::now() < deadline, "{} connections", hub.count());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     gw.stop().await;
 }
 
@@ -320,15 +343,16 @@ async fn shutdown_closes_in_time_with_a_client_whose_socket_is_full() {
         "  shutdownGraceMs: 500\n  wsMessageRateLimit: {maxMessages: 100000, windowMs: 1000}\n",
     )
     .await;
-    let mut reader = gw.ws(ADMIN).await;
-    let mut stuck = gw.ws(ADMIN).await;
-    let schema = r#"{"jsonrpc":"2.0","id":1,"method":"config.schema"}"#;
-    // Fewer answers than the queue holds, more bytes than the sockets buffer.
-    let batch = format!("[{}]", vec![schema; 50].join(","));
-    for _ in 0..40 {
-        send(&mut stuck, &batch).await;
+    let mut reader = gw.ws(RPC).await;
+    let mut stuck = gw.ws(RPC).await;
+    // Fewer answers than the queue holds (so it is not dropped for that), more bytes than
+    // the sockets buffer (so its writes are stuck).
+    let ping = big_ping(200_000);
+    for _ in 0..60 {
+        send(&mut stuck, &ping).await;
     }
     assert_ping(&mut reader, 1).await;
+    assert_eq!(gw.running.control.hub.count(), 2);
     gw.running.shutdown.cancel();
     assert_eq!(
         closed(&mut reader).await,
@@ -369,7 +393,8 @@ async fn a_post_without_a_valid_token_gets_401_before_its_body_is_read() {
         assert!(got.starts_with("HTTP/1.1 401"), "{path}: {got}");
         assert!(got.contains(kind), "{path}: {got}");
         assert!(
-            got.to_ascii_lowercase().contains("www-authenticate: bearer"),
+            got.to_ascii_lowercase()
+                .contains("www-authenticate: bearer"),
             "{got}"
         );
     }
