@@ -6,7 +6,7 @@
 #[path = "../ws_idle/gateway.rs"]
 mod gateway;
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ async fn worker(mut ws: Ws, stop: Arc<AtomicBool>, counting: Arc<AtomicBool>, n:
     }
 }
 
-async fn round(bin: &PathBuf, conns: usize, warmup: Duration, measure: Duration) -> Round {
+async fn round(bin: &Path, conns: usize, warmup: Duration, measure: Duration) -> Round {
     let gw = spawn(bin, "").await;
     let pid = gw.child.id();
     let stop = Arc::new(AtomicBool::new(false));

@@ -342,3 +342,22 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn the_refusal_is_a_whole_http_answer_with_a_json_body() {
+        let (head, body) = super::REFUSAL.split_once("\r\n\r\n").unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(length, body.len());
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v, serde_json::json!({"error": "Too many open connections"}));
+    }
+}

@@ -74,7 +74,7 @@ pub async fn upgrade(req: &Request, Data(state): Data<&Arc<AppState>>) -> Respon
     }
     let key = match handshake_key(req) {
         Ok(key) => key,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.response(),
     };
     let Ok(on_upgrade) = req.take_upgrade() else {
         return json_error(
@@ -118,9 +118,39 @@ pub async fn upgrade(req: &Request, Data(state): Data<&Arc<AppState>>) -> Respon
         .finish()
 }
 
-/// Checks the RFC 6455 opening handshake; the answer's `Sec-WebSocket-Accept` value, or the
-/// refusal (400, or 426 naming the version we speak).
-fn handshake_key(req: &Request) -> Result<String, Response> {
+/// Why an opening handshake is refused.
+enum Refusal {
+    NotAnUpgrade,
+    Version,
+    NoKey,
+}
+
+impl Refusal {
+    /// 400, or 426 naming the version we speak.
+    fn response(self) -> Response {
+        match self {
+            Self::NotAnUpgrade => json_error(
+                http::StatusCode::BAD_REQUEST,
+                "Expected a WebSocket upgrade",
+            ),
+            Self::NoKey => json_error(http::StatusCode::BAD_REQUEST, "Missing Sec-WebSocket-Key"),
+            Self::Version => {
+                let mut resp = json_error(
+                    http::StatusCode::UPGRADE_REQUIRED,
+                    "Unsupported WebSocket version",
+                );
+                resp.headers_mut().insert(
+                    http::header::SEC_WEBSOCKET_VERSION,
+                    http::HeaderValue::from_static("13"),
+                );
+                resp
+            }
+        }
+    }
+}
+
+/// Checks the RFC 6455 opening handshake; the answer's `Sec-WebSocket-Accept` value.
+fn handshake_key(req: &Request) -> Result<String, Refusal> {
     let h = req.headers();
     let has_token = |name: http::HeaderName, token: &str| {
         h.get_all(name).iter().any(|v| {
@@ -132,30 +162,16 @@ fn handshake_key(req: &Request) -> Result<String, Response> {
         || !has_token(http::header::UPGRADE, "websocket")
         || !has_token(http::header::CONNECTION, "upgrade")
     {
-        return Err(json_error(
-            http::StatusCode::BAD_REQUEST,
-            "Expected a WebSocket upgrade",
-        ));
+        return Err(Refusal::NotAnUpgrade);
     }
     if h.get(http::header::SEC_WEBSOCKET_VERSION)
         .is_none_or(|v| v.as_bytes() != b"13")
     {
-        let mut resp = json_error(
-            http::StatusCode::UPGRADE_REQUIRED,
-            "Unsupported WebSocket version",
-        );
-        resp.headers_mut().insert(
-            http::header::SEC_WEBSOCKET_VERSION,
-            http::HeaderValue::from_static("13"),
-        );
-        return Err(resp);
+        return Err(Refusal::Version);
     }
     match h.get(http::header::SEC_WEBSOCKET_KEY) {
         Some(key) if !key.is_empty() => Ok(derive_accept_key(key.as_bytes())),
-        _ => Err(json_error(
-            http::StatusCode::BAD_REQUEST,
-            "Missing Sec-WebSocket-Key",
-        )),
+        _ => Err(Refusal::NoKey),
     }
 }
 
