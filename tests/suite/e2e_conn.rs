@@ -211,7 +211,7 @@ async fn spawn_gateway(dir: &Path, extra: &str) -> (Child, u16) {
         config_yaml(dir, extra).replace("port: 0", &format!("port: {port}")),
     )
     .unwrap();
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .arg("serve")
         .arg("--config")
         .arg(&config)
@@ -222,16 +222,25 @@ async fn spawn_gateway(dir: &Path, extra: &str) -> (Child, u16) {
         .stderr(std::fs::File::create(dir.join("err.log")).unwrap())
         .spawn()
         .unwrap();
+    if !healthy(port).await {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("gateway did not become healthy");
+    }
+    (child, port)
+}
+
+async fn healthy(port: u16) -> bool {
     let deadline = Instant::now() + STEP;
-    loop {
+    while Instant::now() < deadline {
         if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
             if r.status() == 200 {
-                return (child, port);
+                return true;
             }
         }
-        assert!(Instant::now() < deadline, "gateway did not become healthy");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    false
 }
 
 /// Peak resident memory of a process, in KiB.
