@@ -133,6 +133,9 @@ pub struct GatewayConfig {
     pub trusted_proxies: Vec<String>,
     /// Concurrent turns and background runs.
     pub limits: LimitsConfig,
+    /// Open connections (HTTP and upgraded WebSockets) at most; past it a connection gets a
+    /// 503 and is closed.
+    pub max_connections: usize,
 }
 
 /// `gateway.limits`: how many turns and background runs may run at once.
@@ -177,6 +180,7 @@ impl Default for GatewayConfig {
             shutdown_grace_ms: 5_000,
             trusted_proxies: Vec::new(),
             limits: LimitsConfig::default(),
+            max_connections: 16_384,
         }
     }
 }
@@ -428,6 +432,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "gateway.limits.maxConcurrentTurns",
             u64::from(g.limits.max_concurrent_turns),
         ),
+        ("gateway.maxConnections", g.max_connections as u64),
     ];
     for (key, v) in positive {
         if v == 0 {

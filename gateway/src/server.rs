@@ -1,6 +1,6 @@
 //! The server loop: one listening socket for the life of the process, server generations on
-//! top of it (gateway.restart swaps the generation, never the port), our own accept loop so
-//! that slow header senders are dropped, and bounded shutdown.
+//! top of it (gateway.restart swaps the generation, never the port), our own accept loop (the
+//! connection cap, the header deadline from the first byte on), and bounded shutdown.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -10,17 +10,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use poem::web::{LocalAddr, RemoteAddr};
 use poem::Endpoint;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{self, TokenStore};
 use crate::config::{self, Config, Loaded};
 use crate::error::GatewayError;
+use crate::hub::ConnTicket;
 use crate::runtime::engine::Engine;
 use crate::state::{AppState, Control};
 use crate::store::Store;
@@ -227,24 +230,84 @@ async fn flush_usage(state: &AppState) {
     }
 }
 
+/// Connections refused over `gateway.maxConnections` whose close may linger (their unread
+/// request is drained for a moment, so the 503 is not lost to a reset); past this many the
+/// refused connection is closed at once.
+const LINGERING_REFUSALS: usize = 64;
+/// How long a refused connection lingers at most.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// After the grace period, how long the dropped connections get to notice.
+const KILL_WAIT: Duration = Duration::from_millis(500);
+
+/// The answer to a connection over the cap, written before any byte of it is read.
+const REFUSAL: &str = concat!(
+    "HTTP/1.1 503 Service Unavailable\r\n",
+    "Content-Type: application/json\r\n",
+    "Content-Length: 37\r\n",
+    "Retry-After: 5\r\n",
+    "Connection: close\r\n",
+    "\r\n",
+    "{\"error\":\"Too many open connections\"}",
+);
+
 async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &CancellationToken) -> Exit {
     let ep = Arc::new(crate::http::app(state.clone()));
     let tracker = TaskTracker::new();
     let conn_stop = CancellationToken::new();
+    // Cancelled when the grace period is over: every connection still open is dropped.
+    let kill = CancellationToken::new();
     let g = &state.config.gateway;
-    let header_timeout = Duration::from_millis(g.header_read_timeout_ms);
+    let slots = Arc::new(Semaphore::new(
+        g.max_connections.min(Semaphore::MAX_PERMITS),
+    ));
+    let lingering = Arc::new(Semaphore::new(LINGERING_REFUSALS));
+    let mut http1 = http1::Builder::new();
+    // HTTP/1.1 only (README, decisions): the deadline runs from the connection's start, so a
+    // client that sends nothing is closed too, and between keep-alive requests.
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(g.header_read_timeout_ms));
+    if g.ws_heartbeat_ms > 0 {
+        tracker.spawn(heartbeats(
+            state.control.clone(),
+            Duration::from_millis(g.ws_heartbeat_ms),
+            state.stop.clone(),
+        ));
+    }
     let local = listener.local_addr().ok();
+    let mut refusing = false;
     let exit = loop {
         tokio::select! {
             _ = shutdown.cancelled() => break Exit::Shutdown,
             _ = state.control.restart.notified() => break Exit::Restart,
             accepted = listener.accept() => match accepted {
-                Ok((stream, remote)) => {
-                    let _ = stream.set_nodelay(true);
-                    let ep = ep.clone();
-                    let stop = conn_stop.clone();
-                    tracker.spawn(connection(stream, local, remote, ep, header_timeout, stop));
-                }
+                Ok((stream, remote)) => match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        refusing = false;
+                        let _ = stream.set_nodelay(true);
+                        let ticket = ConnTicket {
+                            slot: Arc::new(slot),
+                            tracker: tracker.clone(),
+                            kill: kill.clone(),
+                        };
+                        tracker.spawn(connection(
+                            stream,
+                            local,
+                            remote,
+                            ep.clone(),
+                            http1.clone(),
+                            conn_stop.clone(),
+                            ticket,
+                        ));
+                    }
+                    Err(_) => {
+                        if !refusing {
+                            refusing = true;
+                            tracing::warn!(max = g.max_connections, "gateway.maxConnections reached: refusing connections with 503");
+                        }
+                        refuse(stream, &lingering, &tracker);
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -257,33 +320,71 @@ async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &Cancella
     conn_stop.cancel();
     tracker.close();
     let grace = Duration::from_millis(g.shutdown_grace_ms);
-    let drained = tokio::time::timeout(grace, async {
-        tracker.wait().await;
-        while state.hub().count() > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    if drained.is_err() {
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!(
-            http = tracker.len(),
+            open = tracker.len(),
             websockets = state.hub().count(),
             "grace period over: dropping the connections still open"
         );
+        kill.cancel();
+        let _ = tokio::time::timeout(KILL_WAIT, tracker.wait()).await;
     }
     exit
 }
 
+/// One `heartbeat` to every WebSocket per period, from one task for the whole generation.
+async fn heartbeats(control: Arc<Control>, every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                control.hub.heartbeat();
+            }
+        }
+    }
+}
+
+/// Answers a connection over the cap with [`REFUSAL`] and closes it. The socket is new, so
+/// the short answer fits its send buffer: no waiting in the accept loop.
+fn refuse(stream: TcpStream, lingering: &Arc<Semaphore>, tracker: &TaskTracker) {
+    let _ = stream.try_write(REFUSAL.as_bytes());
+    let Ok(permit) = lingering.clone().try_acquire_owned() else {
+        return;
+    };
+    tracker.spawn(async move {
+        let mut stream = stream;
+        let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+            let _ = stream.shutdown().await;
+            let mut sink = [0u8; 1024];
+            while let Ok(n) = stream.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+        .await;
+        drop(permit);
+    });
+}
+
 async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
-    stream: tokio::net::TcpStream,
+    stream: TcpStream,
     local: Option<SocketAddr>,
     remote: SocketAddr,
     ep: Arc<E>,
-    header_timeout: Duration,
+    http1: http1::Builder,
     stop: CancellationToken,
+    ticket: ConnTicket,
 ) {
-    let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+    let kill = ticket.kill.clone();
+    let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
         let ep = ep.clone();
+        // Only an upgrade needs the ticket: it carries the slot past this connection's end.
+        if req.uri().path() == "/ws" {
+            req.extensions_mut().insert(ticket.clone());
+        }
         async move {
             let local = LocalAddr(
                 local
@@ -300,18 +401,39 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
             Ok::<_, Infallible>(hyper::Response::<HyperBody>::from(resp))
         }
     });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let conn = http1
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
+        biased;
+        _ = kill.cancelled() => {}
         _ = conn.as_mut() => {}
         _ = stop.cancelled() => {
             conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            tokio::select! {
+                _ = kill.cancelled() => {}
+                _ = conn => {}
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn the_refusal_is_a_whole_http_answer_with_a_json_body() {
+        let (head, body) = super::REFUSAL.split_once("\r\n\r\n").unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(length, body.len());
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v, serde_json::json!({"error": "Too many open connections"}));
     }
 }

@@ -149,9 +149,11 @@ async fn echo_route_has_the_ws_stack_and_limits() {
         assert_eq!(echoed, msg);
     }
     ws.send(Message::binary(vec![7u8; 4001])).await.unwrap();
-    // Past the cap tungstenite refuses the message before buffering it and the connection is
-    // dropped (no echo, no close frame).
-    assert_eq!(common::closed(&mut ws).await, (1006, String::new()));
+    // Past the cap the message is refused before it is buffered: 1009, as on /ws, no echo.
+    assert_eq!(
+        common::closed(&mut ws).await,
+        (1009, "Message too big".to_owned())
+    );
 
     let mut ws = echo_socket(&gw, RPC).await;
     ws.send(Message::text("still served")).await.unwrap();

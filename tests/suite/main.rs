@@ -8,6 +8,7 @@ mod common;
 mod contract;
 mod e2e_admission;
 mod e2e_agents;
+mod e2e_conn;
 mod e2e_failures;
 mod e2e_http;
 mod e2e_limits;
