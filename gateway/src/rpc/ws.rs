@@ -46,7 +46,7 @@ const CLOSE_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 /// tungstenite reads at most this much per call, into a buffer allocated up front: sized for
 /// an idle client (its default, 128 KiB, was most of an idle connection's memory). A larger
 /// frame gets a buffer of its own size while it is read.
-const READ_BUFFER: usize = 2048;
+const READ_BUFFER: usize = 1024;
 /// Frames written together are gathered up to this much before a write to the socket.
 const WRITE_BUFFER: usize = 4096;
 
