@@ -365,6 +365,21 @@ fn apply_env(config: &mut Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `gateway.trustedProxies` as address blocks (an address is a block of one); the error names
+/// the entry that is neither an address nor a CIDR block.
+pub fn parse_trusted_proxies(entries: &[String]) -> Result<Vec<ipnet::IpNet>, String> {
+    entries
+        .iter()
+        .map(|e| {
+            let e = e.trim();
+            e.parse::<ipnet::IpNet>()
+                .or_else(|_| e.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map(|net| net.trunc())
+                .map_err(|_| format!("'{e}' is not an IP address or CIDR block"))
+        })
+        .collect()
+}
+
 /// Rules serde cannot express.
 pub fn validate(config: &Config) -> Result<(), ConfigError> {
     let g = &config.gateway;
@@ -439,7 +454,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             return Err(ConfigError(format!("{key} must be greater than 0")));
         }
     }
-    crate::http::limits::TrustedProxies::parse(&g.trusted_proxies)
+    parse_trusted_proxies(&g.trusted_proxies)
         .map_err(|e| ConfigError(format!("gateway.trustedProxies: {e}")))?;
     if config.media.max_file_bytes == 0 || config.media.sweep_interval_seconds == 0 {
         return Err(ConfigError(

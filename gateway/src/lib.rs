@@ -15,4 +15,5 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod tenancy;
+pub mod transport;
 pub mod webhooks;

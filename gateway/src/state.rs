@@ -7,9 +7,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::TokenStore;
 use crate::config::Config;
-use crate::http::limits::RateLimiter;
 use crate::hub::Hub;
 use crate::runtime::engine::Engine;
+use crate::transport::limits::RateLimiter;
 
 pub use crate::runtime::control::Control;
 

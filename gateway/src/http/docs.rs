@@ -7,7 +7,7 @@ use poem::http::{header, HeaderValue, StatusCode};
 use poem::web::Redirect;
 use poem::{handler, IntoResponse, Request, Response};
 
-use crate::http::problem::{Area, Problem};
+use crate::transport::problem::{Area, Problem};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/contract_docs.rs"));

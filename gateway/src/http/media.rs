@@ -15,10 +15,10 @@ use poem_openapi::registry::{
 };
 use poem_openapi::{ApiResponse, Object, OpenApi, Tags};
 
-use crate::http::problem::{Problem, RestError};
 use crate::http::security::RestBearer;
 use crate::media::{MediaError, MediaFile};
 use crate::state::AppState;
+use crate::transport::problem::{Problem, RestError};
 
 #[derive(Tags)]
 enum MediaTag {

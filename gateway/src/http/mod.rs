@@ -4,10 +4,10 @@
 pub mod api;
 pub mod docs;
 pub mod either;
-pub mod limits;
 pub mod media;
 pub mod openapi;
-pub mod problem;
+/// Body limits and error bodies, shared with the JSON-RPC routes (`crate::transport`).
+pub use crate::transport::{json_error, limits, problem, too_many_requests};
 pub mod security;
 pub mod sse;
 pub mod strict_json;
@@ -23,12 +23,6 @@ use poem::{get, handler, post, Endpoint, EndpointExt, IntoResponse, Request, Res
 use crate::state::AppState;
 use limits::{read_gateway_body, BodyError};
 use problem::{Area, Problem};
-
-/// A JSON error body `{error: <message>}` with a status (for the routes outside the typed
-/// API: `/rpc`, `/ws`).
-pub fn json_error(status: http::StatusCode, message: &str) -> Response {
-    Problem::new(status, message).into_area_response(Area::Rest)
-}
 
 #[handler]
 fn to_dashboard() -> Redirect {
@@ -138,17 +132,6 @@ async fn front<E: Endpoint>(
         http::HeaderValue::from_static("nosniff"),
     );
     Ok(resp)
-}
-
-/// The rate limit's refusal: 429 with `Retry-After` (whole seconds, at least 1) and the
-/// area's error body.
-pub fn too_many_requests(area: Area, limited: &limits::Limited) -> Response {
-    let mut resp = Problem::new(http::StatusCode::TOO_MANY_REQUESTS, "Too many requests")
-        .into_area_response(area);
-    let secs = limited.retry_after.as_secs_f64().ceil().max(1.0) as u64;
-    resp.headers_mut()
-        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
-    resp
 }
 
 /// The endpoint's answer; a framework error becomes the area's error body.

@@ -12,9 +12,9 @@ use poem_openapi::registry::Registry;
 use poem_openapi::{ApiExtractor, ApiExtractorType, ExtractParamOptions, SecurityScheme};
 
 use crate::auth::Principal;
-use crate::http::problem::{Area, Problem};
 use crate::rpc::generated::methods::Scope;
 use crate::state::AppState;
+use crate::transport::problem::{Area, Problem};
 
 fn area_error(req: &Request, p: Problem) -> poem::Error {
     let resp = p.into_area_response(Area::of(req.uri().path()));

@@ -9,7 +9,7 @@ use poem_openapi::registry::{MetaSchemaRef, Registry};
 use poem_openapi::types::Type;
 use serde::de::DeserializeOwned;
 
-use crate::http::problem::{Problem, V1Error};
+use crate::transport::problem::{Problem, V1Error};
 
 /// The rules serde cannot express (ranges, non-empty lists): the same ones the type's
 /// poem-openapi validators declare in the document.

@@ -11,12 +11,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::GatewayError;
-use crate::http::problem::Problem;
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog;
 use crate::runtime::engine::Engine;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use crate::transport::problem::Problem;
 use http::StatusCode;
 
 /// What a request's `model` resolves to.

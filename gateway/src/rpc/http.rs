@@ -8,10 +8,10 @@ use serde_json::Value;
 
 use super::envelope::{handle_text, Reply};
 use super::RpcError;
-use crate::http::limits::{read_gateway_body, BodyError, RateKey};
-use crate::http::problem::Area;
-use crate::http::{json_error, too_many_requests};
 use crate::state::AppState;
+use crate::transport::limits::{read_gateway_body, BodyError, RateKey};
+use crate::transport::problem::Area;
+use crate::transport::{json_error, too_many_requests};
 
 fn rpc_body(status: http::StatusCode, v: Value) -> Response {
     poem::web::Json(v).with_status(status).into_response()

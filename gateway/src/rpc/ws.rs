@@ -27,9 +27,9 @@ use super::envelope::{handle_text, Reply};
 use super::RpcError;
 use crate::auth::Principal;
 use crate::handlers::Rpc;
-use crate::http::json_error;
 use crate::hub::{ConnTicket, Frame, Outbox, OUTBOUND_QUEUE};
 use crate::state::AppState;
+use crate::transport::json_error;
 
 /// Close code of a normal closure.
 pub const CLOSE_NORMAL: u16 = 1000;

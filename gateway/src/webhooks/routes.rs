@@ -14,8 +14,6 @@ use serde_json::{json, Value};
 use super::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
 use super::{message_of, session_part, untrusted, RequestContext, Webhooks};
 use crate::auth::Principal;
-use crate::http::json_error;
-use crate::http::limits::{read_body, BodyError};
 use crate::rpc::generated::methods::Scope;
 use crate::runtime::engine::Engine;
 use crate::runtime::heartbeat::heartbeat_message;
@@ -23,6 +21,8 @@ use crate::runtime::runs::RunSpec;
 use crate::runtime::sessions::SessionIdent;
 use crate::state::AppState;
 use crate::store::runs::{Delivery, RunRow};
+use crate::transport::json_error;
+use crate::transport::limits::{read_body, BodyError};
 
 /// The strict endpoint's path below the base.
 pub const STRICT_PATH: &str = "webhook";

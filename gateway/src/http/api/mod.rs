@@ -17,7 +17,6 @@ use poem_openapi::{OpenApi, Tags};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::auth::Principal;
-use crate::http::problem::{Problem, RestError};
 use crate::http::security::{RestBearer, SseAuth};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
@@ -25,6 +24,7 @@ use crate::runtime::sessions::SessionIdent;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::state::AppState;
 use crate::store::sessions::SessionFilter;
+use crate::transport::problem::{Problem, RestError};
 use types::*;
 
 /// Reconnect delay advertised on `/api/events`.

@@ -14,12 +14,12 @@ use poem_openapi::ApiResponse;
 
 use super::types::*;
 use crate::auth::Principal;
-use crate::http::problem::{Area, Problem, V1Error};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{openai_finish, resolve_target, run_to_end, Render, StreamingTurn};
 use crate::runtime::sessions::session_key;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::state::AppState;
+use crate::transport::problem::{Area, Problem, V1Error};
 
 /// Channel and user labels of a compatible-API session (the peer is the completion id).
 pub const V1_CHANNEL: &str = "openai";

@@ -15,11 +15,11 @@ use poem_openapi::payload::Json;
 use poem_openapi::{OpenApi, Tags};
 use tokio_util::sync::CancellationToken;
 
-use crate::http::problem::{Problem, V1Error};
 use crate::http::security::V1Auth;
 use crate::http::strict_json::StrictJson;
 use crate::runtime::embed::EmbedError;
 use crate::state::AppState;
+use crate::transport::problem::{Problem, V1Error};
 use types::*;
 
 #[derive(Tags)]

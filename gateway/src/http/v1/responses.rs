@@ -18,12 +18,12 @@ use serde_json::{json, Value};
 
 use super::chat::turn_for;
 use crate::auth::Principal;
-use crate::http::problem::{Problem, V1Error};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::turn::TurnOutcome;
 use crate::state::AppState;
+use crate::transport::problem::{Problem, V1Error};
 
 /// A content part of an input message: `input_text` (or `output_text` for earlier answers).
 #[derive(Debug, Clone, PartialEq, Object, serde::Serialize)]

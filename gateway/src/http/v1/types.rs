@@ -7,8 +7,8 @@ use poem_openapi::types::Any;
 use poem_openapi::{Enum, Object};
 
 use crate::http::either::either;
-use crate::http::problem::Problem;
 use crate::http::strict_json::Validate;
+use crate::transport::problem::Problem;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 

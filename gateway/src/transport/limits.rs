@@ -124,20 +124,10 @@ pub fn client_key(ip: IpAddr) -> IpAddr {
 pub struct TrustedProxies(Vec<IpNet>);
 
 impl TrustedProxies {
-    /// Parses the configured entries; the error names the entry that is neither an address
-    /// nor a CIDR block.
+    /// Parses the configured entries (`config::parse_trusted_proxies`, which validation uses
+    /// too); the error names the entry that is neither an address nor a CIDR block.
     pub fn parse(entries: &[String]) -> Result<Self, String> {
-        entries
-            .iter()
-            .map(|e| {
-                let e = e.trim();
-                e.parse::<IpNet>()
-                    .or_else(|_| e.parse::<IpAddr>().map(IpNet::from))
-                    .map(|net| net.trunc())
-                    .map_err(|_| format!("'{e}' is not an IP address or CIDR block"))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Self)
+        crate::config::parse_trusted_proxies(entries).map(Self)
     }
 
     fn trusts(&self, ip: IpAddr) -> bool {
