@@ -1,14 +1,12 @@
-//! HMAC signature checks for incoming webhooks, plus a small memory of recent deliveries.
+//! HMAC signature checks for incoming webhooks.
 //!
 //! The sender signs the raw request body with a shared secret (as GitHub does) and may send a
 //! Unix timestamp header. The signature covers the body only, so the timestamp is not
-//! authenticated: it bounds how long an honest delivery stays acceptable, and [`ReplayGuard`]
-//! stops a redelivery of the same signed request from running twice.
+//! authenticated: it bounds how long an honest delivery stays acceptable, and the store's
+//! replay guard (`webhook_deliveries`, keyed on the path and the body digest) stops a redelivery
+//! of the same signed request from running twice.
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName};
@@ -253,97 +251,10 @@ impl fmt::Display for Rejection {
 
 impl std::error::Error for Rejection {}
 
-/// Remembers signed deliveries for a window, so that a redelivery of the same signed body within
-/// maxAgeSec is acknowledged but not run twice. Bounded: at most `capacity` entries (oldest
-/// evicted first), expired entries pruned on insert. Thread-safe (&self methods, std Mutex).
-///
-/// A timestamp is accepted while it is within maxAgeSec of now on either side, so a window of
-/// `2 * maxAgeSec + 1` seconds covers every moment the same signed request can be accepted.
-pub struct ReplayGuard {
-    window: Duration,
-    capacity: usize,
-    inner: Mutex<ReplayState>,
-}
-
-/// Entries by delivery, plus their insertion order for pruning and eviction. Each insertion gets
-/// a sequence number so that a stale queue entry for a re-inserted delivery is recognised.
-#[derive(Default)]
-struct ReplayState {
-    seen: HashMap<[u8; 32], (Instant, u64)>,
-    order: VecDeque<([u8; 32], u64)>,
-    next_seq: u64,
-}
-
-impl ReplayState {
-    /// Drops the oldest queue entry and, unless it was superseded, its map entry.
-    fn pop_oldest(&mut self) {
-        if let Some((delivery, seq)) = self.order.pop_front() {
-            if self.seen.get(&delivery).is_some_and(|&(_, s)| s == seq) {
-                self.seen.remove(&delivery);
-            }
-        }
-    }
-}
-
-impl fmt::Debug for ReplayGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReplayGuard")
-            .field("window", &self.window)
-            .field("capacity", &self.capacity)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ReplayGuard {
-    /// `capacity` is raised to at least 1. Memory grows with use, not with `capacity`.
-    pub fn new(window: Duration, capacity: usize) -> Self {
-        Self {
-            window,
-            capacity: capacity.max(1),
-            inner: Mutex::new(ReplayState::default()),
-        }
-    }
-
-    /// true the first time `delivery` is seen within the window; false for a repeat.
-    ///
-    /// The window runs from the first sighting; repeats do not extend it. Under a flood of
-    /// distinct deliveries beyond `capacity`, the oldest are forgotten early.
-    pub fn first_seen(&self, delivery: [u8; 32], now: Instant) -> bool {
-        // A panic elsewhere while holding the lock leaves the maps consistent, so keep going.
-        let mut state = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let expired = |at: Instant| now.saturating_duration_since(at) > self.window;
-
-        if let Some(&(at, _)) = state.seen.get(&delivery) {
-            if !expired(at) {
-                return false;
-            }
-        }
-
-        // Prune from the oldest end; stops at the first live entry (insertion order is close to
-        // time order, so this is enough to keep expired entries from piling up).
-        while let Some(&(oldest, seq)) = state.order.front() {
-            match state.seen.get(&oldest) {
-                Some(&(at, s)) if s == seq && !expired(at) => break,
-                _ => state.pop_oldest(),
-            }
-        }
-        while state.order.len() >= self.capacity {
-            state.pop_oldest();
-        }
-
-        let seq = state.next_seq;
-        state.next_seq = state.next_seq.wrapping_add(1);
-        state.seen.insert(delivery, (now, seq));
-        state.order.push_back((delivery, seq));
-        true
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
-    use std::sync::Arc;
 
     const SECRET: &[u8] = b"It's a Secret to Everybody";
     const BODY: &[u8] = b"Hello, World!";
@@ -725,98 +636,5 @@ mod tests {
         assert!(!text.contains(&hex::encode(SECRET)), "{text}");
         assert!(!text.contains(&format!("{:?}", &SECRET[..8])), "{text}");
         assert!(text.contains("redacted"));
-    }
-
-    #[test]
-    fn replay_guard_first_and_repeat() {
-        let guard = ReplayGuard::new(Duration::from_secs(600), 100);
-        let t0 = Instant::now();
-        assert!(guard.first_seen([1; 32], t0));
-        assert!(!guard.first_seen([1; 32], t0));
-        assert!(!guard.first_seen([1; 32], t0 + Duration::from_secs(600)));
-        assert!(guard.first_seen([2; 32], t0 + Duration::from_secs(1)));
-    }
-
-    #[test]
-    fn replay_guard_forgets_after_the_window() {
-        let guard = ReplayGuard::new(Duration::from_secs(10), 100);
-        let t0 = Instant::now();
-        assert!(guard.first_seen([1; 32], t0));
-        assert!(guard.first_seen([2; 32], t0 + Duration::from_secs(5)));
-        let later = t0 + Duration::from_secs(11);
-        assert!(guard.first_seen([1; 32], later));
-        assert!(!guard.first_seen([1; 32], later));
-        assert!(!guard.first_seen([2; 32], later));
-        // Expired entries are pruned on insert.
-        assert!(guard.first_seen([3; 32], t0 + Duration::from_secs(100)));
-        let state = guard.inner.lock().unwrap();
-        assert_eq!(state.seen.len(), 1);
-        assert_eq!(state.order.len(), 1);
-    }
-
-    #[test]
-    fn replay_guard_evicts_oldest_at_capacity() {
-        let guard = ReplayGuard::new(Duration::from_secs(600), 2);
-        let t0 = Instant::now();
-        assert!(guard.first_seen([1; 32], t0));
-        assert!(guard.first_seen([2; 32], t0));
-        assert!(guard.first_seen([3; 32], t0));
-        // [1] was evicted; [2] and [3] are still remembered... until [1] evicts [2].
-        assert!(!guard.first_seen([3; 32], t0));
-        assert!(guard.first_seen([1; 32], t0));
-        assert!(guard.first_seen([2; 32], t0));
-        let state = guard.inner.lock().unwrap();
-        assert!(state.seen.len() <= 2 && state.order.len() <= 2);
-    }
-
-    #[test]
-    fn replay_guard_bounded_under_flood() {
-        let guard = ReplayGuard::new(Duration::from_secs(600), 50);
-        let t0 = Instant::now();
-        for i in 0..10_000u32 {
-            let mut d = [0u8; 32];
-            d[..4].copy_from_slice(&i.to_le_bytes());
-            assert!(guard.first_seen(d, t0));
-        }
-        let state = guard.inner.lock().unwrap();
-        assert_eq!(state.seen.len(), 50);
-        assert_eq!(state.order.len(), 50);
-    }
-
-    #[test]
-    fn replay_guard_zero_capacity_still_remembers_one() {
-        let guard = ReplayGuard::new(Duration::from_secs(600), 0);
-        let t0 = Instant::now();
-        assert!(guard.first_seen([1; 32], t0));
-        assert!(!guard.first_seen([1; 32], t0));
-    }
-
-    #[test]
-    fn replay_guard_one_winner_across_threads() {
-        let guard = Arc::new(ReplayGuard::new(Duration::from_secs(600), 100));
-        let now = Instant::now();
-        let handles: Vec<_> = (0..8)
-            .map(|_| {
-                let guard = Arc::clone(&guard);
-                std::thread::spawn(move || guard.first_seen([7; 32], now))
-            })
-            .collect();
-        let winners = handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .filter(|&first| first)
-            .count();
-        assert_eq!(winners, 1);
-    }
-
-    #[test]
-    fn replay_guard_tolerates_out_of_order_instants() {
-        let guard = ReplayGuard::new(Duration::from_secs(10), 100);
-        let t0 = Instant::now();
-        let t1 = t0 + Duration::from_secs(5);
-        assert!(guard.first_seen([1; 32], t1));
-        // An earlier instant (another thread read the clock first) must not panic or expire.
-        assert!(!guard.first_seen([1; 32], t0));
-        assert!(guard.first_seen([2; 32], t0));
     }
 }
