@@ -201,3 +201,14 @@ pub fn validate_result(method: &str, result: &Value) {
         "{method} result violates its schema: {errors:?}\n{result}"
     );
 }
+
+/// The gateway's own SQLite file, for reading rows no route exposes (once the gateway answers
+/// a call, the file exists).
+pub async fn database(gw: &Gateway) -> sqlx::SqlitePool {
+    let ping = gw.call(RPC, "system.ping", serde_json::json!({})).await;
+    assert!(ping.get("result").is_some(), "{ping}");
+    let db = gw.dir.path().join("data").join("gateway.db");
+    sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap()
+}

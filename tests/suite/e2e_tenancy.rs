@@ -46,15 +46,6 @@ fn result(v: &Value, what: &str) -> Value {
         .unwrap_or_else(|| panic!("{what}: {v}"))
 }
 
-/// The gateway's own SQLite file (once the gateway answers, it exists).
-async fn database(gw: &Gateway) -> sqlx::SqlitePool {
-    result(&gw.call(RPC, "system.ping", json!({})).await, "ping");
-    let db = gw.dir.path().join("data").join("gateway.db");
-    sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap()
-}
-
 /// Row counts that no refused call may change.
 async fn counts(db: &sqlx::SqlitePool) -> Vec<(String, i64)> {
     let mut out = Vec::new();

@@ -82,14 +82,6 @@ async fn history(gw: &Gateway, key: &str, want: usize) -> Vec<Value> {
     }
 }
 
-/// The gateway's own SQLite file (run rows are not exposed by a route).
-async fn database(gw: &Gateway) -> sqlx::SqlitePool {
-    let db = gw.dir.path().join("data").join("gateway.db");
-    sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap()
-}
-
 fn texts(msgs: &[Value]) -> Vec<String> {
     msgs.iter()
         .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
