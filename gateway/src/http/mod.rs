@@ -108,20 +108,28 @@ async fn front<E: Endpoint>(
     let mut resp = if req.method() == http::Method::POST && typed.contains(req.uri().path()) {
         // Every typed POST route takes a bearer token: without a valid one the endpoint's 401
         // goes out before a byte of the body is read (and the connection is not reused).
-        if !limits::RATE_EXEMPT.contains(&req.uri().path())
-            && state.tokens.authenticate(&req, false).is_none()
-        {
-            let mut resp = Problem::unauthorized().into_area_response(area);
-            resp.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-            resp
+        let verified = if limits::RATE_EXEMPT.contains(&req.uri().path()) {
+            None
         } else {
-            match buffer_body(&state, &mut req).await {
-                Ok(()) => answer(&*ep, req, area).await,
-                Err(refused) => refused,
+            match state.tokens.authenticate(&req, false) {
+                Some(p) => Some(p.clone()),
+                None => {
+                    let mut resp = Problem::unauthorized().into_area_response(area);
+                    resp.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                    return Ok(resp);
+                }
             }
+        };
+        // The route's security scheme takes this principal instead of hashing the token again.
+        if let Some(p) = verified {
+            req.extensions_mut().insert(crate::auth::Verified(p));
+        }
+        match buffer_body(&state, &mut req).await {
+            Ok(()) => answer(&*ep, req, area).await,
+            Err(refused) => refused,
         }
     } else {
         answer(&*ep, req, area).await
