@@ -10,7 +10,7 @@ use std::fmt;
 
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName};
-use sha2::{Digest, Sha256, Sha384, Sha512};
+use sha2::{Sha256, Sha384, Sha512};
 use subtle::ConstantTimeEq;
 
 pub use crate::config::webhooks::Algorithm;
@@ -156,16 +156,7 @@ impl Verifier {
             return Err(Rejection::BadSignature);
         }
 
-        let delivery = Sha256::new()
-            .chain_update(timestamp_text.unwrap_or("").as_bytes())
-            .chain_update([0u8])
-            .chain_update(body)
-            .finalize()
-            .into();
-        Ok(Verified {
-            timestamp,
-            delivery,
-        })
+        Ok(Verified { timestamp })
     }
 
     /// The hex signature for `body` (lowercase, no prefix): used by tests and by clients' docs.
@@ -207,9 +198,6 @@ impl Verifier {
 pub struct Verified {
     /// The timestamp header's value when present.
     pub timestamp: Option<i64>,
-    /// SHA-256 over (timestamp header text, trimmed, or "", 0x00, body): the identity of one
-    /// signed delivery, for replay detection.
-    pub delivery: [u8; 32],
 }
 
 /// Why a request was refused; every variant is answered with 401.
@@ -569,23 +557,6 @@ mod tests {
         );
         let h = headers(&[("x-webhook-signature", SHA256_HEX)]);
         assert_eq!(v.verify(&h, BODY, NOW), Err(Rejection::MissingSignature));
-    }
-
-    #[test]
-    fn delivery_identity() {
-        let v = verifier(Algorithm::Sha256, false);
-        // SHA-256 of "\0Hello, World!" and of "1700000000\0Hello, World!", computed in Python.
-        let without = check(&v, &[("x-webhook-signature", SHA256_HEX)]).unwrap();
-        assert_eq!(
-            hex::encode(without.delivery),
-            "3849f3f72cf1ba6b90fa3cf8713a8567bf8e6d57c30e11118be99ca3a6fb2359"
-        );
-        let with = with_ts("1700000000").unwrap();
-        assert_eq!(
-            hex::encode(with.delivery),
-            "0a3c4d6c1a9a00542802f1e5a7119cdd22dcb8547567d0271bf4b2cd2ec16989"
-        );
-        assert_ne!(with_ts("1700000001").unwrap().delivery, with.delivery);
     }
 
     #[test]
