@@ -5,6 +5,7 @@
 #
 #   benches/v1_proxy/instructions.sh gateway [binary] [requests]   (default target/release/agent-gateway, 1000)
 #   benches/v1_proxy/instructions.sh proxy [requests]
+#   CALLGRIND_KEEP=/tmp/cg benches/v1_proxy/instructions.sh gateway   (keeps the dumps)
 #
 # Needs valgrind, curl and python3, and the bench built once (`cargo bench --bench v1_proxy
 # --no-run`): its binary plays the upstream (and the proxy). One keep-alive client sends 200
@@ -101,3 +102,8 @@ callgrind_control -d > /dev/null
 sleep 1
 total=$(cat "$work"/cg.*.2 | awk '/^summary:/ {s += $2} END {print s}')
 echo "$target: $((total / n)) instructions per request ($n requests, $total in all)"
+# CALLGRIND_KEEP=dir keeps the counted dumps for callgrind_annotate (per-function costs).
+if [ -n "${CALLGRIND_KEEP:-}" ]; then
+  mkdir -p "$CALLGRIND_KEEP"
+  cp "$work"/cg.*.2 "$CALLGRIND_KEEP"/
+fi

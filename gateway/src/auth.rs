@@ -1,8 +1,9 @@
 //! Bearer tokens: lookup with constant-time comparison, scope expansion, and where a token
 //! may come from (Authorization header, or the `token` query parameter for /ws and SSE).
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -10,42 +11,61 @@ use subtle::ConstantTimeEq;
 use crate::config::{TokenConfig, MIN_SECRET_LEN};
 use crate::rpc::generated::methods::Scope;
 use crate::rpc::CallContext;
+use crate::scopes::Scopes;
 use crate::tenancy::Tenant;
 
-/// An authenticated caller.
+/// An authenticated caller. Cloned once or more for every request (the route's security
+/// scheme, the call context, a turn, an admission permit), so it is a shared pointer.
 #[derive(Debug, Clone)]
-pub struct Principal {
+pub struct Principal(Arc<Identity>);
+
+/// Who a principal is: its client id and scopes, and the tenant derived from them.
+#[derive(Debug)]
+pub struct Identity {
     pub client_id: String,
-    pub scopes: BTreeSet<Scope>,
+    pub scopes: Scopes,
     /// Whose records it reaches (derived from the two above when it is built).
     tenant: Tenant,
+}
+
+impl Identity {
+    /// Whose records this caller reaches: every tenant's with `admin`, else its own.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    /// Whether the caller may use something requiring `scope`. `admin` includes `rpc`.
+    pub fn allows(&self, scope: Scope) -> bool {
+        self.scopes.allows(scope)
+    }
+}
+
+impl std::ops::Deref for Principal {
+    type Target = Identity;
+
+    fn deref(&self) -> &Identity {
+        &self.0
+    }
 }
 
 impl Principal {
     /// The principal of work the gateway starts itself (webhook runs, heartbeats): its client
     /// id names the records it owns (`webhook:<mapping>`), and it holds scope `rpc` only.
     pub fn internal(client_id: &str) -> Self {
-        Self::new(client_id, BTreeSet::from([Scope::Rpc]))
+        Self::new(client_id, Scopes::only(Scope::Rpc))
     }
 
-    fn new(client_id: &str, scopes: BTreeSet<Scope>) -> Self {
-        Self {
-            tenant: Tenant::for_principal(client_id, scopes.contains(&Scope::Admin)),
+    fn new(client_id: &str, scopes: Scopes) -> Self {
+        Self(Arc::new(Identity {
+            tenant: Tenant::for_principal(client_id, scopes.contains(Scope::Admin)),
             client_id: client_id.to_owned(),
             scopes,
-        }
-    }
-
-    /// Whose records this principal reaches: every tenant's with `admin`, else its own.
-    pub fn tenant(&self) -> &Tenant {
-        &self.tenant
+        }))
     }
 
     pub fn context(&self, connection: Option<u64>) -> CallContext {
         CallContext {
-            client_id: self.client_id.clone(),
-            scopes: self.scopes.clone(),
-            tenant: self.tenant.clone(),
+            principal: self.clone(),
             connection,
         }
     }
@@ -71,10 +91,10 @@ fn digest(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
 
-fn expand(scopes: &[String]) -> BTreeSet<Scope> {
-    let named: BTreeSet<Scope> = scopes.iter().filter_map(|s| Scope::from_name(s)).collect();
-    if named.is_empty() || named.contains(&Scope::All) {
-        Scope::ALL.into_iter().collect()
+fn expand(scopes: &[String]) -> Scopes {
+    let named: Scopes = scopes.iter().filter_map(|s| Scope::from_name(s)).collect();
+    if named.is_empty() || named.contains(Scope::All) {
+        Scopes::all()
     } else {
         named
     }
@@ -116,20 +136,21 @@ impl TokenStore {
     }
 }
 
-/// The token a request presents, if any.
-pub fn presented_token(req: &poem::Request, allow_query: bool) -> Option<String> {
+/// The token a request presents, if any (borrowed from the header; the query form is
+/// percent-decoded).
+pub fn presented_token(req: &poem::Request, allow_query: bool) -> Option<Cow<'_, str>> {
     if let Some(h) = req.headers().get(http::header::AUTHORIZATION) {
         let h = h.to_str().ok()?;
         let (scheme, token) = h.split_once(' ')?;
         return scheme
             .eq_ignore_ascii_case("bearer")
-            .then(|| token.trim().to_owned());
+            .then(|| Cow::Borrowed(token.trim()));
     }
     if allow_query {
         let query = req.uri().query()?;
         return url::form_urlencoded::parse(query.as_bytes())
             .find(|(k, _)| k == "token")
-            .map(|(_, v)| v.into_owned());
+            .map(|(_, v)| v);
     }
     None
 }

@@ -11,6 +11,7 @@ pub mod hub;
 pub mod media;
 pub mod rpc;
 pub mod runtime;
+pub mod scopes;
 pub mod server;
 pub mod state;
 pub mod store;

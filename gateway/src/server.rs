@@ -3,9 +3,12 @@
 //! connection cap, the header deadline from the first byte on), and bounded shutdown.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -405,18 +408,41 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
-    tokio::select! {
-        biased;
-        _ = kill.cancelled() => {}
-        _ = conn.as_mut() => {}
-        _ = stop.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            tokio::select! {
-                _ = kill.cancelled() => {}
-                _ = conn => {}
-            }
-        }
+    if until_stopped(conn.as_mut(), &stop).await {
+        return;
     }
+    // `kill` fires only after `stop`, when the grace period is over.
+    conn.as_mut().graceful_shutdown();
+    tokio::select! {
+        _ = kill.cancelled() => {}
+        _ = conn => {}
+    }
+}
+
+/// Drives `conn` until it ends (true) or `stop` fires (false). A `select!` would poll the stop
+/// signal at every wake-up of the connection, taking its waiter lock several times per request;
+/// here it is polled once to register this task's waker (and again only if the waker changed),
+/// and otherwise only its flag is read.
+async fn until_stopped<F: Future>(mut conn: Pin<&mut F>, stop: &CancellationToken) -> bool {
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
+    let mut registered: Option<Waker> = None;
+    std::future::poll_fn(|cx| {
+        if conn.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        if stop.is_cancelled() {
+            return Poll::Ready(false);
+        }
+        if registered.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
+            if stopped.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(false);
+            }
+            registered = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -1,6 +1,5 @@
 //! `agent.*`: running a turn, and reading per-agent routing and prompt-cache figures.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::Rpc;
@@ -19,6 +18,7 @@ use crate::runtime::agents::Agent;
 use crate::runtime::catalog::CACHED_INPUT_PRICE_SHARE;
 use crate::runtime::sessions::{SessionIdent, DEFAULT_CHANNEL, DEFAULT_USER};
 use crate::runtime::turn::TurnRequest;
+use crate::scopes::Scopes;
 
 impl Rpc {
     /// The named agent, or the default agent.
@@ -57,11 +57,11 @@ impl Rpc {
     pub(super) fn turn_scopes(
         ctx: &CallContext,
         requested: Option<&[String]>,
-    ) -> Result<BTreeSet<Scope>, GatewayError> {
+    ) -> Result<Scopes, GatewayError> {
         let Some(requested) = requested else {
-            return Ok(ctx.scopes.clone());
+            return Ok(ctx.scopes);
         };
-        let mut out = BTreeSet::new();
+        let mut out = Scopes::EMPTY;
         for name in requested {
             let scope = Scope::from_name(name).ok_or_else(|| {
                 GatewayError::InvalidParams(format!("'scopes': unknown scope '{name}'"))

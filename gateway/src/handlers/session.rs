@@ -84,7 +84,7 @@ impl Rpc {
     async fn session_row(&self, ctx: &CallContext, key: &str) -> Result<SessionRow, GatewayError> {
         self.engine()
             .store
-            .session_get(&ctx.tenant, key)
+            .session_get(ctx.tenant(), key)
             .await?
             .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {key}")))
     }
@@ -100,7 +100,7 @@ impl SessionApi for Rpc {
             agent_id: p.agent_id,
             channel: p.channel,
             updated_since: p.since_minutes.map(|m| crate::store::now_ms() - m * 60_000),
-            ..SessionFilter::of(ctx.tenant.clone())
+            ..SessionFilter::of(ctx.tenant().clone())
         };
         let (rows, total) = self
             .engine()
@@ -125,7 +125,7 @@ impl SessionApi for Rpc {
         let (rows, has_more) = self
             .engine()
             .store
-            .session_messages(&ctx.tenant, &s.key, p.before, p.limit)
+            .session_messages(ctx.tenant(), &s.key, p.before, p.limit)
             .await?;
         Ok(SessionHistoryResult {
             total: s.message_count,
@@ -142,8 +142,8 @@ impl SessionApi for Rpc {
     ) -> Result<SessionDeleteResult, GatewayError> {
         let s = self.session_row(ctx, &p.session_key).await?;
         let store = &self.engine().store;
-        let rows = store.session_all_messages(&ctx.tenant, &s.key).await?;
-        if !store.session_delete(&ctx.tenant, &s.key).await? {
+        let rows = store.session_all_messages(ctx.tenant(), &s.key).await?;
+        if !store.session_delete(ctx.tenant(), &s.key).await? {
             return Err(GatewayError::NotFound(format!(
                 "Session not found: {}",
                 s.key
@@ -171,7 +171,7 @@ impl SessionApi for Rpc {
         let previous = self
             .engine()
             .store
-            .session_clear(&ctx.tenant, &s.key)
+            .session_clear(ctx.tenant(), &s.key)
             .await?
             .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {}", s.key)))?;
         Ok(SessionResetResult {
@@ -190,7 +190,7 @@ impl SessionApi for Rpc {
         let rows = self
             .engine()
             .store
-            .session_all_messages(&ctx.tenant, &s.key)
+            .session_all_messages(ctx.tenant(), &s.key)
             .await?;
         Ok(SessionExportResult {
             session_key: s.key.clone(),
@@ -210,7 +210,7 @@ impl SessionApi for Rpc {
         let r = self
             .engine()
             .store
-            .run_get(&ctx.tenant, &p.run_id)
+            .run_get(ctx.tenant(), &p.run_id)
             .await?
             .ok_or_else(|| GatewayError::NotFound(format!("Run not found: {}", p.run_id)))?;
         let end = r.completed_at.unwrap_or_else(crate::store::now_ms);
@@ -238,7 +238,7 @@ impl SessionApi for Rpc {
         let hits = self
             .engine()
             .store
-            .search_messages(&ctx.tenant, &p.query, p.limit)
+            .search_messages(ctx.tenant(), &p.query, p.limit)
             .await?;
         Ok(hits
             .into_iter()
@@ -263,7 +263,7 @@ impl SessionApi for Rpc {
         let agent = engine.agents.require(&s.agent_id)?;
         let c = engine
             .compact(
-                &ctx.tenant,
+                ctx.tenant(),
                 s.tenant_id.as_deref(),
                 &agent,
                 &s.key,
@@ -298,10 +298,10 @@ impl SessionApi for Rpc {
             let lock = engine.locks.lock_for(&p.session_key);
             let _turns = lock.lock().await;
             // Counted under the turn lock; the delete cascades to messages and notes.
-            match store.session_get(&ctx.tenant, &p.session_key).await? {
+            match store.session_get(ctx.tenant(), &p.session_key).await? {
                 Some(s) => {
                     let notes = store.notes_list(&s.key).await?.len() as i64;
-                    store.session_delete(&ctx.tenant, &s.key).await?;
+                    store.session_delete(ctx.tenant(), &s.key).await?;
                     (s.message_count, notes)
                 }
                 None => (0, 0),
@@ -311,7 +311,7 @@ impl SessionApi for Rpc {
         let memories_deleted = if p.memory {
             Some(
                 match store
-                    .memory_delete_by_session(&ctx.tenant, &p.session_key)
+                    .memory_delete_by_session(ctx.tenant(), &p.session_key)
                     .await
                 {
                     Ok(n) => n,
@@ -343,7 +343,7 @@ impl SessionApi for Rpc {
         // no other tenant. Storage errors are errors, never "not found".
         let existing = engine
             .store
-            .session_get(&ctx.tenant, &p.session_key)
+            .session_get(ctx.tenant(), &p.session_key)
             .await?;
         let (agent, session) = match existing {
             Some(s) => {
@@ -391,7 +391,7 @@ impl SessionApi for Rpc {
                 session,
                 task: p.text,
                 caller: ctx.clone(),
-                scopes: ctx.scopes.clone(),
+                scopes: ctx.scopes,
                 parent_run_id: None,
                 max_steps: None,
                 model: None,
@@ -510,7 +510,7 @@ impl SessionApi for Rpc {
                 session,
                 task,
                 caller: ctx.clone(),
-                scopes: ctx.scopes.clone(),
+                scopes: ctx.scopes,
                 parent_run_id: None,
                 max_steps: p.max_steps.map(|m| m.clamp(1, 1000) as u32),
                 model: p.model.clone(),

@@ -32,10 +32,7 @@ fn check(req: &Request, presented: &str, accepted: &[Scope]) -> poem::Result<Pri
             None => return Err(area_error(req, Problem::unauthorized())),
         },
     };
-    let allowed = accepted.iter().any(|s| {
-        principal.scopes.contains(s)
-            || (*s == Scope::Rpc && principal.scopes.contains(&Scope::Admin))
-    });
+    let allowed = accepted.iter().any(|s| principal.allows(*s));
     if !allowed {
         let names: Vec<&str> = accepted.iter().map(|s| s.as_str()).collect();
         return Err(area_error(

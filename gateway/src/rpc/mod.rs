@@ -8,29 +8,25 @@ pub mod ws;
 #[cfg(feature = "ws-echo")]
 pub mod ws_echo;
 
-use std::collections::BTreeSet;
-
 use serde_json::{json, Value};
 
 use generated::methods::{error_codes, Scope};
 
-/// Who is calling, as established by authentication.
+/// Who is calling, as established by authentication, and over which connection. Reads as
+/// the principal's [`Identity`](crate::auth::Identity) (`ctx.client_id`, `ctx.scopes`,
+/// `ctx.tenant()`).
 #[derive(Debug, Clone)]
 pub struct CallContext {
-    /// The token's id (`gateway.tokens[].id`): the client id push notifications target.
-    pub client_id: String,
-    /// Scopes the token holds (`*` already expanded to every scope).
-    pub scopes: BTreeSet<Scope>,
-    /// Whose records the caller reaches (built with the principal: see `tenancy`).
-    pub tenant: crate::tenancy::Tenant,
+    pub principal: crate::auth::Principal,
     /// The WebSocket connection, when the call came over /ws.
     pub connection: Option<u64>,
 }
 
-impl CallContext {
-    /// Whether the caller may call a method requiring `scope`. `admin` includes `rpc`.
-    pub fn allows(&self, scope: Scope) -> bool {
-        self.scopes.contains(&scope) || (scope == Scope::Rpc && self.scopes.contains(&Scope::Admin))
+impl std::ops::Deref for CallContext {
+    type Target = crate::auth::Identity;
+
+    fn deref(&self) -> &crate::auth::Identity {
+        &self.principal
     }
 }
 

@@ -55,7 +55,7 @@ pub async fn check_owner<O: crate::tenancy::Owners>(
     let (Some(rule), Some(id)) = (&info.owner, named) else {
         return Ok(());
     };
-    if crate::tenancy::allowed(owners, &ctx.tenant, rule.kind, rule.claim, id).await? {
+    if crate::tenancy::allowed(owners, ctx.tenant(), rule.kind, rule.claim, id).await? {
         return Ok(());
     }
     let shown: String = id.chars().take(200).filter(|c| !c.is_control()).collect();

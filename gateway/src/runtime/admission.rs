@@ -22,7 +22,8 @@ pub struct Admission {
 struct Counts {
     /// Only clients holding at least one permit have an entry: memory follows the turns
     /// running, not the clients ever seen.
-    per_client: HashMap<String, u32>,
+    /// Keyed by client ids of verified tokens (not attacker-chosen), hashed with foldhash.
+    per_client: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
     total: u32,
     limits: Option<LimitsConfig>,
 }
@@ -31,7 +32,7 @@ struct Counts {
 #[must_use = "the turn is admitted only while the permit is held"]
 pub struct Permit {
     inner: Arc<Mutex<Counts>>,
-    client: Option<String>,
+    client: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Permit {
@@ -70,12 +71,16 @@ impl Admission {
                     limits.max_concurrent_turns_per_client
                 )));
             }
-            c.per_client.insert(id.to_owned(), held + 1);
+        }
+        // The map's key and the permit share one allocation.
+        let client: Option<Arc<str>> = client.map(Arc::from);
+        if let Some(id) = &client {
+            *c.per_client.entry(id.clone()).or_insert(0) += 1;
         }
         c.total += 1;
         Ok(Permit {
             inner: self.inner.clone(),
-            client: client.map(str::to_owned),
+            client,
         })
     }
 
@@ -85,7 +90,7 @@ impl Admission {
         if req.admitted.is_some() {
             return Ok(None);
         }
-        self.admit(Some(req.client_id.as_str())).map(Some)
+        self.admit(Some(req.caller.client_id.as_str())).map(Some)
     }
 
     /// Turns and runs admitted now: in total, and for `client`.
@@ -100,10 +105,10 @@ impl Drop for Permit {
         let mut c = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         c.total = c.total.saturating_sub(1);
         if let Some(id) = &self.client {
-            if let Some(n) = c.per_client.get_mut(id) {
+            if let Some(n) = c.per_client.get_mut(&**id) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
-                    c.per_client.remove(id);
+                    c.per_client.remove(&**id);
                 }
             }
         }

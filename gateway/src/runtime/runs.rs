@@ -7,7 +7,6 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::error::GatewayError;
-use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types::SubagentRunStatus;
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
@@ -25,7 +24,7 @@ pub struct RunSpec {
     /// (narrowed to `scopes`) and tenant.
     pub caller: CallContext,
     /// The scopes the run's tools may require (at most the caller's).
-    pub scopes: BTreeSet<Scope>,
+    pub scopes: crate::scopes::Scopes,
     pub parent_run_id: Option<String>,
     pub max_steps: Option<u32>,
     pub model: Option<String>,

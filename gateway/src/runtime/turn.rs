@@ -10,9 +10,9 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Principal;
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::RecordKind;
-use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types::{AgentTurnResult, FinishReason, TokensUsed, TurnErrorKind};
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
@@ -25,6 +25,7 @@ use crate::runtime::providers::{
 };
 use crate::runtime::sessions::{self, SessionIdent};
 use crate::runtime::tools::ToolContext;
+use crate::scopes::Scopes;
 use crate::store::sessions::{NewSession, TurnTotals};
 use crate::store::usage::UsageRow;
 use crate::tenancy::{Lookup, Owners, Tenant};
@@ -36,12 +37,11 @@ pub struct TurnRequest {
     pub session: Option<SessionIdent>,
     pub message: String,
     /// Scopes the turn's tools may require (the caller's, possibly narrowed).
-    pub scopes: BTreeSet<Scope>,
-    /// Whose records the turn's tools reach: the caller's tenant (admin: every tenant).
-    pub tenant: Tenant,
-    /// The caller's client id: it owns what an ephemeral turn's tools store, and its turns
-    /// count against `gateway.limits.maxConcurrentTurnsPerClient`.
-    pub client_id: String,
+    pub scopes: Scopes,
+    /// Who asks: its tenant is whose records the turn's tools reach (admin: every tenant), its
+    /// client id owns what an ephemeral turn's tools store, and its turns count against
+    /// `gateway.limits.maxConcurrentTurnsPerClient`.
+    pub caller: Principal,
     /// Receives text deltas as they are produced.
     pub sink: Option<DeltaSink>,
     /// Cancelled when the caller goes away.
@@ -70,9 +70,8 @@ impl TurnRequest {
             agent,
             session: None,
             message,
-            scopes: caller.scopes.clone(),
-            tenant: caller.tenant.clone(),
-            client_id: caller.client_id.clone(),
+            scopes: caller.scopes,
+            caller: caller.principal.clone(),
             sink: None,
             cancel: CancellationToken::new(),
             max_steps: None,
@@ -255,7 +254,7 @@ impl Engine {
         let owner: Arc<str> = Arc::from(
             req.session
                 .as_ref()
-                .map_or(req.client_id.as_str(), |s| s.tenant_id.as_str()),
+                .map_or(req.caller.client_id.as_str(), |s| s.tenant_id.as_str()),
         );
         self.emit_owned(
             &owner,
@@ -359,8 +358,7 @@ impl Engine {
         let tools = self.tools.specs(|name, scope| {
             agent.allows_tool(name)
                 && req.only_tools.as_ref().is_none_or(|o| o.contains(name))
-                && (req.scopes.contains(&scope)
-                    || (scope == Scope::Rpc && req.scopes.contains(&Scope::Admin)))
+                && req.scopes.allows(scope)
         });
         let max_steps = req.max_steps.unwrap_or_else(|| agent.max_steps()).max(1);
         let limits = agent.budget();
@@ -370,11 +368,11 @@ impl Engine {
             media: &self.media,
             agent_id: &agent.id,
             session_key: req.session.as_ref().map(|s| s.key.as_str()),
-            tenant: &req.tenant,
+            tenant: req.caller.tenant(),
             owner: req
                 .session
                 .as_ref()
-                .map_or(req.client_id.as_str(), |s| s.tenant_id.as_str()),
+                .map_or(req.caller.client_id.as_str(), |s| s.tenant_id.as_str()),
         };
 
         let mut out = TurnOutcome {

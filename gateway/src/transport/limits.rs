@@ -23,7 +23,13 @@ const RETAIN_EVERY: u32 = 4096;
 
 /// Requests per client address: `maxRequests` at once, refilled evenly over `windowMs`.
 pub struct RateLimiter {
-    limiter: DefaultKeyedRateLimiter<IpAddr>,
+    /// Keys are client addresses, which a client chooses: foldhash's seeded `quality` hasher
+    /// (governor's default is SipHash, twice the cost per request).
+    limiter: DefaultKeyedRateLimiter<
+        IpAddr,
+        governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
+        foldhash::quality::RandomState,
+    >,
     window: Duration,
     proxies: TrustedProxies,
     checks: AtomicU32,
@@ -49,7 +55,10 @@ impl RateLimiter {
             .unwrap_or_else(|| Quota::per_second(burst))
             .allow_burst(burst);
         Self {
-            limiter: DefaultKeyedRateLimiter::keyed(quota),
+            limiter: governor::RateLimiter::dashmap_with_hasher(
+                quota,
+                foldhash::quality::RandomState::default(),
+            ),
             window,
             proxies,
             checks: AtomicU32::new(0),

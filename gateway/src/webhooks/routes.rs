@@ -2,7 +2,7 @@
 //! "Webhook routing" and "Webhook responses". Agent runs are queued and acknowledged at
 //! once; their answers land in the mapping's session.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -278,7 +278,7 @@ async fn act(
         session,
         task,
         caller: Principal::internal(&format!("webhook:{}", m.id)).context(None),
-        scopes: BTreeSet::from([Scope::Rpc]),
+        scopes: crate::scopes::Scopes::only(Scope::Rpc),
         parent_run_id: None,
         max_steps: None,
         model: m.model.clone(),
