@@ -11,6 +11,7 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
+use crate::runtime::domain::AgentSettings;
 
 impl Rpc {
     fn agent_record(&self, agent: &Agent) -> AgentsRecord {
@@ -49,9 +50,7 @@ impl AgentsApi for Rpc {
     ) -> Result<AgentsCreateResult, GatewayError> {
         let engine = self.engine();
         let snap = engine.providers.snapshot();
-        let config = p
-            .config
-            .unwrap_or_else(crate::runtime::agents::empty_config);
+        let config = p.config.map(AgentSettings::from).unwrap_or_default();
         let default_model = engine.default_chat_model();
         let agent = engine
             .agents
@@ -78,7 +77,7 @@ impl AgentsApi for Rpc {
         let snap = engine.providers.snapshot();
         let agent = engine
             .agents
-            .update(&p.agent_id, p.config, &snap, p.dry_run)
+            .update(&p.agent_id, p.config.into(), &snap, p.dry_run)
             .await?;
         Ok(AgentsUpdateResult {
             agent_id: p.agent_id,

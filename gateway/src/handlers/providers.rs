@@ -76,7 +76,7 @@ impl ProvidersApi for Rpc {
     ) -> Result<ProvidersCreateResult, GatewayError> {
         self.engine()
             .providers
-            .create(&p.provider_id, p.config)
+            .create(&p.provider_id, p.config.into())
             .await?;
         Ok(ProvidersCreateResult {
             provider: self.provider_record(&p.provider_id)?,
@@ -92,7 +92,7 @@ impl ProvidersApi for Rpc {
     ) -> Result<ProvidersUpdateResult, GatewayError> {
         self.engine()
             .providers
-            .update(&p.provider_id, p.config)
+            .update(&p.provider_id, p.config.into())
             .await?;
         Ok(ProvidersUpdateResult {
             provider: self.provider_record(&p.provider_id)?,

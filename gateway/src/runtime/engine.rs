@@ -8,11 +8,12 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::MethodId;
 use crate::rpc::generated::types::{
-    AgentsConfig, ModelsCapability, ProvidersConfig, ProvidersType,
+    self as wire, AgentsCreateParams, ModelsCapability, ProvidersCreateParams,
 };
 use crate::rpc::support;
 use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
+use crate::runtime::domain::{AgentSettings, ProviderSettings, ProviderType};
 use crate::runtime::providers::local::{self, LocalOptions, LocalProvider};
 use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
@@ -239,60 +240,33 @@ async fn seed(
 ) -> Result<(), GatewayError> {
     let mut providers = config.providers.clone();
     if providers.is_empty() {
-        providers.insert(
-            EMBEDDED_PROVIDER.to_owned(),
-            ProvidersConfig {
-                type_: Some(ProvidersType::Local),
-                name: Some("In-process models (candle)".to_owned()),
-                base_url: None,
-                api_key_env: None,
-                timeout_ms: Some(300_000),
-                max_retries: Some(0),
-                enabled: None,
-                models: None,
-                script: None,
-            },
-        );
+        providers.insert(EMBEDDED_PROVIDER.to_owned(), embedded_provider());
     }
     for (id, cfg) in &providers {
-        let checked: ProvidersConfig =
-            check_entry::<crate::rpc::generated::types::ProvidersCreateParams>(
-                MethodId::ProvidersCreate,
-                serde_json::json!({"providerId": id, "config": cfg}),
-                &format!("providers.{id}"),
-            )?
-            .config;
-        registry.seed(id, &checked).await?;
+        // The file gets the catalogue's constraints: the entry is checked in its wire form,
+        // whatever the catalogue calls its members today.
+        check_entry::<ProvidersCreateParams>(
+            MethodId::ProvidersCreate,
+            serde_json::json!({"providerId": id, "config": wire::ProvidersConfig::from(cfg.clone())}),
+            &format!("providers.{id}"),
+        )?;
+        registry.seed(id, cfg).await?;
     }
     registry.reload().await?;
     let snap = registry.snapshot();
     let default_model = default_chat_model(registry);
     let mut agents = config.agents.clone();
     if agents.is_empty() {
-        agents.insert(
-            EMBEDDED_AGENT.to_owned(),
-            AgentsConfig {
-                name: Some("Default agent".to_owned()),
-                provider: None,
-                model: None,
-                system_prompt: Some("You are a helpful assistant. Answer briefly.".to_owned()),
-                max_steps: None,
-                budget: None,
-                tools: None,
-                fallback_models: None,
-                operation_models: None,
-            },
-        );
+        agents.insert(EMBEDDED_AGENT.to_owned(), embedded_agent());
     }
     for (id, cfg) in &agents {
-        let params: crate::rpc::generated::types::AgentsCreateParams = check_entry(
+        check_entry::<AgentsCreateParams>(
             MethodId::AgentsCreate,
-            serde_json::json!({"agentId": id, "config": cfg}),
+            serde_json::json!({"agentId": id, "config": wire::AgentsConfig::from(cfg.clone())}),
             &format!("agents.{id}"),
         )?;
-        let cfg = params.config.unwrap_or(cfg.clone());
         agent_registry
-            .seed(id, &cfg, &snap, default_model.as_deref())
+            .seed(id, cfg, &snap, default_model.as_deref())
             .await?;
     }
     agent_registry.reload().await?;
@@ -304,6 +278,26 @@ async fn seed(
         }
     }
     Ok(())
+}
+
+/// The provider defined when the configuration names none.
+fn embedded_provider() -> ProviderSettings {
+    ProviderSettings {
+        type_: Some(ProviderType::Local),
+        name: Some("In-process models (candle)".to_owned()),
+        timeout_ms: Some(300_000),
+        max_retries: Some(0),
+        ..ProviderSettings::default()
+    }
+}
+
+/// The agent defined when the configuration names none (on the first chat model).
+fn embedded_agent() -> AgentSettings {
+    AgentSettings {
+        name: Some("Default agent".to_owned()),
+        system_prompt: Some("You are a helpful assistant. Answer briefly.".to_owned()),
+        ..AgentSettings::default()
+    }
 }
 
 /// The first chat model of the catalogue: the embedded local model when present.
