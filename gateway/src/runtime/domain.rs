@@ -116,21 +116,19 @@ pub struct ProviderSettings {
     pub script: Option<Vec<ScriptRule>>,
 }
 
-/// The provider implementation.
+/// The provider implementation: `openai` (any OpenAI-compatible endpoint), `anthropic`,
+/// `local` (in-process candle models) or `scripted` (deterministic replies for tests and
+/// demos). The variants carry no doc comment so that the schema is a plain `enum`.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
 pub enum ProviderType {
-    /// Any OpenAI-compatible endpoint.
     #[serde(rename = "openai")]
     Openai,
-    /// The Anthropic Messages API.
     #[serde(rename = "anthropic")]
     Anthropic,
-    /// In-process candle models.
     #[serde(rename = "local")]
     Local,
-    /// Deterministic replies for tests and demos.
     #[serde(rename = "scripted")]
     Scripted,
 }
