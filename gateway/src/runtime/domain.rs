@@ -494,3 +494,222 @@ impl From<ScriptUsage> for wire::ScriptedUsage {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    /// A fully populated scripted provider (every member, every step member) as stored in the
+    /// `providers` table before the domain types existed: the text the wire type
+    /// `ProvidersConfig` wrote on `main` at 779c347. Databases hold this; it must stay
+    /// readable and be written the same way.
+    pub(crate) const PROVIDER_JSON: &str = r#"{"type":"scripted","name":"Demo","baseUrl":"http://127.0.0.1:9/v1","apiKeyEnv":"DEMO_KEY","timeoutMs":5000,"maxRetries":1,"enabled":true,"models":["echo","other"],"script":[{"match":"time","steps":[{"reply":"It is noon.","toolCalls":[{"name":"clock","arguments":{"tz":"UTC"}}],"error":{"status":503,"message":"busy"},"failTimes":2,"delayMs":10,"usage":{"input":3,"output":4,"cached":1}}]}]}"#;
+
+    /// A fully populated agent as stored in the `agents` table on `main` at 779c347.
+    pub(crate) const AGENT_JSON: &str = r#"{"name":"Bot","provider":"demo","model":"demo/echo","systemPrompt":"Be brief.","maxSteps":4,"budget":{"tokens":1000,"costUsd":0.5},"tools":["clock"],"fallbackModels":["demo/other"],"operationModels":{"summarize":"demo/echo"}}"#;
+
+    /// The same two entries in a configuration file.
+    pub(crate) const CONFIG_YAML: &str = r#"
+providers:
+  demo:
+    type: scripted
+    name: Demo
+    baseUrl: http://127.0.0.1:9/v1
+    apiKeyEnv: DEMO_KEY
+    timeoutMs: 5000
+    maxRetries: 1
+    enabled: true
+    models: [echo, other]
+    script:
+      - match: time
+        steps:
+          - reply: It is noon.
+            toolCalls:
+              - name: clock
+                arguments: {tz: UTC}
+            error: {status: 503, message: busy}
+            failTimes: 2
+            delayMs: 10
+            usage: {input: 3, output: 4, cached: 1}
+agents:
+  bot:
+    name: Bot
+    provider: demo
+    model: demo/echo
+    systemPrompt: Be brief.
+    maxSteps: 4
+    budget: {tokens: 1000, costUsd: 0.5}
+    tools: [clock]
+    fallbackModels: [demo/other]
+    operationModels: {summarize: demo/echo}
+"#;
+
+    /// `seed_hash` of the file entries of `CONFIG_YAML`, computed with `main`'s code at
+    /// 779c347 (the wire types then were the file format): a temporary test parsed
+    /// `CONFIG_YAML` with `config::parse` and printed `seed_hash` of each entry. An unchanged
+    /// hash means an existing database does not see the file's entries as changed (which
+    /// would overwrite settings changed through the API) after this refactor.
+    pub(crate) const PROVIDER_SEED_HASH: &str =
+        "20c1ca0198d1b51ae5ba36cdabf0456bd6a3cc43b8a76005600d6c0f1f3cbd45";
+    pub(crate) const AGENT_SEED_HASH: &str =
+        "e1b1810f36fd1fd3b6e7be4e0711cd9efca2d47db94400ddbccdadae8cd4a6fe";
+
+    pub(crate) fn full_provider() -> ProviderSettings {
+        ProviderSettings {
+            type_: Some(ProviderType::Scripted),
+            name: Some("Demo".into()),
+            base_url: Some("http://127.0.0.1:9/v1".into()),
+            api_key_env: Some("DEMO_KEY".into()),
+            timeout_ms: Some(5000),
+            max_retries: Some(1),
+            enabled: Some(true),
+            models: Some(vec!["echo".into(), "other".into()]),
+            script: Some(vec![ScriptRule {
+                match_: Some("time".into()),
+                steps: vec![ScriptStep {
+                    reply: Some("It is noon.".into()),
+                    tool_calls: Some(vec![ScriptToolCall {
+                        name: "clock".into(),
+                        arguments: Some(serde_json::json!({"tz": "UTC"})),
+                    }]),
+                    error: Some(ScriptFailure {
+                        status: 503,
+                        message: Some("busy".into()),
+                    }),
+                    fail_times: Some(2),
+                    delay_ms: Some(10),
+                    usage: Some(ScriptUsage {
+                        input: 3,
+                        output: 4,
+                        cached: Some(1),
+                    }),
+                }],
+            }]),
+        }
+    }
+
+    pub(crate) fn full_agent() -> AgentSettings {
+        AgentSettings {
+            name: Some("Bot".into()),
+            provider: Some("demo".into()),
+            model: Some("demo/echo".into()),
+            system_prompt: Some("Be brief.".into()),
+            max_steps: Some(4),
+            budget: Some(AgentBudget {
+                tokens: Some(1000),
+                cost_usd: Some(0.5),
+            }),
+            tools: Some(vec!["clock".into()]),
+            fallback_models: Some(vec!["demo/other".into()]),
+            operation_models: Some(BTreeMap::from([("summarize".into(), "demo/echo".into())])),
+        }
+    }
+
+    #[test]
+    fn a_stored_provider_is_written_and_read_in_todays_format() {
+        assert_eq!(
+            serde_json::to_string(&full_provider()).unwrap(),
+            PROVIDER_JSON
+        );
+        let read: ProviderSettings = serde_json::from_str(PROVIDER_JSON).unwrap();
+        assert_eq!(read, full_provider());
+    }
+
+    #[test]
+    fn a_stored_agent_is_written_and_read_in_todays_format() {
+        assert_eq!(serde_json::to_string(&full_agent()).unwrap(), AGENT_JSON);
+        let read: AgentSettings = serde_json::from_str(AGENT_JSON).unwrap();
+        assert_eq!(read, full_agent());
+    }
+
+    #[test]
+    fn absent_members_are_not_written_and_unknown_ones_are_refused() {
+        assert_eq!(
+            serde_json::to_string(&ProviderSettings::default()).unwrap(),
+            "{}"
+        );
+        assert_eq!(
+            serde_json::to_string(&AgentSettings::default()).unwrap(),
+            "{}"
+        );
+        let step: ScriptStep = serde_json::from_str("{}").unwrap();
+        assert_eq!(serde_json::to_string(&step).unwrap(), "{}");
+        for (text, what) in [
+            (r#"{"type":"local","timeout":5}"#, "provider"),
+            (r#"{"script":[{"steps":[{"replies":"x"}]}]}"#, "step"),
+            (r#"{"script":[{"steps":[],"matches":"x"}]}"#, "rule"),
+        ] {
+            let e = serde_json::from_str::<ProviderSettings>(text).unwrap_err();
+            assert!(e.to_string().contains("unknown field"), "{what}: {e}");
+        }
+        let e = serde_json::from_str::<AgentSettings>(r#"{"budget":{"usd":1}}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `usd`"), "{e}");
+        let e = serde_json::from_str::<ProviderSettings>(r#"{"type":"bedrock"}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown variant `bedrock`"), "{e}");
+        // Required members of the scripted types stay required.
+        assert!(serde_json::from_str::<ScriptRule>(r#"{"match":"x"}"#).is_err());
+        assert!(serde_json::from_str::<ScriptFailure>(r#"{"message":"x"}"#).is_err());
+        assert!(serde_json::from_str::<ScriptUsage>(r#"{"input":1}"#).is_err());
+        assert!(serde_json::from_str::<ScriptToolCall>(r#"{"arguments":{}}"#).is_err());
+    }
+
+    #[test]
+    fn domain_to_wire_to_domain_is_lossless() {
+        let p = full_provider();
+        assert_eq!(
+            ProviderSettings::from(wire::ProvidersConfig::from(p.clone())),
+            p
+        );
+        let a = full_agent();
+        assert_eq!(AgentSettings::from(wire::AgentsConfig::from(a.clone())), a);
+        for t in [
+            ProviderType::Openai,
+            ProviderType::Anthropic,
+            ProviderType::Local,
+            ProviderType::Scripted,
+        ] {
+            assert_eq!(ProviderType::from(wire::ProvidersType::from(t)), t);
+        }
+        // Every member absent survives too (None is not turned into a default).
+        let empty = ProviderSettings::default();
+        assert_eq!(
+            ProviderSettings::from(wire::ProvidersConfig::from(empty.clone())),
+            empty
+        );
+        let empty = AgentSettings::default();
+        assert_eq!(
+            AgentSettings::from(wire::AgentsConfig::from(empty.clone())),
+            empty
+        );
+    }
+
+    #[test]
+    fn wire_to_domain_to_wire_is_lossless() {
+        let w = wire::ProvidersConfig::from(full_provider());
+        assert_eq!(
+            wire::ProvidersConfig::from(ProviderSettings::from(w.clone())),
+            w
+        );
+        let w = wire::AgentsConfig::from(full_agent());
+        assert_eq!(wire::AgentsConfig::from(AgentSettings::from(w.clone())), w);
+    }
+
+    #[test]
+    fn a_file_entry_keeps_its_seed_hash() {
+        let config = crate::config::parse(CONFIG_YAML).unwrap();
+        let p = &config.providers["demo"];
+        assert_eq!(p, &full_provider());
+        assert_eq!(
+            crate::runtime::providers_registry::seed_hash(p),
+            PROVIDER_SEED_HASH
+        );
+        let a = &config.agents["bot"];
+        assert_eq!(a, &full_agent());
+        assert_eq!(
+            crate::runtime::providers_registry::seed_hash(a),
+            AGENT_SEED_HASH
+        );
+    }
+}

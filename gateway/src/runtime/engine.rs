@@ -312,3 +312,111 @@ fn default_chat_model(providers: &Providers) -> Option<String> {
         .find(|m| m.can(ModelsCapability::Chat))
         .map(|m| m.id())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::runtime::domain::tests::{
+        AGENT_JSON, AGENT_SEED_HASH, CONFIG_YAML, PROVIDER_JSON, PROVIDER_SEED_HASH,
+    };
+    use crate::store::registry::RegistryRow;
+
+    /// Seeds `config` into an in-memory database; the rows of both tables.
+    async fn seeded(config: &Config) -> Result<(Vec<RegistryRow>, Vec<RegistryRow>), GatewayError> {
+        let store = Store::open_in_memory().await?;
+        let providers = Providers::new(
+            store.clone(),
+            config.models.clone(),
+            LocalProvider::new(local_options(config)),
+            false,
+            &config.provider_policy,
+        );
+        let agents = Agents::new(
+            store.clone(),
+            config.agent_defaults.clone(),
+            config.default_agent.clone(),
+        );
+        seed(&providers, &agents, config).await?;
+        Ok((
+            store.registry_list(Table::Providers).await?,
+            store.registry_list(Table::Agents).await?,
+        ))
+    }
+
+    #[tokio::test]
+    async fn seeding_stores_todays_text_and_seed_hash() {
+        let config = crate::config::parse(CONFIG_YAML).unwrap();
+        let (providers, agents) = seeded(&config).await.unwrap();
+        assert_eq!(providers.len(), 1);
+        assert_eq!(providers[0].id, "demo");
+        assert_eq!(providers[0].config, PROVIDER_JSON);
+        assert_eq!(providers[0].seed_hash.as_deref(), Some(PROVIDER_SEED_HASH));
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].id, "bot");
+        assert_eq!(agents[0].config, AGENT_JSON);
+        assert_eq!(agents[0].seed_hash.as_deref(), Some(AGENT_SEED_HASH));
+    }
+
+    /// The embedded defaults are seeded on every start without a `providers`/`agents`
+    /// section; their hashes were computed on `main` at 779c347 (the then inline
+    /// `ProvidersConfig`/`AgentsConfig` literals, printed by a temporary test), so an
+    /// existing data directory is not re-seeded by the refactor.
+    #[tokio::test]
+    async fn the_embedded_defaults_keep_their_text_and_seed_hash() {
+        let (providers, agents) = seeded(&Config::default()).await.unwrap();
+        assert_eq!(providers.len(), 1);
+        assert_eq!(providers[0].id, EMBEDDED_PROVIDER);
+        assert_eq!(
+            providers[0].seed_hash.as_deref(),
+            Some("4409e05783c748f2ae75615439afeef6cd5b2a491afc34873dd6cb95725cc91b")
+        );
+        assert_eq!(
+            crate::runtime::providers_registry::to_json(&embedded_provider()).unwrap(),
+            r#"{"type":"local","name":"In-process models (candle)","timeoutMs":300000,"maxRetries":0}"#
+        );
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].id, EMBEDDED_AGENT);
+        assert_eq!(
+            agents[0].seed_hash.as_deref(),
+            Some("2c210b44ec837df0378b1e133c10995637e6b500fcca3018aba3896c301ca401")
+        );
+    }
+
+    /// The file's entries get the catalogue's constraints through the wire conversion: at
+    /// the limit accepted, one past it refused naming the entry and the member.
+    #[tokio::test]
+    async fn file_entries_are_checked_against_the_catalogue_schema() {
+        let provider = |timeout: i64| {
+            format!("providers:\n  p:\n    type: scripted\n    timeoutMs: {timeout}\n")
+        };
+        // The catalogue's minimum of providers' timeoutMs is 1000.
+        let ok = crate::config::parse(&provider(1000)).unwrap();
+        seeded(&ok).await.unwrap();
+        let bad = crate::config::parse(&provider(999)).unwrap();
+        let e = seeded(&bad).await.unwrap_err().to_string();
+        assert!(e.contains("providers.p") && e.contains("timeoutMs"), "{e}");
+
+        let agent = |steps: i64| {
+            format!("providers:\n  p:\n    type: scripted\nagents:\n  a:\n    maxSteps: {steps}\n")
+        };
+        // ... and the minimum of agents' maxSteps is 1.
+        seeded(&crate::config::parse(&agent(1)).unwrap())
+            .await
+            .unwrap();
+        let e = seeded(&crate::config::parse(&agent(0)).unwrap())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("agents.a") && e.contains("maxSteps"), "{e}");
+
+        // A raw key where the variable's name belongs (the catalogue's pattern).
+        let key = "providers:\n  p:\n    type: openai\n    apiKeyEnv: sk-abc def\n";
+        let e = seeded(&crate::config::parse(key).unwrap())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("providers.p") && e.contains("apiKeyEnv"), "{e}");
+    }
+}
