@@ -10,14 +10,34 @@ use crate::rpc::generated::types::{
     AgentsUpdateResult,
 };
 use crate::rpc::CallContext;
-use crate::runtime::agents::Agent;
+use crate::runtime::agents::{workspace_dir, Agent};
 use crate::runtime::domain::AgentSettings;
 
 impl Rpc {
+    /// The wire record of an agent, built from its (completed) domain settings.
     fn agent_record(&self, agent: &Agent) -> AgentsRecord {
         let engine = self.engine();
         let is_default = engine.agents.default_id().as_deref() == Some(agent.id.as_str());
-        agent.record(is_default, &engine.data_dir)
+        let c = &agent.config;
+        AgentsRecord {
+            agent_id: agent.id.clone(),
+            name: c.name.clone().unwrap_or_else(|| agent.id.clone()),
+            provider: c.provider.clone().unwrap_or_default(),
+            model: agent.model().to_owned(),
+            system_prompt: c.system_prompt.clone().unwrap_or_default(),
+            max_steps: i64::from(agent.max_steps()),
+            budget: agent.budget().into(),
+            tools: c.tools.clone().unwrap_or_default(),
+            fallback_models: c.fallback_models.clone().unwrap_or_default(),
+            operation_models: c.operation_models.clone().unwrap_or_default(),
+            suspended: agent.suspended,
+            is_default,
+            workspace_dir: workspace_dir(&engine.data_dir, &agent.id)
+                .display()
+                .to_string(),
+            created_at: agent.created_at,
+            updated_at: agent.updated_at,
+        }
     }
 }
 
@@ -56,7 +76,7 @@ impl AgentsApi for Rpc {
             .agents
             .create(&p.agent_id, config, &snap, default_model.as_deref())
             .await?;
-        let dir = crate::runtime::agents::workspace_dir(&engine.data_dir, &agent.id);
+        let dir = workspace_dir(&engine.data_dir, &agent.id);
         if let Err(e) = std::fs::create_dir_all(&dir) {
             tracing::warn!(agent = %agent.id, error = %e, "workspace directory not created");
         }

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::error::GatewayError;
-use crate::rpc::generated::types::AgentsRecord;
 use crate::runtime::domain::{AgentBudget, AgentSettings};
 use crate::runtime::providers_registry::{seed_hash, to_json, Snapshot};
 use crate::runtime::settings::AgentDefaults;
@@ -55,27 +54,6 @@ impl Agent {
             .as_ref()
             .and_then(|m| m.get(op))
             .map(String::as_str)
-    }
-
-    pub fn record(&self, is_default: bool, data_dir: &Path) -> AgentsRecord {
-        let c = &self.config;
-        AgentsRecord {
-            agent_id: self.id.clone(),
-            name: c.name.clone().unwrap_or_else(|| self.id.clone()),
-            provider: c.provider.clone().unwrap_or_default(),
-            model: self.model().to_owned(),
-            system_prompt: c.system_prompt.clone().unwrap_or_default(),
-            max_steps: i64::from(self.max_steps()),
-            budget: self.budget().into(),
-            tools: c.tools.clone().unwrap_or_default(),
-            fallback_models: c.fallback_models.clone().unwrap_or_default(),
-            operation_models: c.operation_models.clone().unwrap_or_default(),
-            suspended: self.suspended,
-            is_default,
-            workspace_dir: workspace_dir(data_dir, &self.id).display().to_string(),
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-        }
     }
 }
 

@@ -7,7 +7,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::error::GatewayError;
-use crate::rpc::generated::types::ProvidersRecord;
 use crate::runtime::catalog::{self, ModelInfo};
 use crate::runtime::domain::{ProviderSettings, ProviderType};
 use crate::runtime::providers::local::{LocalProvider, LocalStatus};
@@ -59,27 +58,6 @@ impl ProviderEntry {
             .max_retries
             .unwrap_or(DEFAULT_MAX_RETRIES)
             .max(0) as u32
-    }
-
-    pub fn record(&self, agents_using: Vec<String>) -> ProvidersRecord {
-        let c = &self.config;
-        ProvidersRecord {
-            provider_id: self.id.clone(),
-            type_: c.type_.unwrap_or(ProviderType::Openai).into(),
-            name: c.name.clone().unwrap_or_else(|| self.id.clone()),
-            base_url: c.base_url.clone(),
-            api_key_env: c.api_key_env.clone(),
-            api_key_configured: self.key_configured,
-            timeout_ms: c.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-            max_retries: c.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
-            enabled: self.enabled(),
-            models: c.models.clone().unwrap_or_default(),
-            agents_using,
-            script: c
-                .script
-                .clone()
-                .map(|s| s.into_iter().map(Into::into).collect()),
-        }
     }
 }
 
