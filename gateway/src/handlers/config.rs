@@ -102,9 +102,10 @@ const CATALOGUE_METHODS: &[&str] = &["providers.create", "agents.create"];
 /// `agents` entries. schemars derives the entries' schema from the domain types
 /// (`runtime::domain`), which own the member names but carry none of the catalogue's
 /// lengths, patterns, ranges and enums; since the file's entries are checked against the
-/// catalogue at load, each member whose name the catalogue shares takes the catalogue's
-/// schema. A member the catalogue has renamed keeps its own (unconstrained) schema, and
-/// `every_domain_member_has_a_catalogue_member` fails until the mapping is settled.
+/// catalogue at load, each member takes the schema of the catalogue member of the same name
+/// (or the one `domain::CATALOGUE_MEMBER_RENAMES` names). A member the catalogue renamed
+/// without a mapping keeps its own (unconstrained) schema, and
+/// `every_domain_member_has_a_catalogue_member` fails until the mapping is added.
 pub fn constrained_schema() -> Result<Value, GatewayError> {
     let mut root = config::schema();
     let catalogue = catalogue_defs().ok_or_else(|| {
@@ -147,7 +148,7 @@ fn overlay_catalogue_def(
     if let Some(members) = our_def.get_mut("properties").and_then(Value::as_object_mut) {
         let their_members = their_def.get("properties")?.as_object()?;
         for (name, schema) in members.iter_mut() {
-            let mut theirs = match their_members.get(name) {
+            let mut theirs = match their_members.get(domain::catalogue_member(ours, name)) {
                 Some(s) => s.clone(),
                 None => continue,
             };
@@ -316,16 +317,34 @@ mod tests {
             let members = o["properties"].as_object().unwrap();
             assert!(!members.is_empty(), "`{our_def}` has no members");
             for name in members.keys() {
+                let theirs = domain::catalogue_member(our_def, name);
                 assert!(
-                    t["properties"].get(name).is_some(),
-                    "`{our_def}.{name}` has no member of that name in the catalogue's \
-                     `{their_def}`: add a mapping in handlers/config.rs or rename the member \
-                     deliberately in runtime/domain.rs (that is a data migration)"
+                    t["properties"].get(theirs).is_some(),
+                    "`{our_def}.{name}` has no member `{theirs}` in the catalogue's \
+                     `{their_def}`: add a mapping to CATALOGUE_MEMBER_RENAMES in \
+                     runtime/domain.rs, or rename the member there deliberately (that is a \
+                     data migration of the configuration file and the stored rows)"
                 );
             }
             // The other way round is a compile error in the conversions of runtime/domain.rs.
+            let names = |v: &Value, ours: bool| -> Vec<String> {
+                v.as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|n| n.as_str().unwrap())
+                    .map(|n| {
+                        if ours {
+                            domain::catalogue_member(our_def, n)
+                        } else {
+                            n
+                        }
+                    })
+                    .map(str::to_owned)
+                    .collect()
+            };
             assert_eq!(
-                o["required"], t["required"],
+                names(&o["required"], true),
+                names(&t["required"], false),
                 "`{our_def}` and `{their_def}` require different members"
             );
         }
@@ -345,7 +364,7 @@ mod tests {
                 continue;
             }
             for (name, schema) in o["properties"].as_object().unwrap() {
-                let mut want = t["properties"][name].clone();
+                let mut want = t["properties"][domain::catalogue_member(our_def, name)].clone();
                 assert!(to_our_refs(&mut want), "{our_def}.{name}");
                 assert_eq!(schema, &want, "{our_def}.{name}");
             }

@@ -224,6 +224,19 @@ pub const CATALOGUE_TYPES: &[(&str, &str)] = &[
     ("ScriptUsage", "ScriptedUsage"),
 ];
 
+/// Members of a domain type whose catalogue namesake was renamed: (our definition, our
+/// member, the catalogue's member). `config.schema` takes the catalogue member's schema for
+/// ours; the conversions below map the Rust fields by hand. Empty while the names agree.
+pub const CATALOGUE_MEMBER_RENAMES: &[(&str, &str, &str)] = &[];
+
+/// The catalogue's name of member `member` of our definition `def`.
+pub fn catalogue_member<'a>(def: &str, member: &'a str) -> &'a str {
+    CATALOGUE_MEMBER_RENAMES
+        .iter()
+        .find(|(d, m, _)| *d == def && *m == member)
+        .map_or(member, |(_, _, theirs)| theirs)
+}
+
 // The conversions destructure every struct in full (no `..`), so a member added, removed or
 // renamed in the catalogue is a compile error here rather than a silent format change.
 
