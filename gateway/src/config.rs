@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::rpc::generated::types::{AgentsConfig, ProvidersConfig};
+use crate::runtime::domain::{AgentSettings, ProviderSettings};
 use crate::runtime::settings::{AgentDefaults, LocalConfig, ModelConfig};
 
 /// Environment variable naming the configuration file (same as `--config`).
@@ -40,14 +40,14 @@ pub struct Config {
     pub local: LocalConfig,
     /// Model providers by id. When none is configured, a `local` provider is defined.
     #[serde(default)]
-    pub providers: BTreeMap<String, ProvidersConfig>,
+    pub providers: BTreeMap<String, ProviderSettings>,
     /// Model catalogue entries added or overridden.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
     /// Agents by id. When none is configured, an agent `default` is defined on the first chat
     /// model.
     #[serde(default)]
-    pub agents: BTreeMap<String, AgentsConfig>,
+    pub agents: BTreeMap<String, AgentSettings>,
     /// The agent serving calls that name none: this id, else `default`, else the first agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_agent: Option<String>,

@@ -10,13 +10,34 @@ use crate::rpc::generated::types::{
     AgentsUpdateResult,
 };
 use crate::rpc::CallContext;
-use crate::runtime::agents::Agent;
+use crate::runtime::agents::{workspace_dir, Agent};
+use crate::runtime::domain::AgentSettings;
 
 impl Rpc {
+    /// The wire record of an agent, built from its (completed) domain settings.
     fn agent_record(&self, agent: &Agent) -> AgentsRecord {
         let engine = self.engine();
         let is_default = engine.agents.default_id().as_deref() == Some(agent.id.as_str());
-        agent.record(is_default, &engine.data_dir)
+        let c = &agent.config;
+        AgentsRecord {
+            agent_id: agent.id.clone(),
+            name: c.name.clone().unwrap_or_else(|| agent.id.clone()),
+            provider: c.provider.clone().unwrap_or_default(),
+            model: agent.model().to_owned(),
+            system_prompt: c.system_prompt.clone().unwrap_or_default(),
+            max_steps: i64::from(agent.max_steps()),
+            budget: agent.budget().into(),
+            tools: c.tools.clone().unwrap_or_default(),
+            fallback_models: c.fallback_models.clone().unwrap_or_default(),
+            operation_models: c.operation_models.clone().unwrap_or_default(),
+            suspended: agent.suspended,
+            is_default,
+            workspace_dir: workspace_dir(&engine.data_dir, &agent.id)
+                .display()
+                .to_string(),
+            created_at: agent.created_at,
+            updated_at: agent.updated_at,
+        }
     }
 }
 
@@ -49,15 +70,13 @@ impl AgentsApi for Rpc {
     ) -> Result<AgentsCreateResult, GatewayError> {
         let engine = self.engine();
         let snap = engine.providers.snapshot();
-        let config = p
-            .config
-            .unwrap_or_else(crate::runtime::agents::empty_config);
+        let config = p.config.map(AgentSettings::from).unwrap_or_default();
         let default_model = engine.default_chat_model();
         let agent = engine
             .agents
             .create(&p.agent_id, config, &snap, default_model.as_deref())
             .await?;
-        let dir = crate::runtime::agents::workspace_dir(&engine.data_dir, &agent.id);
+        let dir = workspace_dir(&engine.data_dir, &agent.id);
         if let Err(e) = std::fs::create_dir_all(&dir) {
             tracing::warn!(agent = %agent.id, error = %e, "workspace directory not created");
         }
@@ -78,7 +97,7 @@ impl AgentsApi for Rpc {
         let snap = engine.providers.snapshot();
         let agent = engine
             .agents
-            .update(&p.agent_id, p.config, &snap, p.dry_run)
+            .update(&p.agent_id, p.config.into(), &snap, p.dry_run)
             .await?;
         Ok(AgentsUpdateResult {
             agent_id: p.agent_id,

@@ -14,6 +14,7 @@ use crate::rpc::generated::types::{
     ConfigSchemaResult,
 };
 use crate::rpc::CallContext;
+use crate::runtime::domain;
 
 fn unknown_section(name: &str) -> GatewayError {
     GatewayError::NotFound(format!(
@@ -92,44 +93,99 @@ impl ConfigApi for Rpc {
     }
 }
 
-/// The sections whose entries are catalogue types: the section, the method whose params
-/// check every entry at load (so its schema is what the file must satisfy), and the type.
-const CATALOGUE_SECTIONS: &[(&str, &str, &str)] = &[
-    ("providers", "providers.create", "ProvidersConfig"),
-    ("agents", "agents.create", "AgentsConfig"),
-];
+/// The methods whose params schemas hold the catalogue's definitions of the types the
+/// file's `providers` and `agents` entries convert to (each entry is checked against them
+/// when the gateway starts).
+const CATALOGUE_METHODS: &[&str] = &["providers.create", "agents.create"];
 
-/// The configuration schema with the catalogue's definitions for `providers` and `agents`:
-/// schemars derives their schema from the generated structs, which carry the members and
-/// types but not the catalogue's constraints (lengths, patterns, ranges, enums). The file's
-/// entries are checked against the catalogue's schema when the gateway starts, so that is
-/// the schema a reader must see.
+/// The configuration schema, with the catalogue's constraints on the `providers` and
+/// `agents` entries. schemars derives the entries' schema from the domain types
+/// (`runtime::domain`), which own the member names but carry none of the catalogue's
+/// lengths, patterns, ranges and enums; since the file's entries are checked against the
+/// catalogue at load, each member takes the schema of the catalogue member of the same name
+/// (or the one `domain::CATALOGUE_MEMBER_RENAMES` names). A member the catalogue renamed
+/// without a mapping keeps its own (unconstrained) schema, and
+/// `every_domain_member_has_a_catalogue_member` fails until the mapping is added.
 pub fn constrained_schema() -> Result<Value, GatewayError> {
     let mut root = config::schema();
-    for (section, method, def) in CATALOGUE_SECTIONS {
-        overlay_catalogue_def(&mut root, section, method, def).ok_or_else(|| {
+    let catalogue = catalogue_defs().ok_or_else(|| {
+        GatewayError::Internal("configuration schema: catalogue definitions unreadable".into())
+    })?;
+    for (ours, theirs) in domain::CATALOGUE_TYPES {
+        overlay_catalogue_def(&mut root, ours, theirs, &catalogue).ok_or_else(|| {
             GatewayError::Internal(format!(
-                "configuration schema: cannot take `{def}` from {method} for `{section}`"
+                "configuration schema: cannot take the constraints of `{theirs}` for `{ours}`"
             ))
         })?;
     }
     Ok(root)
 }
 
-/// Puts the catalogue's `def` (and every definition it uses) into `root`'s `$defs` and points
-/// the section's entries at it, whatever the Rust type of the section is called.
-fn overlay_catalogue_def(root: &mut Value, section: &str, method: &str, def: &str) -> Option<()> {
-    let info = METHODS.iter().find(|m| m.name == method)?;
-    let params: Value = serde_json::from_str(info.params_schema).ok()?;
-    let catalogue_defs = params.get("$defs")?.as_object()?;
-    catalogue_defs.get(def)?;
-    let defs = root.get_mut("$defs")?.as_object_mut()?;
-    for (name, schema) in catalogue_defs {
-        defs.insert(name.clone(), schema.clone());
+/// The `$defs` of the catalogue methods' params schemas, merged.
+fn catalogue_defs() -> Option<Map<String, Value>> {
+    let mut defs = Map::new();
+    for method in CATALOGUE_METHODS {
+        let info = METHODS.iter().find(|m| m.name == *method)?;
+        let params: Value = serde_json::from_str(info.params_schema).ok()?;
+        for (name, schema) in params.get("$defs")?.as_object()? {
+            defs.insert(name.clone(), schema.clone());
+        }
     }
-    let entries = root.pointer_mut(&format!("/properties/{section}/additionalProperties"))?;
-    *entries = json!({"$ref": format!("#/$defs/{def}")});
+    Some(defs)
+}
+
+/// Gives the members of our definition `ours` the schema of the catalogue member of the same
+/// name in `theirs` (its references pointed at our definitions); an enumeration takes the
+/// catalogue's definition when both list the same values. None when either is missing.
+fn overlay_catalogue_def(
+    root: &mut Value,
+    ours: &str,
+    theirs: &str,
+    catalogue: &Map<String, Value>,
+) -> Option<()> {
+    let their_def = catalogue.get(theirs)?;
+    let our_def = root.pointer_mut(&format!("/$defs/{ours}"))?;
+    if let Some(members) = our_def.get_mut("properties").and_then(Value::as_object_mut) {
+        let their_members = their_def.get("properties")?.as_object()?;
+        for (name, schema) in members.iter_mut() {
+            let mut theirs = match their_members.get(domain::catalogue_member(ours, name)) {
+                Some(s) => s.clone(),
+                None => continue,
+            };
+            if to_our_refs(&mut theirs) {
+                *schema = theirs;
+            }
+        }
+    } else if our_def.get("enum").is_some() && our_def.get("enum") == their_def.get("enum") {
+        *our_def = their_def.clone();
+    }
     Some(())
+}
+
+/// Points every `$ref` of a catalogue schema at the domain definition converting to the
+/// referenced catalogue type; false when one has no such definition.
+fn to_our_refs(schema: &mut Value) -> bool {
+    match schema {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get_mut("$ref") {
+                let target = r.strip_prefix("#/$defs/").and_then(|t| {
+                    domain::CATALOGUE_TYPES
+                        .iter()
+                        .find(|(_, theirs)| *theirs == t)
+                        .map(|(ours, _)| *ours)
+                });
+                match target {
+                    Some(ours) => *r = format!("#/$defs/{ours}"),
+                    None => return false,
+                }
+            }
+            m.iter_mut()
+                .filter(|(k, _)| k.as_str() != "$ref")
+                .all(|(_, v)| to_our_refs(v))
+        }
+        Value::Array(items) => items.iter_mut().all(to_our_refs),
+        _ => true,
+    }
 }
 
 /// A standalone schema for one top-level section: its definition inlined, `$defs` kept.
@@ -193,14 +249,20 @@ mod tests {
                 want.get(keyword).is_some(),
                 "the catalogue declares {keyword} on {def}.{member}: {want}"
             );
-            // The whole document and the section alone both show it.
+            // The whole document and the section alone both show it, on the definition of
+            // the domain type the section's entries are (which converts to `def`).
+            let ours = domain::CATALOGUE_TYPES
+                .iter()
+                .find(|(_, theirs)| *theirs == def)
+                .unwrap()
+                .0;
             assert_eq!(
-                root["$defs"][def]["properties"][member], want,
+                root["$defs"][ours]["properties"][member], want,
                 "{def}.{member}"
             );
             assert_eq!(
                 root["properties"][section]["additionalProperties"]["$ref"],
-                format!("#/$defs/{def}")
+                format!("#/$defs/{ours}")
             );
             let alone = section_schema(&root, section).unwrap();
             let target = alone["additionalProperties"]["$ref"]
@@ -228,5 +290,104 @@ mod tests {
         assert!(!v.is_valid(&timeout));
         let steps = json!({"agents": {"a": {"maxSteps": 0}}});
         assert!(!v.is_valid(&steps));
+    }
+
+    /// Guards the schema's constraints against a catalogue rename: every member of every
+    /// domain type must have a catalogue member of the same name, or `config.schema` would
+    /// silently show it without the catalogue's constraints.
+    #[test]
+    fn every_domain_member_has_a_catalogue_member() {
+        let ours = config::schema();
+        let theirs = catalogue_defs().unwrap();
+        for (our_def, their_def) in domain::CATALOGUE_TYPES {
+            let o = &ours["$defs"][our_def];
+            let t = &theirs[*their_def];
+            assert!(o.is_object(), "the configuration schema has no `{our_def}`");
+            assert!(t.is_object(), "the catalogue has no `{their_def}`");
+            if let Some(values) = o.get("enum") {
+                assert_eq!(
+                    Some(values),
+                    t.get("enum"),
+                    "`{our_def}` and the catalogue's `{their_def}` list different values: \
+                     map them in runtime/domain.rs or change the value deliberately (a data \
+                     migration)"
+                );
+                continue;
+            }
+            let members = o["properties"].as_object().unwrap();
+            assert!(!members.is_empty(), "`{our_def}` has no members");
+            for name in members.keys() {
+                let theirs = domain::catalogue_member(our_def, name);
+                assert!(
+                    t["properties"].get(theirs).is_some(),
+                    "`{our_def}.{name}` has no member `{theirs}` in the catalogue's \
+                     `{their_def}`: add a mapping to CATALOGUE_MEMBER_RENAMES in \
+                     runtime/domain.rs, or rename the member there deliberately (that is a \
+                     data migration of the configuration file and the stored rows)"
+                );
+            }
+            // The other way round is a compile error in the conversions of runtime/domain.rs.
+            let names = |v: &Value, ours: bool| -> Vec<String> {
+                v.as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|n| n.as_str().unwrap())
+                    .map(|n| {
+                        if ours {
+                            domain::catalogue_member(our_def, n)
+                        } else {
+                            n
+                        }
+                    })
+                    .map(str::to_owned)
+                    .collect()
+            };
+            assert_eq!(
+                names(&o["required"], true),
+                names(&t["required"], false),
+                "`{our_def}` and `{their_def}` require different members"
+            );
+        }
+    }
+
+    /// Each domain member took the catalogue's schema, and no schema still points at a
+    /// catalogue definition.
+    #[test]
+    fn every_domain_member_shows_the_catalogue_schema() {
+        let root = constrained_schema().unwrap();
+        let theirs = catalogue_defs().unwrap();
+        for (our_def, their_def) in domain::CATALOGUE_TYPES {
+            let o = &root["$defs"][our_def];
+            let t = &theirs[*their_def];
+            if o.get("enum").is_some() {
+                assert_eq!(o, t, "{our_def}");
+                continue;
+            }
+            for (name, schema) in o["properties"].as_object().unwrap() {
+                let mut want = t["properties"][domain::catalogue_member(our_def, name)].clone();
+                assert!(to_our_refs(&mut want), "{our_def}.{name}");
+                assert_eq!(schema, &want, "{our_def}.{name}");
+            }
+            assert!(
+                root["$defs"].get(*their_def).is_none() || our_def == their_def,
+                "{their_def} left in the schema"
+            );
+        }
+        let text = root.to_string();
+        for (ours, theirs) in domain::CATALOGUE_TYPES {
+            if ours != theirs {
+                assert!(
+                    !text.contains(&format!("\"#/$defs/{theirs}\"")),
+                    "a reference to the catalogue's {theirs} remains"
+                );
+            }
+        }
+        // A constraint reached through a reference: a scripted step's failure status.
+        let status = &root["$defs"]["ScriptFailure"]["properties"]["status"];
+        assert_eq!(status["minimum"], 400);
+        assert_eq!(
+            root["$defs"]["ScriptStep"]["properties"]["error"]["$ref"],
+            "#/$defs/ScriptFailure"
+        );
     }
 }

@@ -10,6 +10,8 @@ use crate::rpc::generated::types::{
     ProvidersUpdateParams, ProvidersUpdateResult,
 };
 use crate::rpc::CallContext;
+use crate::runtime::domain::ProviderType;
+use crate::runtime::providers_registry::{ProviderEntry, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_MS};
 
 impl Rpc {
     /// Agents whose primary, fallback or per-operation model is served by `provider`.
@@ -41,7 +43,29 @@ impl Rpc {
             .providers
             .get(id)
             .ok_or_else(|| GatewayError::NotFound(format!("Provider not found: {id}")))?;
-        Ok(entry.record(self.agents_using(id)))
+        Ok(provider_record(entry, self.agents_using(id)))
+    }
+}
+
+/// The wire record of a provider, built from its (completed) domain settings.
+fn provider_record(entry: &ProviderEntry, agents_using: Vec<String>) -> ProvidersRecord {
+    let c = &entry.config;
+    ProvidersRecord {
+        provider_id: entry.id.clone(),
+        type_: c.type_.unwrap_or(ProviderType::Openai).into(),
+        name: c.name.clone().unwrap_or_else(|| entry.id.clone()),
+        base_url: c.base_url.clone(),
+        api_key_env: c.api_key_env.clone(),
+        api_key_configured: entry.key_configured,
+        timeout_ms: c.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        max_retries: c.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+        enabled: entry.enabled(),
+        models: c.models.clone().unwrap_or_default(),
+        agents_using,
+        script: c
+            .script
+            .clone()
+            .map(|s| s.into_iter().map(Into::into).collect()),
     }
 }
 
@@ -56,7 +80,7 @@ impl ProvidersApi for Rpc {
             providers: snap
                 .providers
                 .values()
-                .map(|e| e.record(self.agents_using(&e.id)))
+                .map(|e| provider_record(e, self.agents_using(&e.id)))
                 .collect(),
         })
     }
@@ -76,7 +100,7 @@ impl ProvidersApi for Rpc {
     ) -> Result<ProvidersCreateResult, GatewayError> {
         self.engine()
             .providers
-            .create(&p.provider_id, p.config)
+            .create(&p.provider_id, p.config.into())
             .await?;
         Ok(ProvidersCreateResult {
             provider: self.provider_record(&p.provider_id)?,
@@ -92,7 +116,7 @@ impl ProvidersApi for Rpc {
     ) -> Result<ProvidersUpdateResult, GatewayError> {
         self.engine()
             .providers
-            .update(&p.provider_id, p.config)
+            .update(&p.provider_id, p.config.into())
             .await?;
         Ok(ProvidersUpdateResult {
             provider: self.provider_record(&p.provider_id)?,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::error::GatewayError;
-use crate::rpc::generated::types::{AgentsBudget, AgentsConfig, AgentsRecord};
+use crate::runtime::domain::{AgentBudget, AgentSettings};
 use crate::runtime::providers_registry::{seed_hash, to_json, Snapshot};
 use crate::runtime::settings::AgentDefaults;
 use crate::store::registry::Table;
@@ -20,7 +20,7 @@ pub const OPERATIONS: &[&str] = &["summarize", "embed"];
 #[derive(Debug, Clone, PartialEq)]
 pub struct Agent {
     pub id: String,
-    pub config: AgentsConfig,
+    pub config: AgentSettings,
     pub suspended: bool,
     pub created_at: i64,
     pub updated_at: i64,
@@ -35,11 +35,8 @@ impl Agent {
         self.config.max_steps.unwrap_or(1).clamp(1, 1000) as u32
     }
 
-    pub fn budget(&self) -> AgentsBudget {
-        self.config.budget.clone().unwrap_or(AgentsBudget {
-            tokens: None,
-            cost_usd: None,
-        })
+    pub fn budget(&self) -> AgentBudget {
+        self.config.budget.clone().unwrap_or_default()
     }
 
     /// Whether the agent may call a tool.
@@ -57,27 +54,6 @@ impl Agent {
             .as_ref()
             .and_then(|m| m.get(op))
             .map(String::as_str)
-    }
-
-    pub fn record(&self, is_default: bool, data_dir: &Path) -> AgentsRecord {
-        let c = &self.config;
-        AgentsRecord {
-            agent_id: self.id.clone(),
-            name: c.name.clone().unwrap_or_else(|| self.id.clone()),
-            provider: c.provider.clone().unwrap_or_default(),
-            model: self.model().to_owned(),
-            system_prompt: c.system_prompt.clone().unwrap_or_default(),
-            max_steps: i64::from(self.max_steps()),
-            budget: self.budget(),
-            tools: c.tools.clone().unwrap_or_default(),
-            fallback_models: c.fallback_models.clone().unwrap_or_default(),
-            operation_models: c.operation_models.clone().unwrap_or_default(),
-            suspended: self.suspended,
-            is_default,
-            workspace_dir: workspace_dir(data_dir, &self.id).display().to_string(),
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-        }
     }
 }
 
@@ -102,12 +78,12 @@ fn check_model(snap: &Snapshot, what: &str, name: &str) -> Result<String, Gatewa
 
 /// Fills in defaults and validates an agent's settings against the catalogue.
 pub fn complete(
-    mut c: AgentsConfig,
+    mut c: AgentSettings,
     id: &str,
     snap: &Snapshot,
     defaults: &AgentDefaults,
     default_model: Option<&str>,
-) -> Result<AgentsConfig, GatewayError> {
+) -> Result<AgentSettings, GatewayError> {
     c.name.get_or_insert_with(|| id.to_owned());
     let model = match (&c.model, &c.provider) {
         (Some(m), _) => m.clone(),
@@ -144,10 +120,7 @@ pub fn complete(
     c.system_prompt.get_or_insert_with(String::new);
     c.max_steps
         .get_or_insert(i64::from(defaults.max_steps.max(1)));
-    c.budget.get_or_insert(AgentsBudget {
-        tokens: None,
-        cost_usd: None,
-    });
+    c.budget.get_or_insert_with(AgentBudget::default);
     c.tools.get_or_insert_with(|| vec!["*".to_owned()]);
     let fallbacks = c.fallback_models.take().unwrap_or_default();
     let mut checked = Vec::with_capacity(fallbacks.len());
@@ -174,7 +147,7 @@ pub fn complete(
     Ok(c)
 }
 
-fn merge_agent(mut c: AgentsConfig, d: AgentsConfig) -> AgentsConfig {
+fn merge_agent(mut c: AgentSettings, d: AgentSettings) -> AgentSettings {
     if d.name.is_some() {
         c.name = d.name;
     }
@@ -272,7 +245,7 @@ impl Agents {
         let rows = self.store.registry_list(Table::Agents).await?;
         let mut map = BTreeMap::new();
         for r in rows {
-            match serde_json::from_str::<AgentsConfig>(&r.config) {
+            match serde_json::from_str::<AgentSettings>(&r.config) {
                 Ok(config) => {
                     map.insert(
                         r.id.clone(),
@@ -300,7 +273,7 @@ impl Agents {
     pub async fn create(
         &self,
         id: &str,
-        config: AgentsConfig,
+        config: AgentSettings,
         snap: &Snapshot,
         default_model: Option<&str>,
     ) -> Result<Arc<Agent>, GatewayError> {
@@ -323,7 +296,7 @@ impl Agents {
     pub async fn update(
         &self,
         id: &str,
-        change: AgentsConfig,
+        change: AgentSettings,
         snap: &Snapshot,
         dry_run: bool,
     ) -> Result<Agent, GatewayError> {
@@ -378,7 +351,7 @@ impl Agents {
     pub async fn seed(
         &self,
         id: &str,
-        config: &AgentsConfig,
+        config: &AgentSettings,
         snap: &Snapshot,
         default_model: Option<&str>,
     ) -> Result<(), GatewayError> {
@@ -389,20 +362,5 @@ impl Agents {
         self.store
             .registry_seed(Table::Agents, id, &text, &hash)
             .await
-    }
-}
-
-/// Settings with every member absent (all defaults).
-pub fn empty_config() -> AgentsConfig {
-    AgentsConfig {
-        name: None,
-        provider: None,
-        model: None,
-        system_prompt: None,
-        max_steps: None,
-        budget: None,
-        tools: None,
-        fallback_models: None,
-        operation_models: None,
     }
 }

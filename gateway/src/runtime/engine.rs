@@ -8,11 +8,12 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::MethodId;
 use crate::rpc::generated::types::{
-    AgentsConfig, ModelsCapability, ProvidersConfig, ProvidersType,
+    self as wire, AgentsCreateParams, ModelsCapability, ProvidersCreateParams,
 };
 use crate::rpc::support;
 use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
+use crate::runtime::domain::{AgentSettings, ProviderSettings, ProviderType};
 use crate::runtime::providers::local::{self, LocalOptions, LocalProvider};
 use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
@@ -239,60 +240,33 @@ async fn seed(
 ) -> Result<(), GatewayError> {
     let mut providers = config.providers.clone();
     if providers.is_empty() {
-        providers.insert(
-            EMBEDDED_PROVIDER.to_owned(),
-            ProvidersConfig {
-                type_: Some(ProvidersType::Local),
-                name: Some("In-process models (candle)".to_owned()),
-                base_url: None,
-                api_key_env: None,
-                timeout_ms: Some(300_000),
-                max_retries: Some(0),
-                enabled: None,
-                models: None,
-                script: None,
-            },
-        );
+        providers.insert(EMBEDDED_PROVIDER.to_owned(), embedded_provider());
     }
     for (id, cfg) in &providers {
-        let checked: ProvidersConfig =
-            check_entry::<crate::rpc::generated::types::ProvidersCreateParams>(
-                MethodId::ProvidersCreate,
-                serde_json::json!({"providerId": id, "config": cfg}),
-                &format!("providers.{id}"),
-            )?
-            .config;
-        registry.seed(id, &checked).await?;
+        // The file gets the catalogue's constraints: the entry is checked in its wire form,
+        // whatever the catalogue calls its members today.
+        check_entry::<ProvidersCreateParams>(
+            MethodId::ProvidersCreate,
+            serde_json::json!({"providerId": id, "config": wire::ProvidersConfig::from(cfg.clone())}),
+            &format!("providers.{id}"),
+        )?;
+        registry.seed(id, cfg).await?;
     }
     registry.reload().await?;
     let snap = registry.snapshot();
     let default_model = default_chat_model(registry);
     let mut agents = config.agents.clone();
     if agents.is_empty() {
-        agents.insert(
-            EMBEDDED_AGENT.to_owned(),
-            AgentsConfig {
-                name: Some("Default agent".to_owned()),
-                provider: None,
-                model: None,
-                system_prompt: Some("You are a helpful assistant. Answer briefly.".to_owned()),
-                max_steps: None,
-                budget: None,
-                tools: None,
-                fallback_models: None,
-                operation_models: None,
-            },
-        );
+        agents.insert(EMBEDDED_AGENT.to_owned(), embedded_agent());
     }
     for (id, cfg) in &agents {
-        let params: crate::rpc::generated::types::AgentsCreateParams = check_entry(
+        check_entry::<AgentsCreateParams>(
             MethodId::AgentsCreate,
-            serde_json::json!({"agentId": id, "config": cfg}),
+            serde_json::json!({"agentId": id, "config": wire::AgentsConfig::from(cfg.clone())}),
             &format!("agents.{id}"),
         )?;
-        let cfg = params.config.unwrap_or(cfg.clone());
         agent_registry
-            .seed(id, &cfg, &snap, default_model.as_deref())
+            .seed(id, cfg, &snap, default_model.as_deref())
             .await?;
     }
     agent_registry.reload().await?;
@@ -306,6 +280,26 @@ async fn seed(
     Ok(())
 }
 
+/// The provider defined when the configuration names none.
+fn embedded_provider() -> ProviderSettings {
+    ProviderSettings {
+        type_: Some(ProviderType::Local),
+        name: Some("In-process models (candle)".to_owned()),
+        timeout_ms: Some(300_000),
+        max_retries: Some(0),
+        ..ProviderSettings::default()
+    }
+}
+
+/// The agent defined when the configuration names none (on the first chat model).
+fn embedded_agent() -> AgentSettings {
+    AgentSettings {
+        name: Some("Default agent".to_owned()),
+        system_prompt: Some("You are a helpful assistant. Answer briefly.".to_owned()),
+        ..AgentSettings::default()
+    }
+}
+
 /// The first chat model of the catalogue: the embedded local model when present.
 fn default_chat_model(providers: &Providers) -> Option<String> {
     let snap = providers.snapshot();
@@ -317,4 +311,112 @@ fn default_chat_model(providers: &Providers) -> Option<String> {
         .iter()
         .find(|m| m.can(ModelsCapability::Chat))
         .map(|m| m.id())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::runtime::domain::tests::{
+        AGENT_JSON, AGENT_SEED_HASH, CONFIG_YAML, PROVIDER_JSON, PROVIDER_SEED_HASH,
+    };
+    use crate::store::registry::RegistryRow;
+
+    /// Seeds `config` into an in-memory database; the rows of both tables.
+    async fn seeded(config: &Config) -> Result<(Vec<RegistryRow>, Vec<RegistryRow>), GatewayError> {
+        let store = Store::open_in_memory().await?;
+        let providers = Providers::new(
+            store.clone(),
+            config.models.clone(),
+            LocalProvider::new(local_options(config)),
+            false,
+            &config.provider_policy,
+        );
+        let agents = Agents::new(
+            store.clone(),
+            config.agent_defaults.clone(),
+            config.default_agent.clone(),
+        );
+        seed(&providers, &agents, config).await?;
+        Ok((
+            store.registry_list(Table::Providers).await?,
+            store.registry_list(Table::Agents).await?,
+        ))
+    }
+
+    #[tokio::test]
+    async fn seeding_stores_todays_text_and_seed_hash() {
+        let config = crate::config::parse(CONFIG_YAML).unwrap();
+        let (providers, agents) = seeded(&config).await.unwrap();
+        assert_eq!(providers.len(), 1);
+        assert_eq!(providers[0].id, "demo");
+        assert_eq!(providers[0].config, PROVIDER_JSON);
+        assert_eq!(providers[0].seed_hash.as_deref(), Some(PROVIDER_SEED_HASH));
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].id, "bot");
+        assert_eq!(agents[0].config, AGENT_JSON);
+        assert_eq!(agents[0].seed_hash.as_deref(), Some(AGENT_SEED_HASH));
+    }
+
+    /// The embedded defaults are seeded on every start without a `providers`/`agents`
+    /// section; their hashes were computed on `main` at 779c347 (the then inline
+    /// `ProvidersConfig`/`AgentsConfig` literals, printed by a temporary test), so an
+    /// existing data directory is not re-seeded by the refactor.
+    #[tokio::test]
+    async fn the_embedded_defaults_keep_their_text_and_seed_hash() {
+        let (providers, agents) = seeded(&Config::default()).await.unwrap();
+        assert_eq!(providers.len(), 1);
+        assert_eq!(providers[0].id, EMBEDDED_PROVIDER);
+        assert_eq!(
+            providers[0].seed_hash.as_deref(),
+            Some("4409e05783c748f2ae75615439afeef6cd5b2a491afc34873dd6cb95725cc91b")
+        );
+        assert_eq!(
+            crate::runtime::providers_registry::to_json(&embedded_provider()).unwrap(),
+            r#"{"type":"local","name":"In-process models (candle)","timeoutMs":300000,"maxRetries":0}"#
+        );
+        assert_eq!(agents.len(), 1);
+        assert_eq!(agents[0].id, EMBEDDED_AGENT);
+        assert_eq!(
+            agents[0].seed_hash.as_deref(),
+            Some("2c210b44ec837df0378b1e133c10995637e6b500fcca3018aba3896c301ca401")
+        );
+    }
+
+    /// The file's entries get the catalogue's constraints through the wire conversion: at
+    /// the limit accepted, one past it refused naming the entry and the member.
+    #[tokio::test]
+    async fn file_entries_are_checked_against_the_catalogue_schema() {
+        let provider = |timeout: i64| {
+            format!("providers:\n  p:\n    type: scripted\n    timeoutMs: {timeout}\n")
+        };
+        // The catalogue's minimum of providers' timeoutMs is 1000.
+        let ok = crate::config::parse(&provider(1000)).unwrap();
+        seeded(&ok).await.unwrap();
+        let bad = crate::config::parse(&provider(999)).unwrap();
+        let e = seeded(&bad).await.unwrap_err().to_string();
+        assert!(e.contains("providers.p") && e.contains("timeoutMs"), "{e}");
+
+        let agent = |steps: i64| {
+            format!("providers:\n  p:\n    type: scripted\nagents:\n  a:\n    maxSteps: {steps}\n")
+        };
+        // ... and the minimum of agents' maxSteps is 1.
+        seeded(&crate::config::parse(&agent(1)).unwrap())
+            .await
+            .unwrap();
+        let e = seeded(&crate::config::parse(&agent(0)).unwrap())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("agents.a") && e.contains("maxSteps"), "{e}");
+
+        // A raw key where the variable's name belongs (the catalogue's pattern).
+        let key = "providers:\n  p:\n    type: openai\n    apiKeyEnv: sk-abc def\n";
+        let e = seeded(&crate::config::parse(key).unwrap())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("providers.p") && e.contains("apiKeyEnv"), "{e}");
+    }
 }

@@ -5,6 +5,7 @@ pub mod agents;
 pub mod catalog;
 pub mod compact;
 pub mod control;
+pub mod domain;
 pub mod embed;
 pub mod engine;
 pub mod heartbeat;

@@ -7,13 +7,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::error::GatewayError;
-use crate::rpc::generated::types::{ProvidersConfig, ProvidersRecord, ProvidersType};
 use crate::runtime::catalog::{self, ModelInfo};
+use crate::runtime::domain::{ProviderSettings, ProviderType};
 use crate::runtime::providers::local::{LocalProvider, LocalStatus};
 use crate::runtime::providers::policy::{ApiPolicy, ProviderPolicyConfig};
 use crate::runtime::providers::{
     anthropic::AnthropicProvider, openai::OpenAiProvider, scripted::ScriptedProvider, Provider,
-    ProviderKind, ProviderSettings,
+    ProviderKind,
 };
 use crate::runtime::settings::ModelConfig;
 use crate::store::registry::{RegistryRow, Table};
@@ -22,13 +22,13 @@ use crate::store::Store;
 pub const DEFAULT_TIMEOUT_MS: i64 = 60_000;
 pub const DEFAULT_MAX_RETRIES: i64 = 2;
 
-impl From<ProvidersType> for ProviderKind {
-    fn from(t: ProvidersType) -> Self {
+impl From<ProviderType> for ProviderKind {
+    fn from(t: ProviderType) -> Self {
         match t {
-            ProvidersType::Openai => Self::Openai,
-            ProvidersType::Anthropic => Self::Anthropic,
-            ProvidersType::Local => Self::Local,
-            ProvidersType::Scripted => Self::Scripted,
+            ProviderType::Openai => Self::Openai,
+            ProviderType::Anthropic => Self::Anthropic,
+            ProviderType::Local => Self::Local,
+            ProviderType::Scripted => Self::Scripted,
         }
     }
 }
@@ -38,7 +38,7 @@ pub struct ProviderEntry {
     pub id: String,
     pub kind: ProviderKind,
     /// Stored settings with every default filled in.
-    pub config: ProvidersConfig,
+    pub config: ProviderSettings,
     /// The live instance, or why it could not be built.
     pub instance: Result<Arc<dyn Provider>, String>,
     pub key_configured: bool,
@@ -58,24 +58,6 @@ impl ProviderEntry {
             .max_retries
             .unwrap_or(DEFAULT_MAX_RETRIES)
             .max(0) as u32
-    }
-
-    pub fn record(&self, agents_using: Vec<String>) -> ProvidersRecord {
-        let c = &self.config;
-        ProvidersRecord {
-            provider_id: self.id.clone(),
-            type_: c.type_.unwrap_or(ProvidersType::Openai),
-            name: c.name.clone().unwrap_or_else(|| self.id.clone()),
-            base_url: c.base_url.clone(),
-            api_key_env: c.api_key_env.clone(),
-            api_key_configured: self.key_configured,
-            timeout_ms: c.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-            max_retries: c.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
-            enabled: self.enabled(),
-            models: c.models.clone().unwrap_or_default(),
-            agents_using,
-            script: c.script.clone(),
-        }
     }
 }
 
@@ -107,7 +89,7 @@ fn default_models(kind: ProviderKind) -> Vec<String> {
 }
 
 /// Fills in every default of a provider's settings and checks rules the schema cannot.
-pub fn complete(id: &str, mut c: ProvidersConfig) -> Result<ProvidersConfig, GatewayError> {
+pub fn complete(id: &str, mut c: ProviderSettings) -> Result<ProviderSettings, GatewayError> {
     let Some(t) = c.type_ else {
         return Err(GatewayError::InvalidParams(
             "'config.type' is required (openai, anthropic, local, scripted)".into(),
@@ -145,18 +127,19 @@ pub fn complete(id: &str, mut c: ProvidersConfig) -> Result<ProvidersConfig, Gat
 
 fn build_entry(
     id: &str,
-    config: ProvidersConfig,
+    config: ProviderSettings,
     local: &Arc<LocalProvider>,
     address_guard: Option<Arc<ApiPolicy>>,
 ) -> ProviderEntry {
-    let kind = ProviderKind::from(config.type_.unwrap_or(ProvidersType::Openai));
+    let kind = ProviderKind::from(config.type_.unwrap_or(ProviderType::Openai));
     let api_key = config
         .api_key_env
         .as_deref()
         .and_then(|v| std::env::var(v).ok())
         .filter(|k| !k.trim().is_empty());
     let key_configured = config.api_key_env.is_none() || api_key.is_some();
-    let settings = ProviderSettings {
+    // The connection settings of an HTTP provider (not the stored `ProviderSettings`).
+    let settings = crate::runtime::providers::ProviderSettings {
         id: id.to_owned(),
         kind,
         base_url: config.base_url.clone(),
@@ -223,7 +206,7 @@ impl Providers {
     }
 
     /// The connection-time address check of a provider whose base URL is not the file's.
-    fn address_guard(&self, id: &str, config: &ProvidersConfig) -> Option<Arc<ApiPolicy>> {
+    fn address_guard(&self, id: &str, config: &ProviderSettings) -> Option<Arc<ApiPolicy>> {
         let from_file = self
             .file_urls
             .read()
@@ -297,7 +280,7 @@ impl Providers {
         let mut providers = BTreeMap::new();
         let mut models = Vec::new();
         for RegistryRow { id, config, .. } in rows {
-            let cfg: ProvidersConfig = match serde_json::from_str(&config) {
+            let cfg: ProviderSettings = match serde_json::from_str(&config) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(provider = %id, error = %e, "stored provider settings unreadable; skipped");
@@ -332,7 +315,7 @@ impl Providers {
     }
 
     /// Adds a provider; Conflict when the id exists.
-    pub async fn create(&self, id: &str, config: ProvidersConfig) -> Result<(), GatewayError> {
+    pub async fn create(&self, id: &str, config: ProviderSettings) -> Result<(), GatewayError> {
         let config = complete(id, config)?;
         self.check_api_settings(config.api_key_env.as_deref(), config.base_url.as_deref())
             .await?;
@@ -351,7 +334,7 @@ impl Providers {
     }
 
     /// Merges a change into a provider's settings.
-    pub async fn update(&self, id: &str, change: ProvidersConfig) -> Result<(), GatewayError> {
+    pub async fn update(&self, id: &str, change: ProviderSettings) -> Result<(), GatewayError> {
         let _w = self.write.lock().await;
         let current = self
             .snapshot()
@@ -407,7 +390,7 @@ impl Providers {
 
     /// Writes a configuration-file entry: inserted when new, replaced when the file's entry
     /// changed since it was last seeded, kept (with changes made through the API) otherwise.
-    pub async fn seed(&self, id: &str, config: &ProvidersConfig) -> Result<(), GatewayError> {
+    pub async fn seed(&self, id: &str, config: &ProviderSettings) -> Result<(), GatewayError> {
         let hash = seed_hash(config);
         let completed = complete(id, config.clone())
             .map_err(|e| GatewayError::InvalidParams(format!("providers.{id}: {e}")))?;
@@ -430,7 +413,7 @@ impl Providers {
     }
 }
 
-fn merge_provider(mut c: ProvidersConfig, d: ProvidersConfig) -> ProvidersConfig {
+fn merge_provider(mut c: ProviderSettings, d: ProviderSettings) -> ProviderSettings {
     if d.name.is_some() {
         c.name = d.name;
     }

@@ -12,13 +12,13 @@ use super::{
     BoxFuture, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
     ProviderError, Role, StopReason, ToolCall, Usage,
 };
-use crate::rpc::generated::types::{ScriptedRule, ScriptedStep};
+use crate::runtime::domain::{ScriptRule, ScriptStep};
 
 /// Dimensions of the scripted embeddings.
 pub const EMBEDDING_DIMS: usize = 16;
 
 pub struct ScriptedProvider {
-    rules: Vec<ScriptedRule>,
+    rules: Vec<ScriptRule>,
     /// Failures answered so far per (rule, step), for `failTimes`.
     failures: Mutex<HashMap<(usize, usize), i64>>,
 }
@@ -29,7 +29,7 @@ pub fn estimate_tokens(text: &str) -> u64 {
 }
 
 impl ScriptedProvider {
-    pub fn new(rules: Vec<ScriptedRule>) -> Self {
+    pub fn new(rules: Vec<ScriptRule>) -> Self {
         Self {
             rules,
             failures: Mutex::new(HashMap::new()),
@@ -38,7 +38,7 @@ impl ScriptedProvider {
 
     /// The rule and step answering this request: the step index is the number of assistant
     /// messages after the latest user message.
-    fn pick(&self, req: &ChatRequest) -> Option<(usize, usize, &ScriptedStep)> {
+    fn pick(&self, req: &ChatRequest) -> Option<(usize, usize, &ScriptStep)> {
         let last_user = req.messages.iter().rposition(|m| m.role == Role::User);
         let text = last_user.map_or("", |i| req.messages[i].content.as_str());
         let step = last_user.map_or(0, |i| {
@@ -55,7 +55,7 @@ impl ScriptedProvider {
         })
     }
 
-    fn should_fail(&self, rule: usize, step: usize, s: &ScriptedStep) -> bool {
+    fn should_fail(&self, rule: usize, step: usize, s: &ScriptStep) -> bool {
         if s.error.is_none() {
             return false;
         }
