@@ -49,8 +49,13 @@ async fn echo(mut socket: Socket, stop: CancellationToken, kill: CancellationTok
         };
         let reply = match msg {
             Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => msg,
+            // Complete the closing handshake as /ws does: tungstenite queued the answer (the
+            // peer's code) when it read the close frame; flushing writes it and ends the
+            // stream, and dropping the socket then closes TCP from our side first.
+            // (`WebSocketStream::close` would try to send a second close frame and fail with
+            // SendAfterClosing, leaving the answer unsent: Autobahn's UNCLEAN closes.)
             Some(Ok(Message::Close(_))) => {
-                let _ = tokio::time::timeout(DRAIN, socket.close(None)).await;
+                let _ = tokio::time::timeout(DRAIN, socket.flush()).await;
                 return;
             }
             Some(Ok(_)) => continue,
