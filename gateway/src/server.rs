@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,6 +30,7 @@ use crate::hub::ConnTicket;
 use crate::runtime::engine::Engine;
 use crate::state::{AppState, Control};
 use crate::store::Store;
+use crate::transport::watch::Watched;
 
 type HyperBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
@@ -419,28 +420,18 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
     }
 }
 
-/// Drives `conn` until it ends (true) or `stop` fires (false). A `select!` would poll the stop
-/// signal at every wake-up of the connection, taking its waiter lock several times per request;
-/// here it is polled once to register this task's waker (and again only if the waker changed),
-/// and otherwise only its flag is read.
+/// Drives `conn` until it ends (true) or `stop` fires (false), reading the stop flag at each
+/// wake-up rather than polling its future ([`Watched`]).
 async fn until_stopped<F: Future>(mut conn: Pin<&mut F>, stop: &CancellationToken) -> bool {
-    let stopped = stop.cancelled();
-    tokio::pin!(stopped);
-    let mut registered: Option<Waker> = None;
+    let mut stop = Watched::new(stop);
     std::future::poll_fn(|cx| {
         if conn.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(true);
+            Poll::Ready(true)
+        } else if stop.fired(cx) {
+            Poll::Ready(false)
+        } else {
+            Poll::Pending
         }
-        if stop.is_cancelled() {
-            return Poll::Ready(false);
-        }
-        if registered.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
-            if stopped.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(false);
-            }
-            registered = Some(cx.waker().clone());
-        }
-        Poll::Pending
     })
     .await
 }

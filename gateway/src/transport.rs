@@ -4,6 +4,7 @@
 
 pub mod limits;
 pub mod problem;
+pub mod watch;
 
 use poem::Response;
 

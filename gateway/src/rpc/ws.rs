@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use poem::web::Data;
 use poem::{Request, Response};
 use serde_json::Value;
@@ -30,6 +30,7 @@ use crate::handlers::Rpc;
 use crate::hub::{ConnTicket, Frame, Outbox, OUTBOUND_QUEUE};
 use crate::state::AppState;
 use crate::transport::json_error;
+use crate::transport::watch::Watched;
 
 /// Close code of a normal closure.
 pub const CLOSE_NORMAL: u16 = 1000;
@@ -255,6 +256,14 @@ enum Step {
     WriteFailed,
 }
 
+/// Why the connection's task woke: a signal (in order of precedence) or its socket and queue.
+enum Wake {
+    Killed,
+    Kicked,
+    Stopped,
+    Step(Step),
+}
+
 /// How a connection ends.
 enum End {
     /// Gone, failed, not reading, or past the grace period: nothing more is sent.
@@ -320,21 +329,32 @@ async fn connection(
     };
     let max_chars = g.ws_max_message_bytes;
     let max_batch = g.max_batch_size;
-    let killed = kill.cancelled();
-    let kicked = outbox.kicked().cancelled();
-    let stopped = state.stop.cancelled();
-    tokio::pin!(killed, kicked, stopped);
+    // Read as flags at every wake-up, in this order (see `transport::watch`).
+    let mut killed = Watched::new(&kill);
+    let mut kicked = Watched::new(outbox.kicked());
+    let mut stopped = Watched::new(&state.stop);
     let mut dirty = false;
     let end = loop {
-        let step = tokio::select! {
-            biased;
-            _ = &mut killed => break End::Drop,
-            _ = &mut kicked => {
+        let step = poll_fn(|cx| {
+            if killed.fired(cx) {
+                Poll::Ready(Wake::Killed)
+            } else if kicked.fired(cx) {
+                Poll::Ready(Wake::Kicked)
+            } else if stopped.fired(cx) {
+                Poll::Ready(Wake::Stopped)
+            } else {
+                pump(cx, &mut ws, &mut rx, &mut dirty).map(Wake::Step)
+            }
+        })
+        .await;
+        let step = match step {
+            Wake::Step(step) => step,
+            Wake::Killed => break End::Drop,
+            Wake::Kicked => {
                 tracing::info!(conn = conn_id, client = %principal.client_id, "websocket client not reading its replies: dropped");
                 break End::Drop;
             }
-            _ = &mut stopped => break End::Close(CLOSE_GOING_AWAY, SHUTDOWN_REASON),
-            step = poll_fn(|cx| pump(cx, &mut ws, &mut rx, &mut dirty)) => step,
+            Wake::Stopped => break End::Close(CLOSE_GOING_AWAY, SHUTDOWN_REASON),
         };
         let msg = match step {
             Step::Inbound(Some(Ok(msg))) => msg,
@@ -360,12 +380,20 @@ async fn connection(
                 }
                 let rpc = Rpc::new(state.clone());
                 let ctx = ctx.clone();
-                let outbox = outbox.clone();
-                tokio::spawn(async move {
+                let replies = outbox.clone();
+                let mut call = Box::pin(async move {
                     if let Reply::Some(v) = handle_text(&rpc, &ctx, &text, max_batch).await {
-                        outbox.push(v.to_string());
+                        replies.push(v.to_string());
                     }
                 });
+                // A call that completes at its first poll (most do: pings, reads, anything
+                // that does not wait) is answered from this task, and its reply goes out at
+                // the next turn of the loop; one that waits goes on as a task of its own, so
+                // the socket keeps being read. It is polled again there at once, with that
+                // task's waker.
+                if (&mut call).now_or_never().is_none() {
+                    tokio::spawn(call);
+                }
             }
             Message::Binary(_) => {
                 let v = if window.admit(Instant::now(), 1) {
@@ -401,7 +429,7 @@ async fn connection(
     };
     tokio::select! {
         biased;
-        _ = &mut killed => {}
+        _ = kill.cancelled() => {}
         _ = tokio::time::timeout(CLOSE_SEND_TIMEOUT, finish) => {}
     }
     tracing::debug!(conn = conn_id, "websocket closed");
