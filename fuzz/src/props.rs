@@ -420,7 +420,7 @@ impl MediaRig {
             .await
             .map_err(|e| e.to_string())?;
         store
-            .save_as(MEDIA_FILE, b"inside", Some("text/plain"), None)
+            .save_as(None, MEDIA_FILE, b"inside", Some("text/plain"), None)
             .await
             .map_err(|e| e.to_string())?;
         let files = store.root().join("files");

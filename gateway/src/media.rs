@@ -80,6 +80,8 @@ pub struct MediaFile {
     pub meta: MediaMeta,
     /// Canonical path of the bytes, inside the root.
     pub path: PathBuf,
+    /// The tenant it belongs to (None: admin only).
+    pub owner: Option<String>,
 }
 
 impl MediaFile {
@@ -102,6 +104,10 @@ struct Sidecar {
     size: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     file_name: Option<String>,
+    /// The tenant (client id) the file belongs to; absent: admin only (files saved before
+    /// files had owners, or saved by the gateway itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
 }
 
 fn id_char(c: char) -> bool {
@@ -323,6 +329,7 @@ impl MediaStore {
     /// or `file_name`, else `application/octet-stream`.
     pub async fn save(
         &self,
+        owner: Option<&str>,
         bytes: &[u8],
         content_type: Option<&str>,
         ext: Option<&str>,
@@ -333,13 +340,15 @@ impl MediaStore {
             id.push('.');
             id.push_str(ext);
         }
-        self.write_new(id, bytes, content_type, file_name).await
+        self.write_new(id, owner, bytes, content_type, file_name)
+            .await
     }
 
     /// Saves `bytes` under a caller-chosen id, which must be valid and not taken
     /// (an expired file that was not swept yet still takes its id).
     pub async fn save_as(
         &self,
+        owner: Option<&str>,
         id: &str,
         bytes: &[u8],
         content_type: Option<&str>,
@@ -348,7 +357,7 @@ impl MediaStore {
         if !valid_id(id) {
             return Err(MediaError::InvalidId);
         }
-        self.write_new(id.to_string(), bytes, content_type, file_name)
+        self.write_new(id.to_string(), owner, bytes, content_type, file_name)
             .await
     }
 
@@ -396,7 +405,24 @@ impl MediaStore {
                 file_name,
             },
             path,
+            owner: sidecar.owner,
         })
+    }
+
+    /// Like [`get`](Self::get), for a caller reaching `tenant`: a file of another tenant (or
+    /// without an owner, unless the caller is admin) is NotFound, as a missing one.
+    pub async fn get_for(
+        &self,
+        id: &str,
+        now_ms: i64,
+        tenant: &crate::tenancy::Tenant,
+    ) -> Result<MediaFile, MediaError> {
+        let file = self.get(id, now_ms).await?;
+        if tenant.reaches(file.owner.as_deref()) {
+            Ok(file)
+        } else {
+            Err(MediaError::NotFound)
+        }
     }
 
     /// Removes expired files with their sidecars, orphan sidecars, and temp files older
@@ -432,6 +458,7 @@ impl MediaStore {
     async fn write_new(
         &self,
         id: String,
+        owner: Option<&str>,
         bytes: &[u8],
         content_type: Option<&str>,
         file_name: Option<&str>,
@@ -462,6 +489,7 @@ impl MediaStore {
             saved_at: Some(saved_at),
             size: Some(size),
             file_name: file_name.clone(),
+            owner: owner.map(str::to_owned),
         };
         if let Err(e) = self.write_sidecar(&id, &sidecar).await {
             discard(&dest).await;
@@ -672,6 +700,7 @@ mod tests {
         let (_tmp, store) = store(None).await;
         let saved = store
             .save(
+                None,
                 b"hello",
                 Some("text/plain; charset=utf-8"),
                 Some("txt"),
@@ -713,7 +742,7 @@ mod tests {
     async fn sidecar_type_wins_over_extension() {
         let (_tmp, store) = store(None).await;
         store
-            .save_as("pic.png", b"x", Some("image/webp"), None)
+            .save_as(None, "pic.png", b"x", Some("image/webp"), None)
             .await
             .unwrap();
         let got = store.get("pic.png", now()).await.unwrap();
@@ -727,19 +756,22 @@ mod tests {
     async fn generated_ids_drop_bad_extensions() {
         let (_tmp, store) = store(None).await;
         for ext in ["../x", "a/b", "", ".", "p ng", "é", "abcdefghijklmnopq"] {
-            let meta = store.save(b"x", None, Some(ext), None).await.unwrap();
+            let meta = store.save(None, b"x", None, Some(ext), None).await.unwrap();
             assert_eq!(meta.id.len(), 32, "ext {ext:?} must be dropped");
             assert_eq!(meta.content_type, FALLBACK_TYPE);
         }
-        let meta = store.save(b"x", None, Some(".png"), None).await.unwrap();
+        let meta = store
+            .save(None, b"x", None, Some(".png"), None)
+            .await
+            .unwrap();
         assert!(meta.id.ends_with(".png") && !meta.id.ends_with("..png"));
         assert_eq!(meta.content_type, "image/png");
         let meta = store
-            .save(b"x", None, Some("abcdefghijklmnop"), None)
+            .save(None, b"x", None, Some("abcdefghijklmnop"), None)
             .await
             .unwrap();
         assert!(meta.id.ends_with(".abcdefghijklmnop"));
-        let meta = store.save(b"x", None, None, None).await.unwrap();
+        let meta = store.save(None, b"x", None, None, None).await.unwrap();
         assert_eq!(meta.id.len(), 32);
     }
 
@@ -756,16 +788,19 @@ mod tests {
             "tëxt/plain",
         ] {
             let meta = store
-                .save(b"x", Some(bad), Some("png"), None)
+                .save(None, b"x", Some(bad), Some("png"), None)
                 .await
                 .unwrap();
             assert_eq!(meta.content_type, "image/png", "for {bad:?}");
         }
         let long = format!("text/{}", "a".repeat(200));
-        let meta = store.save(b"x", Some(&long), None, None).await.unwrap();
+        let meta = store
+            .save(None, b"x", Some(&long), None, None)
+            .await
+            .unwrap();
         assert_eq!(meta.content_type, FALLBACK_TYPE);
         let meta = store
-            .save(b"x", None, None, Some("report.pdf"))
+            .save(None, b"x", None, None, Some("report.pdf"))
             .await
             .unwrap();
         assert_eq!(meta.content_type, "application/pdf");
@@ -775,7 +810,7 @@ mod tests {
     async fn type_from_extension_without_sidecar() {
         let (_tmp, store) = store(None).await;
         store
-            .save_as("doc.pdf", b"%PDF", Some("application/x-custom"), None)
+            .save_as(None, "doc.pdf", b"%PDF", Some("application/x-custom"), None)
             .await
             .unwrap();
         std::fs::remove_file(store.root().join("meta/doc.pdf.json")).unwrap();
@@ -823,7 +858,7 @@ mod tests {
             let got = store.get(id, now()).await.unwrap();
             assert_eq!(got.meta.content_type, FALLBACK_TYPE);
         }
-        let meta = store.save_as("raw", b"?", None, None).await.unwrap();
+        let meta = store.save_as(None, "raw", b"?", None, None).await.unwrap();
         assert_eq!(meta.content_type, FALLBACK_TYPE);
     }
 
@@ -831,7 +866,10 @@ mod tests {
     async fn ttl_edge() {
         let ttl = Duration::from_secs(60);
         let (_tmp, store) = store(Some(ttl)).await;
-        let meta = store.save_as("a.png", b"x", None, None).await.unwrap();
+        let meta = store
+            .save_as(None, "a.png", b"x", None, None)
+            .await
+            .unwrap();
         let edge = meta.saved_at + 60_000;
         assert!(store.get("a.png", edge).await.is_ok());
         assert_eq!(
@@ -862,7 +900,10 @@ mod tests {
     #[tokio::test]
     async fn never_expiring_store() {
         let (_tmp, store) = store(None).await;
-        let meta = store.save_as("a.png", b"x", None, None).await.unwrap();
+        let meta = store
+            .save_as(None, "a.png", b"x", None, None)
+            .await
+            .unwrap();
         put_sidecar(
             &store,
             "a.png",
@@ -878,8 +919,14 @@ mod tests {
         let (_tmp, store) = store(Some(Duration::from_secs(60))).await;
         let t = now();
         let root = store.root().to_path_buf();
-        store.save_as("fresh.png", b"x", None, None).await.unwrap();
-        store.save_as("old.png", b"x", None, None).await.unwrap();
+        store
+            .save_as(None, "fresh.png", b"x", None, None)
+            .await
+            .unwrap();
+        store
+            .save_as(None, "old.png", b"x", None, None)
+            .await
+            .unwrap();
         put_sidecar(
             &store,
             "old.png",
@@ -986,7 +1033,7 @@ mod tests {
                 Err(MediaError::InvalidId | MediaError::NotFound) => {}
                 other => panic!("{id:?} gave {other:?}"),
             }
-            match store.save_as(id, b"x", None, None).await {
+            match store.save_as(None, id, b"x", None, None).await {
                 Err(MediaError::InvalidId) => {}
                 Ok(meta) => assert!(valid_id(&meta.id) && meta.id == id),
                 Err(e) => panic!("{id:?} save gave {e:?}"),
@@ -1024,7 +1071,10 @@ mod tests {
     #[tokio::test]
     async fn symlink_inside_root_is_served() {
         let (_tmp, store) = store(None).await;
-        store.save_as("real.png", b"x", None, None).await.unwrap();
+        store
+            .save_as(None, "real.png", b"x", None, None)
+            .await
+            .unwrap();
         std::os::unix::fs::symlink("real.png", store.root().join("files/alias.png")).unwrap();
         let got = store.get("alias.png", now()).await.unwrap();
         assert_eq!(got.path, store.root().join("files/real.png"));
@@ -1052,7 +1102,10 @@ mod tests {
         assert_eq!(got.meta.content_type, "image/png");
         // saving over the orphan link replaces the link, not the target
         std::fs::remove_file(store.root().join("files/a.png")).unwrap();
-        store.save_as("a.png", b"y", None, None).await.unwrap();
+        store
+            .save_as(None, "a.png", b"y", None, None)
+            .await
+            .unwrap();
         assert!(std::fs::read_to_string(&outside)
             .unwrap()
             .contains("text/html"));
@@ -1120,10 +1173,13 @@ mod tests {
     #[tokio::test]
     async fn save_as_existing_id_is_refused() {
         let (_tmp, store) = store(None).await;
-        store.save_as("a.png", b"one", None, None).await.unwrap();
+        store
+            .save_as(None, "a.png", b"one", None, None)
+            .await
+            .unwrap();
         assert_eq!(
             store
-                .save_as("a.png", b"two", None, None)
+                .save_as(None, "a.png", b"two", None, None)
                 .await
                 .unwrap_err(),
             MediaError::AlreadyExists
@@ -1132,7 +1188,7 @@ mod tests {
         assert_eq!(std::fs::read(got.path).unwrap(), b"one");
         assert_eq!(
             store
-                .save_as("../a.png", b"x", None, None)
+                .save_as(None, "../a.png", b"x", None, None)
                 .await
                 .unwrap_err(),
             MediaError::InvalidId
@@ -1147,7 +1203,7 @@ mod tests {
         for i in 0..8u8 {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
-                store.save_as("race.bin", &[i], None, None).await
+                store.save_as(None, "race.bin", &[i], None, None).await
             }));
         }
         let mut wins = 0;
@@ -1167,21 +1223,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            store.save(&[0; 10], None, None, None).await.unwrap().size,
+            store
+                .save(None, &[0; 10], None, None, None)
+                .await
+                .unwrap()
+                .size,
             10
         );
         assert_eq!(
-            store.save(&[0; 11], None, None, None).await.unwrap_err(),
-            MediaError::TooLarge(10)
-        );
-        assert_eq!(
             store
-                .save_as("big", &[0; 11], None, None)
+                .save(None, &[0; 11], None, None, None)
                 .await
                 .unwrap_err(),
             MediaError::TooLarge(10)
         );
-        assert!(store.save(&[], None, None, None).await.is_ok());
+        assert_eq!(
+            store
+                .save_as(None, "big", &[0; 11], None, None)
+                .await
+                .unwrap_err(),
+            MediaError::TooLarge(10)
+        );
+        assert!(store.save(None, &[], None, None, None).await.is_ok());
     }
 
     #[test]
@@ -1195,6 +1258,7 @@ mod tests {
                 file_name: None,
             },
             path: PathBuf::new(),
+            owner: None,
         };
         for active in [
             "text/html",
@@ -1227,7 +1291,10 @@ mod tests {
     async fn private_permissions() {
         use std::os::unix::fs::PermissionsExt;
         let (_tmp, store) = store(None).await;
-        let meta = store.save(b"x", None, Some("png"), None).await.unwrap();
+        let meta = store
+            .save(None, b"x", None, Some("png"), None)
+            .await
+            .unwrap();
         let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         let root = store.root().to_path_buf();
         assert_eq!(mode(root.clone()), 0o700);

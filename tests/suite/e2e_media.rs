@@ -57,6 +57,7 @@ async fn media_statuses_headers_and_auth() {
     let media = store(&gw).await;
     let png = media
         .save(
+            Some("client"),
             b"\x89PNG fake",
             Some("image/png"),
             Some("png"),
@@ -65,7 +66,13 @@ async fn media_statuses_headers_and_auth() {
         .await
         .unwrap();
     let html = media
-        .save_as("page.html", b"<script>alert(1)</script>", None, None)
+        .save_as(
+            Some("client"),
+            "page.html",
+            b"<script>alert(1)</script>",
+            None,
+            None,
+        )
         .await
         .unwrap();
 
@@ -136,7 +143,7 @@ async fn media_statuses_headers_and_auth() {
         404
     );
     let old = media
-        .save_as("old.txt", b"old", Some("text/plain"), None)
+        .save_as(Some("client"), "old.txt", b"old", Some("text/plain"), None)
         .await
         .unwrap();
     let sidecar = gw.dir.path().join("data/media/meta/old.txt.json");
@@ -165,7 +172,13 @@ async fn traversal_in_every_encoding_never_leaves_the_media_root() {
     let gw = start("").await;
     let media = store(&gw).await;
     media
-        .save_as("inside.txt", b"inside", Some("text/plain"), None)
+        .save_as(
+            Some("client"),
+            "inside.txt",
+            b"inside",
+            Some("text/plain"),
+            None,
+        )
         .await
         .unwrap();
     // Files beside and above the media root.
@@ -261,5 +274,60 @@ agents:
         .await
         .unwrap();
     assert_eq!(meta["fileName"], "report.md");
+    gw.stop().await;
+}
+
+/// Media files belong to the tenant whose turn saved them (the files tool records the session's
+/// owner): another tenant's file, and a file without an owner (saved before files had owners),
+/// answer 404 as a missing one, on the file and its metadata; admin reaches every file.
+#[tokio::test]
+async fn a_media_file_is_reachable_by_its_tenant_and_admin_only() {
+    let gw = start("").await;
+    let media = store(&gw).await;
+    let mine = media
+        .save(
+            Some("client"),
+            b"mine",
+            Some("text/plain"),
+            Some("txt"),
+            None,
+        )
+        .await
+        .unwrap();
+    let theirs = media
+        .save(
+            Some("mallory"),
+            b"theirs",
+            Some("text/plain"),
+            Some("txt"),
+            None,
+        )
+        .await
+        .unwrap();
+    let ownerless = media
+        .save(None, b"old", Some("text/plain"), Some("txt"), None)
+        .await
+        .unwrap();
+    for suffix in ["", "/meta"] {
+        let path = |id: &str| format!("/media/{id}{suffix}");
+        assert_eq!(
+            get(&gw, &path(&mine.id), Some(RPC)).await.status().as_u16(),
+            200
+        );
+        for id in [&theirs.id, &ownerless.id] {
+            let r = get(&gw, &path(id), Some(RPC)).await;
+            assert_eq!(r.status().as_u16(), 404, "{id}{suffix}");
+            let missing = get(&gw, &path("no-such-file.txt"), Some(RPC)).await;
+            assert_eq!(missing.status().as_u16(), 404);
+            // Not yours reads exactly as missing.
+            assert_eq!(r.text().await.unwrap(), missing.text().await.unwrap());
+        }
+        for id in [&mine.id, &theirs.id, &ownerless.id] {
+            assert_eq!(
+                get(&gw, &path(id), Some(ADMIN)).await.status().as_u16(),
+                200
+            );
+        }
+    }
     gw.stop().await;
 }

@@ -116,8 +116,14 @@ impl ApiResponse for MediaBody {
 
 pub struct MediaApi;
 
-async fn lookup(state: &AppState, id: &str) -> Result<MediaFile, RestError> {
-    Ok(state.engine.media.get(id, crate::store::now_ms()).await?)
+/// The file if the caller's tenant owns it (admin: any file); another tenant's is 404.
+async fn lookup(state: &AppState, auth: &RestBearer, id: &str) -> Result<MediaFile, RestError> {
+    let tenant = auth.0.tenant();
+    Ok(state
+        .engine
+        .media
+        .get_for(id, crate::store::now_ms(), tenant)
+        .await?)
 }
 
 #[OpenApi]
@@ -134,11 +140,11 @@ impl MediaApi {
     async fn file(
         &self,
         state: Data<&Arc<AppState>>,
-        _auth: RestBearer,
+        auth: RestBearer,
         /// Letters, digits, `.`, `-` and `_`.
         id: Path<String>,
     ) -> Result<MediaBody, RestError> {
-        let file = lookup(&state, &id).await?;
+        let file = lookup(&state, &auth, &id).await?;
         let opened = tokio::fs::File::open(&file.path).await.map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 // Swept between the lookup and here.
@@ -163,11 +169,11 @@ impl MediaApi {
     async fn meta(
         &self,
         state: Data<&Arc<AppState>>,
-        _auth: RestBearer,
+        auth: RestBearer,
         /// Letters, digits, `.`, `-` and `_`.
         id: Path<String>,
     ) -> Result<Json<MediaMetaOut>, RestError> {
-        let m = lookup(&state, &id).await?.meta;
+        let m = lookup(&state, &auth, &id).await?.meta;
         Ok(Json(MediaMetaOut {
             id: m.id,
             content_type: m.content_type,

@@ -50,6 +50,7 @@ impl Tool for SaveFile {
             let saved = ctx
                 .media
                 .save(
+                    Some(ctx.owner),
                     content.as_bytes(),
                     args["contentType"].as_str(),
                     ext,
