@@ -7,6 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -278,7 +279,13 @@ async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &Cancella
             state.stop.clone(),
         ));
     }
-    let local = listener.local_addr().ok();
+    let serving = Arc::new(Serving {
+        ep,
+        http1,
+        local: listener.local_addr().ok(),
+        stop: conn_stop.clone(),
+        header_deadline: Duration::from_millis(g.header_read_timeout_ms),
+    });
     let mut refusing = false;
     let exit = loop {
         tokio::select! {
@@ -294,15 +301,7 @@ async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &Cancella
                             tracker: tracker.clone(),
                             kill: kill.clone(),
                         };
-                        tracker.spawn(connection(
-                            stream,
-                            local,
-                            remote,
-                            ep.clone(),
-                            http1.clone(),
-                            conn_stop.clone(),
-                            ticket,
-                        ));
+                        tracker.spawn(connection(stream, remote, serving.clone(), ticket));
                     }
                     Err(_) => {
                         if !refusing {
@@ -373,17 +372,31 @@ fn refuse(stream: TcpStream, lingering: &Arc<Semaphore>, tracker: &TaskTracker) 
     });
 }
 
-async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
-    stream: TcpStream,
-    local: Option<SocketAddr>,
-    remote: SocketAddr,
+/// What every connection of one generation shares.
+struct Serving<E> {
     ep: Arc<E>,
     http1: http1::Builder,
+    local: Option<SocketAddr>,
+    /// Cancelled when the generation stops: idle connections close, requests in flight finish.
     stop: CancellationToken,
+    /// `gateway.headerReadTimeoutMs`.
+    header_deadline: Duration,
+}
+
+async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
+    stream: TcpStream,
+    remote: SocketAddr,
+    serving: Arc<Serving<E>>,
     ticket: ConnTicket,
 ) {
     let kill = ticket.kill.clone();
+    let (local, stop, header_deadline) = (serving.local, &serving.stop, serving.header_deadline);
+    let ep = serving.ep.clone();
+    // Set when the first request's head has been read (the service is called).
+    let served = Arc::new(AtomicBool::new(false));
+    let seen = served.clone();
     let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+        seen.store(true, Ordering::Relaxed);
         let ep = ep.clone();
         // Only an upgrade needs the ticket: it carries the slot past this connection's end.
         if req.uri().path() == "/ws" {
@@ -405,12 +418,35 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
             Ok::<_, Infallible>(hyper::Response::<HyperBody>::from(resp))
         }
     });
-    let conn = http1
+    let conn = serving
+        .http1
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
-    if until_stopped(conn.as_mut(), &stop).await {
+    if until_stopped(conn.as_mut(), stop).await {
         return;
+    }
+    // A connection accepted just before the stop (a restart, most often) may not have sent
+    // its request yet; a graceful shutdown now would close it unanswered. It gets until its
+    // first request's head is read (bounded by the header deadline, then by `kill`), and that
+    // request is answered before the connection closes.
+    if !served.load(Ordering::Relaxed) {
+        let first = std::future::poll_fn(|cx| {
+            if conn.as_mut().poll(cx).is_ready() {
+                Poll::Ready(true)
+            } else if served.load(Ordering::Relaxed) {
+                Poll::Ready(false)
+            } else {
+                Poll::Pending
+            }
+        });
+        let ended = tokio::select! {
+            _ = kill.cancelled() => return,
+            ended = tokio::time::timeout(header_deadline, first) => ended.unwrap_or(false),
+        };
+        if ended {
+            return;
+        }
     }
     // `kill` fires only after `stop`, when the grace period is over.
     conn.as_mut().graceful_shutdown();

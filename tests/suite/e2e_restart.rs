@@ -319,3 +319,38 @@ async fn restart_sees_providers_created_through_the_api_as_startup_would() {
     assert!(r.get("result").is_some(), "{r}");
     gw.stop().await;
 }
+
+/// A connection the previous generation accepted just before a restart, whose request arrives
+/// after that generation was told to stop: the request is answered (by the generation that
+/// accepted the connection), then the connection closes; it is not closed unanswered. (The
+/// next generation serves once the previous one's connections are done.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_accepted_before_a_restart_gets_its_request_answered() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = start(
+        "  shutdownGraceMs: 5000
+",
+    )
+    .await;
+    let mut early = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    // A WebSocket of the same generation tells when it stops: 1001.
+    let mut ws = gw.ws(RPC).await;
+    gw.call(ADMIN, "gateway.restart", json!({})).await;
+    assert_eq!(
+        closed(&mut ws).await,
+        (1001, "Server shutting down".to_owned())
+    );
+    early
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(STEP, early.read_to_end(&mut out))
+        .await
+        .expect("the connection was neither answered nor closed")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    generation(&gw, 2).await;
+    gw.stop().await;
+}
