@@ -206,18 +206,7 @@ impl Engine {
                 }
             }
         }
-        let providers = Providers::new(
-            store.clone(),
-            config.models.clone(),
-            LocalProvider::new(local_options(config)),
-            false,
-            &config.provider_policy,
-        );
-        let agents = Agents::new(
-            store.clone(),
-            config.agent_defaults.clone(),
-            config.default_agent.clone(),
-        );
+        let (providers, agents) = dry_registries(&store, config);
         seed(&providers, &agents, config).await
     }
 
@@ -229,6 +218,24 @@ impl Engine {
     pub fn default_chat_model(&self) -> Option<String> {
         default_chat_model(&self.providers)
     }
+}
+
+/// Registries over `store` for a dry run (`check-config`, tests): the local provider is
+/// described but never loaded.
+fn dry_registries(store: &Store, config: &Config) -> (Providers, Agents) {
+    let providers = Providers::new(
+        store.clone(),
+        config.models.clone(),
+        LocalProvider::new(local_options(config)),
+        false,
+        &config.provider_policy,
+    );
+    let agents = Agents::new(
+        store.clone(),
+        config.agent_defaults.clone(),
+        config.default_agent.clone(),
+    );
+    (providers, agents)
 }
 
 /// Writes the configuration file's providers and agents (or the embedded ones) into the
@@ -326,18 +333,7 @@ mod tests {
     /// Seeds `config` into an in-memory database; the rows of both tables.
     async fn seeded(config: &Config) -> Result<(Vec<RegistryRow>, Vec<RegistryRow>), GatewayError> {
         let store = Store::open_in_memory().await?;
-        let providers = Providers::new(
-            store.clone(),
-            config.models.clone(),
-            LocalProvider::new(local_options(config)),
-            false,
-            &config.provider_policy,
-        );
-        let agents = Agents::new(
-            store.clone(),
-            config.agent_defaults.clone(),
-            config.default_agent.clone(),
-        );
+        let (providers, agents) = dry_registries(&store, config);
         seed(&providers, &agents, config).await?;
         Ok((
             store.registry_list(Table::Providers).await?,
