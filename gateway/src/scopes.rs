@@ -41,16 +41,6 @@ impl Scopes {
         self.0 == 0
     }
 
-    /// Whether every scope of `other` is in this set.
-    pub const fn includes(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-
-    /// The scopes of both sets.
-    pub const fn intersect(self, other: Self) -> Self {
-        Self(self.0 & other.0)
-    }
-
     /// Whether a holder may use something requiring `scope`: `admin` includes `rpc`.
     pub const fn allows(self, scope: Scope) -> bool {
         self.contains(scope) || (matches!(scope, Scope::Rpc) && self.contains(Scope::Admin))
@@ -107,16 +97,5 @@ mod tests {
         assert!(admin.allows(Scope::Rpc) && admin.allows(Scope::Admin));
         assert!(!admin.allows(Scope::Api) && !admin.allows(Scope::McpClient));
         assert!(!Scopes::only(Scope::Rpc).allows(Scope::Admin));
-    }
-
-    #[test]
-    fn inclusion_and_intersection() {
-        let caller = Scopes::from([Scope::Rpc, Scope::Admin]);
-        assert!(caller.includes(Scopes::only(Scope::Rpc)));
-        assert!(!caller.includes(Scopes::from([Scope::Rpc, Scope::Api])));
-        assert_eq!(
-            caller.intersect(Scopes::from([Scope::Rpc, Scope::Api])),
-            Scopes::only(Scope::Rpc)
-        );
     }
 }

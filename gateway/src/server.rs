@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -423,7 +423,9 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
-    if until_stopped(conn.as_mut(), stop).await {
+    // The stop flag is read at each wake-up rather than its future polled (`Watched`).
+    let mut stopped = Watched::new(stop);
+    if drive_until(conn.as_mut(), |cx| stopped.fired(cx)).await {
         return;
     }
     // A connection accepted just before the stop (a restart, most often) may not have sent
@@ -431,15 +433,7 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
     // first request's head is read (bounded by the header deadline, then by `kill`), and that
     // request is answered before the connection closes.
     if !served.load(Ordering::Relaxed) {
-        let first = std::future::poll_fn(|cx| {
-            if conn.as_mut().poll(cx).is_ready() {
-                Poll::Ready(true)
-            } else if served.load(Ordering::Relaxed) {
-                Poll::Ready(false)
-            } else {
-                Poll::Pending
-            }
-        });
+        let first = drive_until(conn.as_mut(), |_| served.load(Ordering::Relaxed));
         let ended = tokio::select! {
             _ = kill.cancelled() => return,
             ended = tokio::time::timeout(header_deadline, first) => ended.unwrap_or(false),
@@ -456,14 +450,18 @@ async fn connection<E: Endpoint<Output = poem::Response> + 'static>(
     }
 }
 
-/// Drives `conn` until it ends (true) or `stop` fires (false), reading the stop flag at each
-/// wake-up rather than polling its future ([`Watched`]).
-async fn until_stopped<F: Future>(mut conn: Pin<&mut F>, stop: &CancellationToken) -> bool {
-    let mut stop = Watched::new(stop);
+/// Drives `conn` until it ends (true) or `until` says to stop (false). `until` is asked after
+/// each poll of `conn` that did not end it, with the task's context, so it can register to be
+/// woken (the stop signal, [`Watched`]) or read what the poll just changed (a flag the service
+/// sets).
+async fn drive_until<F: Future>(
+    mut conn: Pin<&mut F>,
+    mut until: impl FnMut(&mut Context<'_>) -> bool,
+) -> bool {
     std::future::poll_fn(|cx| {
         if conn.as_mut().poll(cx).is_ready() {
             Poll::Ready(true)
-        } else if stop.fired(cx) {
+        } else if until(cx) {
             Poll::Ready(false)
         } else {
             Poll::Pending
