@@ -2,6 +2,7 @@
 //! table (plus our documented additions), strict (unknown keys are refused with their path),
 //! environment overrides, validation, and secret redaction.
 
+pub mod store;
 pub mod webhooks;
 
 use std::collections::BTreeMap;
@@ -63,6 +64,9 @@ pub struct Config {
     /// Files saved by agents and tools, served under /media/.
     #[serde(default)]
     pub media: MediaConfig,
+    /// The database: embedded SQLite (default) or a shared PostgreSQL.
+    #[serde(default)]
+    pub store: store::StoreConfig,
 }
 
 /// `media`.
@@ -362,6 +366,11 @@ fn apply_env(config: &mut Config) -> Result<(), ConfigError> {
     if let Ok(dir) = std::env::var(ENV_DATA_DIR) {
         config.gateway.data_dir = Some(PathBuf::from(dir));
     }
+    if let Ok(url) = std::env::var(store::ENV_DATABASE_URL) {
+        if !url.trim().is_empty() {
+            config.store.url = Some(webhooks::Secret::Inline(url));
+        }
+    }
     Ok(())
 }
 
@@ -462,6 +471,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
     crate::runtime::providers::policy::validate(&config.provider_policy).map_err(ConfigError)?;
+    store::validate(&config.store)?;
     webhooks::validate(&config.webhooks)
 }
 
@@ -493,6 +503,10 @@ pub fn redacted(config: &Config) -> Value {
                 *s = Value::String(REDACTED.to_owned());
             }
         }
+    }
+    // The database URL stays readable (host, database) without its password.
+    if let Some(Value::String(url)) = v.pointer_mut("/store/url") {
+        *url = store::without_password(url);
     }
     v
 }

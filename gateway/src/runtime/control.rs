@@ -2,7 +2,6 @@
 //! the push hub, the event bus, the local model, pending wakes and turn admission. The engine
 //! and the server generations both hold it; it depends on neither.
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -18,6 +17,8 @@ pub struct Control {
     /// Stops the running generation (the server loop signals it once the next one is ready).
     pub restart: Notify,
     pub process_start: Instant,
+    /// The same instant as epoch milliseconds (`nodes.started_at`).
+    pub started_at_ms: i64,
     pub hub: Hub,
     /// The in-process model provider: loaded once per process, shared by every generation.
     pub local: OnceLock<Arc<LocalProvider>>,
@@ -27,8 +28,13 @@ pub struct Control {
     pub wakes: crate::runtime::heartbeat::PendingWakes,
     /// Concurrent turns and runs (`gateway.limits`), counted across generations.
     pub admission: crate::runtime::admission::Admission,
-    /// Databases this process has opened (their unfinished runs were swept once).
-    opened_databases: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// Databases this process has opened (their unfinished runs were swept once), by path or
+    /// URL.
+    opened_databases: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// This process as a node of the fleet sharing its database (`runs.claimed_by`,
+    /// `nodes`): a random id per process, the same for every server generation, so a
+    /// generation never takes over the runs an earlier one still runs.
+    pub node_id: Arc<str>,
     /// `gateway.restart` asks for the next generation here; the server loop builds and checks
     /// it, and only then stops the running one (`restart`).
     pub restart_requested: Notify,
@@ -41,20 +47,21 @@ impl Control {
         Self {
             restart: Notify::new(),
             process_start: Instant::now(),
+            started_at_ms: crate::store::now_ms(),
             hub: Hub::default(),
             local: OnceLock::new(),
             events: EventBus::default(),
             wakes: Default::default(),
             admission: Default::default(),
             opened_databases: Default::default(),
+            node_id: uuid::Uuid::new_v4().simple().to_string().into(),
             restart_requested: Notify::new(),
             restarts_refused: Default::default(),
         }
     }
 
-    /// True the first time this process opens the database at `path`.
-    pub fn first_open_of(&self, path: &std::path::Path) -> bool {
-        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    /// True the first time this process opens the database `key` (a file path or a URL).
+    pub fn first_open_of(&self, key: String) -> bool {
         self.opened_databases
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -19,7 +19,7 @@ use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
 use crate::runtime::tools::Tools;
 use crate::store::registry::Table;
-use crate::store::{Store, DB_FILE};
+use crate::store::Store;
 
 /// `AGENT_GATEWAY_NO_FETCH=1` turns `local.autoFetch` off (tests, air-gapped hosts).
 pub const ENV_NO_FETCH: &str = "AGENT_GATEWAY_NO_FETCH";
@@ -79,15 +79,29 @@ fn check_entry<T: serde::de::DeserializeOwned>(
 }
 
 /// Sweeps expired media files every `every`, until the store is dropped (its generation ended).
+/// Nodes sharing a database (and a media volume) take turns: a sweep runs on the node holding
+/// the `media_sweep` lease.
 fn spawn_media_sweeper(
     store: std::sync::Weak<crate::media::MediaStore>,
+    db: Store,
     every: std::time::Duration,
 ) {
     tokio::spawn(async move {
         loop {
             {
                 let Some(store) = store.upgrade() else { return };
-                match store.sweep(crate::store::now_ms()).await {
+                let now = crate::store::now_ms();
+                let ttl = i64::try_from(every.as_millis()).unwrap_or(i64::MAX) / 2;
+                match db.lease_claim("media_sweep", now, ttl).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        drop(store);
+                        tokio::time::sleep(every).await;
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "media sweep lease not taken"),
+                }
+                match store.sweep(now).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(removed = n, "expired media files swept"),
                     Err(e) => tracing::warn!(error = %e, "media sweep failed"),
@@ -136,14 +150,19 @@ impl Engine {
         data_dir: PathBuf,
         control: Arc<Control>,
     ) -> Result<Self, GatewayError> {
-        let db = data_dir.join(DB_FILE);
-        let store = Store::open(&db).await?;
+        let (store, key) = Store::connect(&config.store, &data_dir).await?;
+        let store = store.for_node(control.node_id.clone());
+        let now = crate::store::now_ms();
+        if store.is_shared() {
+            // Alive before anything it holds is written: other nodes' sweeps spare its runs.
+            store.node_seen(now, control.started_at_ms).await?;
+        }
         // Once per process and database: a restart's new generation must not orphan the runs
-        // the previous generation of this process still runs. Queued webhook runs are resumed
-        // instead (webhooks::resume_queued).
-        if control.first_open_of(&db) {
+        // the previous generation of this process still runs (they are this node's). Queued
+        // webhook runs are resumed instead (webhooks::resume_queued).
+        if control.first_open_of(key) {
             let orphaned = store
-                .runs_orphan_unresumable(crate::store::now_ms())
+                .runs_orphan_unresumable(now, store.live_since())
                 .await?;
             if orphaned > 0 {
                 tracing::warn!(
@@ -164,6 +183,7 @@ impl Engine {
         let media = Arc::new(media);
         spawn_media_sweeper(
             Arc::downgrade(&media),
+            store.clone(),
             std::time::Duration::from_secs(m.sweep_interval_seconds.max(1)),
         );
         let engine = Self {

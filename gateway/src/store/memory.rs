@@ -1,9 +1,7 @@
 //! The `memories` and `session_notes` tables: what agents remember across sessions, and notes
 //! kept within one session.
 
-use sqlx::Row;
-
-use super::{now_ms, Store};
+use super::{now_ms, on_pool, text, Store, StoreRow};
 use crate::error::GatewayError;
 use crate::tenancy::Tenant;
 
@@ -26,19 +24,18 @@ impl Store {
         tags: &[String],
     ) -> Result<i64, GatewayError> {
         let tags = serde_json::to_string(tags).unwrap_or_else(|_| "[]".to_owned());
-        let done = sqlx::query(
+        Ok(on_pool!(self.pool(), |p| sqlx::query_scalar::<_, i64>(
             "INSERT INTO memories (tenant_id, agent_id, session_key, content, tags, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
         )
         .bind(owner)
         .bind(agent_id)
         .bind(session_key)
-        .bind(content)
-        .bind(tags)
+        .bind(text(content))
+        .bind(&tags)
         .bind(now_ms())
-        .execute(self.pool())
-        .await?;
-        Ok(done.last_insert_rowid())
+        .fetch_one(p)
+        .await?))
     }
 
     /// Deletes the memories stored from one session that `tenant` reaches; how many.
@@ -47,45 +44,49 @@ impl Store {
         tenant: &Tenant,
         session_key: &str,
     ) -> Result<i64, GatewayError> {
-        let done = sqlx::query(
-            "DELETE FROM memories WHERE session_key = ?1 AND (?2 IS NULL OR tenant_id = ?2)",
+        let done = on_pool!(self.pool(), |p| sqlx::query(
+            "DELETE FROM memories WHERE session_key = $1 AND ($2 IS NULL OR tenant_id = $2)",
         )
         .bind(session_key)
         .bind(tenant.only())
-        .execute(self.pool())
-        .await?;
-        Ok(done.rows_affected() as i64)
+        .execute(p)
+        .await?
+        .rows_affected());
+        Ok(done as i64)
     }
 
     /// Adds a note to a session; its id.
     pub async fn note_add(&self, session_key: &str, note: &str) -> Result<i64, GatewayError> {
-        let done = sqlx::query(
-            "INSERT INTO session_notes (session_key, note, created_at) VALUES (?, ?, ?)",
+        Ok(on_pool!(self.pool(), |p| {
+            sqlx::query_scalar::<_, i64>(
+            "INSERT INTO session_notes (session_key, note, created_at) VALUES ($1, $2, $3) RETURNING id",
         )
         .bind(session_key)
-        .bind(note)
+        .bind(text(note))
         .bind(now_ms())
-        .execute(self.pool())
-        .await?;
-        Ok(done.last_insert_rowid())
+        .fetch_one(p)
+        .await?
+        }))
     }
 
     /// A session's notes, oldest first.
     pub async fn notes_list(&self, session_key: &str) -> Result<Vec<NoteRow>, GatewayError> {
-        let rows = sqlx::query(
-            "SELECT id, note, created_at FROM session_notes WHERE session_key = ? ORDER BY id",
-        )
-        .bind(session_key)
-        .fetch_all(self.pool())
-        .await?;
-        let mut notes = Vec::with_capacity(rows.len());
-        for r in rows {
-            notes.push(NoteRow {
-                id: r.try_get("id")?,
-                note: r.try_get("note")?,
-                created_at: r.try_get("created_at")?,
-            });
-        }
-        Ok(notes)
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(
+                "SELECT id, note, created_at FROM session_notes WHERE session_key = $1 ORDER BY id",
+            )
+            .bind(session_key)
+            .fetch_all(p)
+            .await?;
+            let mut notes = Vec::with_capacity(rows.len());
+            for r in &rows {
+                notes.push(NoteRow {
+                    id: r.col("id")?,
+                    note: r.col("note")?,
+                    created_at: r.col("created_at")?,
+                });
+            }
+            notes
+        }))
     }
 }

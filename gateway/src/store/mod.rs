@@ -1,9 +1,16 @@
-//! The embedded SQLite store (sqlx, WAL): opening, migrations, and one module per table group.
+//! The store: one interface over two sqlx backends, the embedded SQLite file (default) and a
+//! PostgreSQL server shared by several gateway nodes; opening, migrations, and one module per
+//! table group.
 //!
-//! Durability: WAL with `synchronous = NORMAL` survives a killed process (kill -9) with every
-//! committed transaction; only an OS crash or power loss can drop the last commits. Every
-//! acknowledged write is committed before the answer is sent.
+//! Every statement is written once with `$N` parameters (sqlx's SQLite driver binds `$N` to
+//! argument N too) and run on either pool through [`on_pool!`]; rows decode through
+//! [`StoreRow`]. Only full-text search and connection setup differ per backend.
+//!
+//! Durability: SQLite runs in WAL with `synchronous = NORMAL`, which survives a killed process
+//! (kill -9) with every committed transaction; PostgreSQL commits durably by its own settings.
+//! Every acknowledged write is committed before the answer is sent.
 
+pub mod fleet;
 pub mod memory;
 pub mod owners;
 pub mod registry;
@@ -12,28 +19,64 @@ pub mod search;
 pub mod sessions;
 pub mod usage;
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::SqlitePool;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, SqlitePool};
 
+use crate::config::store::{without_password, Backend, StoreConfig};
 use crate::error::GatewayError;
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "gateway.db";
 
+/// The migrations of each backend: the same versions and descriptions (a unit test checks).
+pub static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("gateway/migrations/sqlite");
+pub static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("gateway/migrations/postgres");
+
+/// A pool of either backend.
+#[derive(Clone, Debug)]
+pub enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$p` bound to the pool of whichever backend `$pool` is: one body, compiled
+/// once per backend.
+macro_rules! on_pool {
+    ($pool:expr, |$p:ident| $body:expr) => {
+        match $pool {
+            $crate::store::Pool::Sqlite($p) => $body,
+            $crate::store::Pool::Postgres($p) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: Pool,
     /// Group commit of usage rows (see `usage.rs`).
     usage: usage::UsageQueue,
+    /// The gateway node (process) this handle writes for: it holds the runs it starts.
+    node: Arc<str>,
+    /// How long a node may go unseen before it counts as dead (shared databases only; on
+    /// SQLite only this process is alive).
+    dead_after_ms: Option<i64>,
 }
 
 impl Store {
-    /// Opens (creating when missing) the database at `path` and applies pending migrations.
+    /// Opens (creating when missing) the SQLite database at `path` and applies pending
+    /// migrations.
     pub async fn open(path: &Path) -> Result<Self, GatewayError> {
         let url = format!("sqlite://{}", path.display());
         let options = SqliteConnectOptions::from_str(&url)?
@@ -46,12 +89,84 @@ impl Store {
             .max_connections(4)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("gateway/migrations")
-            .run(&pool)
-            .await
-            .map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
+        Self::migrated(Pool::Sqlite(pool)).await
+    }
+
+    /// The database `config` names (`store.url`; default: SQLite `<data_dir>/gateway.db`),
+    /// migrated, and the key that identifies it within this process (a path, or the URL
+    /// without its password).
+    pub async fn connect(
+        config: &StoreConfig,
+        data_dir: &Path,
+    ) -> Result<(Self, String), GatewayError> {
+        let backend = config
+            .backend()
+            .map_err(|e| GatewayError::Unavailable(e.0))?;
+        match backend {
+            Backend::Sqlite(path) => {
+                let path = path.unwrap_or_else(|| data_dir.join(DB_FILE));
+                let store = Self::open(&path).await?;
+                let key = std::fs::canonicalize(&path).unwrap_or(path);
+                Ok((store, key.display().to_string()))
+            }
+            Backend::Postgres(url) => {
+                let store = Self::connect_postgres(&url, config).await?;
+                Ok((store, without_password(&url)))
+            }
+        }
+    }
+
+    /// Connects to the PostgreSQL database at `url` and applies pending migrations (several
+    /// nodes starting together are safe: the migrator holds an advisory lock). Fails within
+    /// `connectTimeoutMs` when the server does not answer, naming the URL without password.
+    pub async fn connect_postgres(url: &str, s: &StoreConfig) -> Result<Self, GatewayError> {
+        let shown = without_password(url);
+        let refused =
+            |e: &dyn std::fmt::Display| format!("cannot connect to PostgreSQL at {shown}: {e}");
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| GatewayError::Unavailable(refused(&e)))?
+            .application_name("agent-gateway")
+            .options([("statement_timeout", s.statement_timeout_ms.to_string())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(s.max_connections)
+            .acquire_timeout(Duration::from_millis(s.acquire_timeout_ms))
+            .idle_timeout(Duration::from_secs(60))
+            .connect_lazy_with(options);
+        // A server still starting is waited for until the deadline; a refusal from the server
+        // itself (authentication, unknown database) ends the start at once.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(s.connect_timeout_ms);
+        loop {
+            match pool.acquire().await {
+                Ok(_) => break,
+                Err(e) => {
+                    let final_answer =
+                        matches!(e, sqlx::Error::Database(_) | sqlx::Error::Configuration(_));
+                    if final_answer || tokio::time::Instant::now() >= deadline {
+                        return Err(GatewayError::Unavailable(refused(&e)));
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        let mut store = Self::migrated(Pool::Postgres(pool)).await?;
+        store.dead_after_ms = Some(s.node_dead_after_ms as i64);
+        Ok(store)
+    }
+
+    async fn migrated(pool: Pool) -> Result<Self, GatewayError> {
+        let applied = match &pool {
+            Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await,
+            Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await,
+        };
+        applied.map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
         let usage = usage::UsageQueue::start(pool.clone());
-        Ok(Self { pool, usage })
+        let node = uuid::Uuid::new_v4().simple().to_string().into();
+        Ok(Self {
+            pool,
+            usage,
+            node,
+            dead_after_ms: None,
+        })
     }
 
     /// A private in-memory database with every migration applied (the configuration dry run
@@ -66,20 +181,133 @@ impl Store {
             .max_lifetime(None)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("gateway/migrations")
-            .run(&pool)
-            .await
-            .map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
-        let usage = usage::UsageQueue::start(pool.clone());
-        Ok(Self { pool, usage })
+        Self::migrated(Pool::Sqlite(pool)).await
     }
 
-    pub fn pool(&self) -> &SqlitePool {
+    pub fn pool(&self) -> &Pool {
         &self.pool
     }
+
+    /// This handle writing for node `node` (a fresh store writes for a random node of its own).
+    pub fn for_node(mut self, node: Arc<str>) -> Self {
+        self.node = node;
+        self
+    }
+
+    /// Nodes seen after this time are alive (None: on SQLite, only this process is).
+    pub fn live_since(&self) -> Option<i64> {
+        self.dead_after_ms.map(|d| now_ms() - d)
+    }
+
+    /// The node this handle writes for.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.pool {
+            Pool::Sqlite(_) => "sqlite",
+            Pool::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Whether several nodes may share this database (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.pool, Pool::Postgres(_))
+    }
+
+    /// Closes the pool (a restart's previous generation, shutdown): waits for connections in
+    /// use to be returned.
+    pub async fn close(&self) {
+        on_pool!(&self.pool, |p| p.close().await)
+    }
+}
+
+/// The highest migration version this build knows.
+pub fn schema_version() -> i64 {
+    SQLITE_MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Now as epoch milliseconds.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+/// Free text as stored: U+0000, which PostgreSQL text cannot hold, becomes U+FFFD on every
+/// backend, so both store the same thing.
+pub fn text(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+/// [`text`] of an optional value.
+pub fn opt_text(s: &Option<String>) -> Option<Cow<'_, str>> {
+    s.as_deref().map(text)
+}
+
+/// One column's value decoded from a row of either backend.
+pub trait Column: Sized {
+    fn sqlite(r: &SqliteRow, col: &str) -> Result<Self, sqlx::Error>;
+    fn postgres(r: &PgRow, col: &str) -> Result<Self, sqlx::Error>;
+}
+
+macro_rules! column {
+    ($($t:ty),*) => {$(
+        impl Column for $t {
+            fn sqlite(r: &SqliteRow, col: &str) -> Result<Self, sqlx::Error> {
+                r.try_get(col)
+            }
+            fn postgres(r: &PgRow, col: &str) -> Result<Self, sqlx::Error> {
+                r.try_get(col)
+            }
+        }
+    )*};
+}
+column!(i64, f64, String, Option<i64>, Option<f64>, Option<String>);
+
+/// A row of either backend, read by column name.
+pub trait StoreRow {
+    fn col<T: Column>(&self, col: &str) -> Result<T, sqlx::Error>;
+}
+
+impl StoreRow for SqliteRow {
+    fn col<T: Column>(&self, col: &str) -> Result<T, sqlx::Error> {
+        T::sqlite(self, col)
+    }
+}
+
+impl StoreRow for PgRow {
+    fn col<T: Column>(&self, col: &str) -> Result<T, sqlx::Error> {
+        T::postgres(self, col)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_backends_have_the_same_migrations() {
+        let of = |m: &Migrator| {
+            m.iter()
+                .map(|m| (m.version, m.description.to_string()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(&SQLITE_MIGRATIONS), of(&POSTGRES_MIGRATIONS));
+        assert_eq!(schema_version(), 5);
+    }
+
+    #[test]
+    fn nul_characters_are_replaced_and_other_text_is_kept() {
+        assert_eq!(text("a\0b"), "a\u{FFFD}b");
+        assert!(matches!(text("plain"), Cow::Borrowed("plain")));
+    }
 }

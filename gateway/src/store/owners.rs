@@ -10,17 +10,16 @@ impl Owners for Store {
     async fn lookup(&self, kind: RecordKind, id: &str) -> Result<Lookup, GatewayError> {
         let (sql, namespace) = match kind {
             RecordKind::Session => (
-                "SELECT tenant_id FROM sessions WHERE session_key = ?",
+                "SELECT tenant_id FROM sessions WHERE session_key = $1",
                 key_tenant(id),
             ),
-            RecordKind::Run => ("SELECT client_id FROM runs WHERE run_id = ?", None),
+            RecordKind::Run => ("SELECT client_id FROM runs WHERE run_id = $1", None),
             // A tenant id is compared by the rule itself, never looked up.
             RecordKind::Tenant => return Ok(Lookup::Exists(Some(id.to_owned()))),
         };
-        let owner: Option<Option<String>> = sqlx::query_scalar(sql)
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?;
+        let owner: Option<Option<String>> = super::on_pool!(self.pool(), |p| {
+            sqlx::query_scalar(sql).bind(id).fetch_optional(p).await?
+        });
         Ok(match owner {
             // A row whose stored owner is not the tenant its canonical key names was written
             // before ownership rules (a key taken in another tenant's namespace): nobody's but

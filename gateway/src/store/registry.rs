@@ -1,9 +1,7 @@
 //! The `providers` and `agents` tables: entities stored as JSON settings plus bookkeeping.
 //! Both tables have the same shape, so one implementation serves both.
 
-use sqlx::Row;
-
-use super::{now_ms, Store};
+use super::{now_ms, on_pool, Store, StoreRow};
 use crate::error::GatewayError;
 
 /// Which registry table.
@@ -36,17 +34,17 @@ pub struct RegistryRow {
     pub updated_at: i64,
 }
 
-fn decode(r: &sqlx::sqlite::SqliteRow, table: Table) -> Result<RegistryRow, sqlx::Error> {
+fn decode(r: &impl StoreRow, table: Table) -> Result<RegistryRow, sqlx::Error> {
     Ok(RegistryRow {
-        id: r.try_get("id")?,
-        config: r.try_get("config")?,
+        id: r.col("id")?,
+        config: r.col("config")?,
         suspended: match table {
-            Table::Agents => r.try_get::<i64, _>("suspended")? != 0,
+            Table::Agents => r.col::<i64>("suspended")? != 0,
             Table::Providers => false,
         },
-        seed_hash: r.try_get("seed_hash")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
+        seed_hash: r.col("seed_hash")?,
+        created_at: r.col("created_at")?,
+        updated_at: r.col("updated_at")?,
     })
 }
 
@@ -65,11 +63,12 @@ impl Store {
             columns(table),
             table.name()
         );
-        let rows = sqlx::query(&sql).fetch_all(self.pool()).await?;
-        Ok(rows
-            .iter()
-            .map(|r| decode(r, table))
-            .collect::<Result<_, _>>()?)
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(&sql).fetch_all(p).await?;
+            rows.iter()
+                .map(|r| decode(r, table))
+                .collect::<Result<_, _>>()?
+        }))
     }
 
     /// Inserts a new row; false when the id exists.
@@ -81,24 +80,31 @@ impl Store {
         seed_hash: Option<&str>,
     ) -> Result<bool, GatewayError> {
         let now = now_ms();
-        let sql = format!(
-            "INSERT INTO {} (id, {}config, seed_hash, created_at, updated_at) VALUES (?, {}?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            table.name(),
-            if table == Table::Providers { "kind, " } else { "" },
-            if table == Table::Providers { "?, " } else { "" },
-        );
-        let mut q = sqlx::query(&sql).bind(id);
-        if table == Table::Providers {
-            q = q.bind(kind_of(config));
-        }
-        let done = q
-            .bind(config)
-            .bind(seed_hash)
-            .bind(now)
-            .bind(now)
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected() == 1)
+        // Providers also keep their kind (`$5`).
+        let (sql, kind) = match table {
+            Table::Providers => (
+                "INSERT INTO providers (id, config, seed_hash, created_at, updated_at, kind) \
+                 VALUES ($1, $2, $3, $4, $4, $5) ON CONFLICT (id) DO NOTHING",
+                Some(kind_of(config)),
+            ),
+            Table::Agents => (
+                "INSERT INTO agents (id, config, seed_hash, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $4) ON CONFLICT (id) DO NOTHING",
+                None,
+            ),
+        };
+        let done = on_pool!(self.pool(), |p| {
+            let mut q = sqlx::query(sql)
+                .bind(id)
+                .bind(config)
+                .bind(seed_hash)
+                .bind(now);
+            if let Some(kind) = &kind {
+                q = q.bind(kind);
+            }
+            q.execute(p).await?.rows_affected()
+        });
+        Ok(done == 1)
     }
 
     /// Replaces a row's settings (and seed hash when given); false when the id is unknown.
@@ -110,24 +116,29 @@ impl Store {
         seed_hash: Option<&str>,
     ) -> Result<bool, GatewayError> {
         let sql = format!(
-            "UPDATE {} SET config = ?, seed_hash = COALESCE(?, seed_hash), updated_at = ? WHERE id = ?",
+            "UPDATE {} SET config = $1, seed_hash = COALESCE($2, seed_hash), updated_at = $3 WHERE id = $4",
             table.name()
         );
-        let done = sqlx::query(&sql)
+        let done = on_pool!(self.pool(), |p| sqlx::query(&sql)
             .bind(config)
             .bind(seed_hash)
             .bind(now_ms())
             .bind(id)
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected() == 1)
+            .execute(p)
+            .await?
+            .rows_affected());
+        Ok(done == 1)
     }
 
     /// Deletes a row; false when the id is unknown.
     pub async fn registry_delete(&self, table: Table, id: &str) -> Result<bool, GatewayError> {
-        let sql = format!("DELETE FROM {} WHERE id = ?", table.name());
-        let done = sqlx::query(&sql).bind(id).execute(self.pool()).await?;
-        Ok(done.rows_affected() == 1)
+        let sql = format!("DELETE FROM {} WHERE id = $1", table.name());
+        let done = on_pool!(self.pool(), |p| sqlx::query(&sql)
+            .bind(id)
+            .execute(p)
+            .await?
+            .rows_affected());
+        Ok(done == 1)
     }
 
     /// Writes a configuration-file entry: inserted when new, replaced when the file's entry
@@ -140,13 +151,11 @@ impl Store {
         config: &str,
         hash: &str,
     ) -> Result<(), GatewayError> {
-        let stored: Option<Option<String>> = sqlx::query_scalar(&format!(
-            "SELECT seed_hash FROM {} WHERE id = ?",
-            table.name()
-        ))
-        .bind(id)
-        .fetch_optional(self.pool())
-        .await?;
+        let sql = format!("SELECT seed_hash FROM {} WHERE id = $1", table.name());
+        let stored: Option<Option<String>> = on_pool!(self.pool(), |p| sqlx::query_scalar(&sql)
+            .bind(id)
+            .fetch_optional(p)
+            .await?);
         match stored {
             None => {
                 self.registry_insert(table, id, config, Some(hash)).await?;
@@ -166,22 +175,27 @@ impl Store {
         suspended: bool,
     ) -> Result<Option<bool>, GatewayError> {
         let flag = i64::from(suspended);
-        let done = sqlx::query(
-            "UPDATE agents SET suspended = ?, updated_at = ? WHERE id = ? AND suspended <> ?",
+        let changed =
+            on_pool!(self.pool(), |p| {
+                sqlx::query(
+            "UPDATE agents SET suspended = $1, updated_at = $2 WHERE id = $3 AND suspended <> $1",
         )
         .bind(flag)
         .bind(now_ms())
         .bind(id)
-        .bind(flag)
-        .execute(self.pool())
-        .await?;
-        if done.rows_affected() == 1 {
+        .execute(p)
+        .await?
+        .rows_affected()
+            });
+        if changed == 1 {
             return Ok(Some(true));
         }
-        let exists = sqlx::query("SELECT 1 FROM agents WHERE id = ?")
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?;
+        let exists = on_pool!(self.pool(), |p| sqlx::query_scalar::<_, String>(
+            "SELECT id FROM agents WHERE id = $1"
+        )
+        .bind(id)
+        .fetch_optional(p)
+        .await?);
         Ok(exists.map(|_| false))
     }
 }

@@ -1,10 +1,7 @@
 //! The `runs` table: runs started in the background (session.spawn, session.send async) and
 //! their outcome, readable with session.run_status after the run and across restarts.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::Row;
-
-use super::Store;
+use super::{on_pool, opt_text, text, Store, StoreRow};
 use crate::error::GatewayError;
 use crate::tenancy::Tenant;
 
@@ -32,68 +29,87 @@ pub struct RunRow {
     pub delivery: Option<String>,
 }
 
-fn run_row(r: &SqliteRow) -> Result<RunRow, sqlx::Error> {
+fn run_row(r: &impl StoreRow) -> Result<RunRow, sqlx::Error> {
     Ok(RunRow {
-        run_id: r.try_get("run_id")?,
-        root_run_id: r.try_get("root_run_id")?,
-        parent_run_id: r.try_get("parent_run_id")?,
-        agent_id: r.try_get("agent_id")?,
-        session_key: r.try_get("session_key")?,
-        task: r.try_get("task")?,
-        status: r.try_get("status")?,
-        depth: r.try_get("depth")?,
-        client_id: r.try_get("client_id")?,
-        started_at: r.try_get("started_at")?,
-        completed_at: r.try_get("completed_at")?,
-        response: r.try_get("response")?,
-        input_tokens: r.try_get("input_tokens")?,
-        output_tokens: r.try_get("output_tokens")?,
-        cost_usd: r.try_get("cost_usd")?,
-        finish_reason: r.try_get("finish_reason")?,
-        error: r.try_get("error")?,
-        delivery: r.try_get("delivery")?,
+        run_id: r.col("run_id")?,
+        root_run_id: r.col("root_run_id")?,
+        parent_run_id: r.col("parent_run_id")?,
+        agent_id: r.col("agent_id")?,
+        session_key: r.col("session_key")?,
+        task: r.col("task")?,
+        status: r.col("status")?,
+        depth: r.col("depth")?,
+        client_id: r.col("client_id")?,
+        started_at: r.col("started_at")?,
+        completed_at: r.col("completed_at")?,
+        response: r.col("response")?,
+        input_tokens: r.col("input_tokens")?,
+        output_tokens: r.col("output_tokens")?,
+        cost_usd: r.col("cost_usd")?,
+        finish_reason: r.col("finish_reason")?,
+        error: r.col("error")?,
+        delivery: r.col("delivery")?,
     })
 }
 
+/// The condition "the run's holder is not alive": nobody holds it, or its holder is neither
+/// `$me` nor, when `$since` is set, a node seen after `$since` (several nodes on PostgreSQL).
+/// With `$since` NULL only `$me` counts as alive (one process on SQLite).
+fn unheld(me: u8, since: u8) -> String {
+    format!(
+        "(claimed_by IS NULL OR (claimed_by <> ${me} AND (${since} IS NULL OR claimed_by NOT IN \
+         (SELECT node_id FROM nodes WHERE seen_at > ${since}))))"
+    )
+}
+
+const ORPHANED: &str = "the gateway stopped before the run ended";
+
 impl Store {
+    /// Records a run this node starts (it holds the run until it ends).
     pub async fn run_insert(&self, r: &RunRow) -> Result<(), GatewayError> {
-        sqlx::query(
+        on_pool!(self.pool(), |p| {
+            sqlx::query(
             "INSERT INTO runs (run_id, root_run_id, parent_run_id, agent_id, session_key, task, status, \
-             depth, client_id, started_at, delivery) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             depth, client_id, started_at, delivery, claimed_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(&r.run_id)
         .bind(&r.root_run_id)
         .bind(&r.parent_run_id)
         .bind(&r.agent_id)
         .bind(&r.session_key)
-        .bind(&r.task)
+        .bind(text(&r.task))
         .bind(&r.status)
         .bind(r.depth)
         .bind(&r.client_id)
         .bind(r.started_at)
         .bind(&r.delivery)
-        .execute(self.pool())
-        .await?;
+        .bind(self.node())
+        .execute(p)
+        .await
+        .map(drop)
+        })?;
         Ok(())
     }
 
     /// Records the end of a run.
     pub async fn run_finish(&self, r: &RunRow) -> Result<(), GatewayError> {
-        sqlx::query(
-            "UPDATE runs SET status = ?, completed_at = ?, response = ?, input_tokens = ?, \
-             output_tokens = ?, cost_usd = ?, finish_reason = ?, error = ? WHERE run_id = ?",
+        on_pool!(self.pool(), |p| sqlx::query(
+            "UPDATE runs SET status = $1, completed_at = $2, response = $3, input_tokens = $4, \
+             output_tokens = $5, cost_usd = $6, finish_reason = $7, error = $8 WHERE run_id = $9",
         )
         .bind(&r.status)
         .bind(r.completed_at)
-        .bind(&r.response)
+        .bind(opt_text(&r.response))
         .bind(r.input_tokens)
         .bind(r.output_tokens)
         .bind(r.cost_usd)
         .bind(&r.finish_reason)
-        .bind(&r.error)
+        .bind(opt_text(&r.error))
         .bind(&r.run_id)
-        .execute(self.pool())
-        .await?;
+        .execute(p)
+        .await
+        .map(drop))?;
         Ok(())
     }
 
@@ -103,25 +119,16 @@ impl Store {
         tenant: &Tenant,
         run_id: &str,
     ) -> Result<Option<RunRow>, GatewayError> {
-        let row =
-            sqlx::query("SELECT * FROM runs WHERE run_id = ?1 AND (?2 IS NULL OR client_id = ?2)")
-                .bind(run_id)
-                .bind(tenant.only())
-                .fetch_optional(self.pool())
-                .await?;
-        Ok(row.as_ref().map(run_row).transpose()?)
-    }
-
-    /// Runs left queued or running by a previous process become orphaned.
-    pub async fn runs_orphan_unfinished(&self, now: i64) -> Result<u64, GatewayError> {
-        let done = sqlx::query(
-            "UPDATE runs SET status = 'orphaned', completed_at = ?, error = 'the gateway stopped before the run ended' \
-             WHERE status IN ('queued', 'running')",
-        )
-        .bind(now)
-        .execute(self.pool())
-        .await?;
-        Ok(done.rows_affected())
+        Ok(on_pool!(self.pool(), |p| {
+            let row = sqlx::query(
+                "SELECT * FROM runs WHERE run_id = $1 AND ($2 IS NULL OR client_id = $2)",
+            )
+            .bind(run_id)
+            .bind(tenant.only())
+            .fetch_optional(p)
+            .await?;
+            row.as_ref().map(run_row).transpose()?
+        }))
     }
 }
 
@@ -143,90 +150,111 @@ pub enum Delivery {
 }
 
 impl Store {
-    /// Inserts a queued run with what it needs to be resumed, held by `process`. Committed
+    /// Inserts a queued run with what it needs to be resumed, held by this node. Committed
     /// before it returns, so an acknowledgement sent after it survives a killed process.
-    pub async fn run_insert_queued(
-        &self,
-        r: &RunRow,
-        resume: &str,
-        process: &str,
-    ) -> Result<(), GatewayError> {
-        sqlx::query(
+    pub async fn run_insert_queued(&self, r: &RunRow, resume: &str) -> Result<(), GatewayError> {
+        on_pool!(self.pool(), |p| {
+            sqlx::query(
             "INSERT INTO runs (run_id, root_run_id, parent_run_id, agent_id, session_key, task, status, \
              depth, client_id, started_at, delivery, resume, claimed_by) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&r.run_id)
         .bind(&r.root_run_id)
         .bind(&r.parent_run_id)
         .bind(&r.agent_id)
         .bind(&r.session_key)
-        .bind(&r.task)
+        .bind(text(&r.task))
         .bind(&r.status)
         .bind(r.depth)
         .bind(&r.client_id)
         .bind(r.started_at)
         .bind(&r.delivery)
         .bind(resume)
-        .bind(process)
-        .execute(self.pool())
-        .await?;
+        .bind(self.node())
+        .execute(p)
+        .await
+        .map(drop)
+        })?;
         Ok(())
     }
 
-    /// A queued run starts: `running` from `now`.
+    /// A queued run starts on this node: `running` from `now`.
     pub async fn run_mark_running(&self, run_id: &str, now: i64) -> Result<(), GatewayError> {
-        sqlx::query("UPDATE runs SET status = 'running', started_at = ? WHERE run_id = ?")
-            .bind(now)
-            .bind(run_id)
-            .execute(self.pool())
-            .await?;
+        on_pool!(self.pool(), |p| {
+            sqlx::query(
+            "UPDATE runs SET status = 'running', started_at = $1, claimed_by = $2 WHERE run_id = $3"
+        )
+        .bind(now)
+        .bind(self.node())
+        .bind(run_id)
+        .execute(p)
+        .await
+        .map(drop)
+        })?;
         Ok(())
     }
 
-    /// Takes over the resumable queued runs no live part of `process` holds (left by a
-    /// previous process), oldest first. Each is taken once: a second call from the same
-    /// process finds none.
+    /// Takes over, for this node, the resumable queued runs no live node holds, oldest first.
+    /// `live_since`: nodes seen after it are alive (None: only this node is). Each run is
+    /// taken once: the conditional update lets one claimant win, whichever node it runs on.
     pub async fn runs_claim_queued(
         &self,
-        process: &str,
+        live_since: Option<i64>,
     ) -> Result<Vec<ResumableRun>, GatewayError> {
-        let rows = sqlx::query(
-            "UPDATE runs SET claimed_by = ? WHERE status = 'queued' AND resume IS NOT NULL \
-             AND (claimed_by IS NULL OR claimed_by <> ?) RETURNING *",
-        )
-        .bind(process)
-        .bind(process)
-        .fetch_all(self.pool())
-        .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            out.push(ResumableRun {
-                row: run_row(r)?,
-                resume: r.try_get("resume")?,
-            });
-        }
+        let sql = format!(
+            "UPDATE runs SET claimed_by = $1 WHERE status = 'queued' AND resume IS NOT NULL AND {} \
+             RETURNING *",
+            unheld(1, 2)
+        );
+        let mut out: Vec<ResumableRun> = on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(&sql)
+                .bind(self.node())
+                .bind(live_since)
+                .fetch_all(p)
+                .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in &rows {
+                out.push(ResumableRun {
+                    row: run_row(r)?,
+                    resume: r.col("resume")?,
+                });
+            }
+            out
+        });
         out.sort_by(|a, b| {
             (a.row.started_at, &a.row.run_id).cmp(&(b.row.started_at, &b.row.run_id))
         });
         Ok(out)
     }
 
-    /// Like `runs_orphan_unfinished`, but queued runs that can be resumed are left queued:
-    /// running ones, and queued ones without a resume record, become orphaned.
-    pub async fn runs_orphan_unresumable(&self, now: i64) -> Result<u64, GatewayError> {
-        let done = sqlx::query(
-            "UPDATE runs SET status = 'orphaned', completed_at = ?, error = 'the gateway stopped before the run ended' \
-             WHERE status = 'running' OR (status = 'queued' AND resume IS NULL)",
-        )
-        .bind(now)
-        .execute(self.pool())
-        .await?;
-        Ok(done.rows_affected())
+    /// Runs whose holder is gone become orphaned (a run cannot continue without the process
+    /// that ran it), except queued runs that can be resumed: those stay queued for
+    /// [`Store::runs_claim_queued`]. `live_since` as there.
+    pub async fn runs_orphan_unresumable(
+        &self,
+        now: i64,
+        live_since: Option<i64>,
+    ) -> Result<u64, GatewayError> {
+        let sql = format!(
+            "UPDATE runs SET status = 'orphaned', completed_at = $3, error = $4 \
+             WHERE (status = 'running' OR (status = 'queued' AND resume IS NULL)) AND {}",
+            unheld(1, 2)
+        );
+        Ok(on_pool!(self.pool(), |p| sqlx::query(&sql)
+            .bind(self.node())
+            .bind(live_since)
+            .bind(now)
+            .bind(ORPHANED)
+            .execute(p)
+            .await?
+            .rows_affected()))
     }
 
     /// Records a signed webhook delivery unless it was seen and has not expired; expired
     /// entries are swept on the way, and past `capacity` entries the soonest to expire go.
+    /// Across nodes the insert decides: of two nodes recording one delivery at once, one
+    /// inserts and the other finds it (after the first commits) and answers `Repeat`.
     pub async fn webhook_delivery_seen(
         &self,
         delivery: &str,
@@ -234,52 +262,63 @@ impl Store {
         expires_at: i64,
         capacity: i64,
     ) -> Result<Delivery, GatewayError> {
-        let mut tx = self.pool().begin().await?;
-        sqlx::query("DELETE FROM webhook_deliveries WHERE expires_at <= ?")
-            .bind(now)
+        let inserted = on_pool!(self.pool(), |p| {
+            let mut tx = p.begin().await?;
+            sqlx::query("DELETE FROM webhook_deliveries WHERE expires_at <= $1")
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            let n = sqlx::query(
+                "INSERT INTO webhook_deliveries (delivery, expires_at) VALUES ($1, $2) \
+                 ON CONFLICT (delivery) DO NOTHING",
+            )
+            .bind(delivery)
+            .bind(expires_at)
             .execute(&mut *tx)
-            .await?;
-        let inserted = sqlx::query(
-            "INSERT INTO webhook_deliveries (delivery, expires_at) VALUES (?, ?) \
-             ON CONFLICT (delivery) DO NOTHING",
-        )
-        .bind(delivery)
-        .bind(expires_at)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 0 {
+            .await?
+            .rows_affected();
             tx.commit().await?;
+            n
+        });
+        if inserted == 0 {
             return Ok(Delivery::Repeat);
         }
         // Bounded: beyond capacity, forget the entries closest to expiring (never this one).
-        sqlx::query(
+        // After the commit, so two nodes' deliveries never wait on each other's prune.
+        on_pool!(self.pool(), |p| {
+            sqlx::query(
             "DELETE FROM webhook_deliveries WHERE delivery IN (SELECT delivery FROM webhook_deliveries \
-             WHERE delivery <> ? ORDER BY expires_at LIMIT MAX(0, (SELECT COUNT(*) FROM webhook_deliveries) - ?))",
+             WHERE delivery <> $1 ORDER BY expires_at LIMIT (SELECT CASE WHEN COUNT(*) > $2 \
+             THEN COUNT(*) - $2 ELSE 0 END FROM webhook_deliveries))",
         )
         .bind(delivery)
         .bind(capacity.max(1))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        .execute(p)
+        .await
+        .map(drop)
+        })?;
         Ok(Delivery::First)
     }
 
     /// Forgets a delivery (its run could not be queued: a redelivery must run).
     pub async fn webhook_delivery_forget(&self, delivery: &str) -> Result<(), GatewayError> {
-        sqlx::query("DELETE FROM webhook_deliveries WHERE delivery = ?")
-            .bind(delivery)
-            .execute(self.pool())
-            .await?;
+        on_pool!(self.pool(), |p| sqlx::query(
+            "DELETE FROM webhook_deliveries WHERE delivery = $1"
+        )
+        .bind(delivery)
+        .execute(p)
+        .await
+        .map(drop))?;
         Ok(())
     }
 
     /// How many deliveries are remembered (tests, diagnostics).
     pub async fn webhook_deliveries_count(&self) -> Result<i64, GatewayError> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM webhook_deliveries")
-            .fetch_one(self.pool())
-            .await?;
-        Ok(n)
+        Ok(on_pool!(self.pool(), |p| sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM webhook_deliveries"
+        )
+        .fetch_one(p)
+        .await?))
     }
 }
 
@@ -355,17 +394,17 @@ mod durability_tests {
     #[tokio::test]
     async fn queued_runs_are_claimed_once_per_process_and_kept_by_the_sweep() {
         let (_d, s) = store().await;
-        s.run_insert_queued(&queued("r2", 2), "{}", "p1")
-            .await
-            .unwrap();
-        s.run_insert_queued(&queued("r1", 1), "{}", "p1")
-            .await
-            .unwrap();
+        let s = s.for_node("p1".into());
+        s.run_insert_queued(&queued("r2", 2), "{}").await.unwrap();
+        s.run_insert_queued(&queued("r1", 1), "{}").await.unwrap();
         s.run_insert(&queued("plain", 3)).await.unwrap();
         let mut running = queued("busy", 4);
         running.status = "running".into();
         s.run_insert(&running).await.unwrap();
-        assert_eq!(s.runs_orphan_unresumable(10).await.unwrap(), 2);
+        // Held by this node: nothing to sweep; by a node that is gone: swept.
+        assert_eq!(s.runs_orphan_unresumable(10, None).await.unwrap(), 0);
+        let s = s.for_node("p2".into());
+        assert_eq!(s.runs_orphan_unresumable(10, None).await.unwrap(), 2);
         assert_eq!(
             s.run_get(
                 &crate::tenancy::Tenant::for_principal("admin", true),
@@ -389,13 +428,20 @@ mod durability_tests {
             "orphaned"
         );
         // The process that queued them does not take them again; the next one does, once.
-        assert!(s.runs_claim_queued("p1").await.unwrap().is_empty());
-        let claimed = s.runs_claim_queued("p2").await.unwrap();
+        assert!(s
+            .clone()
+            .for_node("p1".into())
+            .runs_claim_queued(None)
+            .await
+            .unwrap()
+            .is_empty());
+        let claimed = s.runs_claim_queued(None).await.unwrap();
         let ids: Vec<&str> = claimed.iter().map(|c| c.row.run_id.as_str()).collect();
         assert_eq!(ids, ["r1", "r2"]);
         assert_eq!(claimed[0].resume, "{}");
-        assert!(s.runs_claim_queued("p2").await.unwrap().is_empty());
+        assert!(s.runs_claim_queued(None).await.unwrap().is_empty());
         s.run_mark_running("r1", 20).await.unwrap();
-        assert!(s.runs_claim_queued("p3").await.unwrap().len() == 1);
+        let s = s.for_node("p3".into());
+        assert!(s.runs_claim_queued(None).await.unwrap().len() == 1);
     }
 }

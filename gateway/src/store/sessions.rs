@@ -1,9 +1,6 @@
 //! The `sessions` and `messages` tables: conversations and their transcripts.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::Row;
-
-use super::{now_ms, Store};
+use super::{now_ms, on_pool, text, Store, StoreRow};
 use crate::error::GatewayError;
 use crate::tenancy::Tenant;
 
@@ -88,9 +85,9 @@ impl SessionFilter {
 }
 
 /// The condition every tenant-scoped query of sessions uses: the session `s` is within the
-/// reach of the tenant bound as parameter `?n` (NULL: every tenant).
+/// reach of the tenant bound as parameter `$n` (NULL: every tenant).
 fn reached(n: u8) -> String {
-    format!("(?{n} IS NULL OR s.tenant_id = ?{n})")
+    format!("(${n} IS NULL OR s.tenant_id = ${n})")
 }
 
 /// Channels whose sessions belong to the gateway's own principals, never to a token: their
@@ -112,69 +109,67 @@ const SESSION_COLUMNS: &str = "s.session_key, s.agent_id, s.channel, s.tenant_id
 
 const MESSAGE_COLUMNS: &str = "seq, role, content, tool_calls, tool_call_id, tool_name, is_error, model, input_tokens, output_tokens, created_at";
 
-fn session_row(r: &SqliteRow) -> Result<SessionRow, sqlx::Error> {
+fn session_row(r: &impl StoreRow) -> Result<SessionRow, sqlx::Error> {
     Ok(SessionRow {
-        key: r.try_get("session_key")?,
-        agent_id: r.try_get("agent_id")?,
-        channel: r.try_get("channel")?,
-        tenant_id: r.try_get("tenant_id")?,
-        user_id: r.try_get("user_id")?,
-        label: r.try_get("label")?,
-        metadata: r.try_get("metadata")?,
-        message_count: r.try_get("message_count")?,
-        input_tokens: r.try_get("input_tokens")?,
-        output_tokens: r.try_get("output_tokens")?,
-        cost_usd: r.try_get("cost_usd")?,
-        last_steps: r.try_get("last_steps")?,
-        last_model: r.try_get("last_model")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
+        key: r.col("session_key")?,
+        agent_id: r.col("agent_id")?,
+        channel: r.col("channel")?,
+        tenant_id: r.col("tenant_id")?,
+        user_id: r.col("user_id")?,
+        label: r.col("label")?,
+        metadata: r.col("metadata")?,
+        message_count: r.col("message_count")?,
+        input_tokens: r.col("input_tokens")?,
+        output_tokens: r.col("output_tokens")?,
+        cost_usd: r.col("cost_usd")?,
+        last_steps: r.col("last_steps")?,
+        last_model: r.col("last_model")?,
+        created_at: r.col("created_at")?,
+        updated_at: r.col("updated_at")?,
     })
 }
 
-fn message_row(r: &SqliteRow) -> Result<MessageRow, sqlx::Error> {
+fn message_row(r: &impl StoreRow) -> Result<MessageRow, sqlx::Error> {
     Ok(MessageRow {
-        seq: r.try_get("seq")?,
-        role: r.try_get("role")?,
-        content: r.try_get("content")?,
-        tool_calls: r.try_get("tool_calls")?,
-        tool_call_id: r.try_get("tool_call_id")?,
-        tool_name: r.try_get("tool_name")?,
-        is_error: r.try_get::<Option<i64>, _>("is_error")?.map(|v| v != 0),
-        model: r.try_get("model")?,
-        input_tokens: r.try_get("input_tokens")?,
-        output_tokens: r.try_get("output_tokens")?,
-        created_at: r.try_get("created_at")?,
+        seq: r.col("seq")?,
+        role: r.col("role")?,
+        content: r.col("content")?,
+        tool_calls: r.col("tool_calls")?,
+        tool_call_id: r.col("tool_call_id")?,
+        tool_name: r.col("tool_name")?,
+        is_error: r.col::<Option<i64>>("is_error")?.map(|v| v != 0),
+        model: r.col("model")?,
+        input_tokens: r.col("input_tokens")?,
+        output_tokens: r.col("output_tokens")?,
+        created_at: r.col("created_at")?,
     })
 }
 
-async fn insert_messages(
-    tx: &mut sqlx::SqliteConnection,
-    key: &str,
-    first_seq: i64,
-    messages: &[MessageRow],
-) -> Result<(), sqlx::Error> {
-    for (i, m) in messages.iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO messages (session_key, seq, role, content, tool_calls, tool_call_id, tool_name, is_error, model, input_tokens, output_tokens, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(key)
-        .bind(first_seq + i as i64)
-        .bind(&m.role)
-        .bind(&m.content)
-        .bind(&m.tool_calls)
-        .bind(&m.tool_call_id)
-        .bind(&m.tool_name)
-        .bind(m.is_error.map(i64::from))
-        .bind(&m.model)
-        .bind(m.input_tokens)
-        .bind(m.output_tokens)
-        .bind(if m.created_at > 0 { m.created_at } else { now_ms() })
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(())
+/// Inserts `$messages` into session `$key` from seq `$first` on, within the transaction `$tx`
+/// (a macro: the body is the same for both backends' connection types).
+macro_rules! insert_messages {
+    ($tx:expr, $key:expr, $first:expr, $messages:expr) => {
+        for (i, m) in $messages.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO messages (session_key, seq, role, content, tool_calls, tool_call_id, tool_name, is_error, model, input_tokens, output_tokens, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            )
+            .bind($key)
+            .bind($first + i as i64)
+            .bind(&m.role)
+            .bind(text(&m.content))
+            .bind(&m.tool_calls)
+            .bind(&m.tool_call_id)
+            .bind(&m.tool_name)
+            .bind(m.is_error.map(i64::from))
+            .bind(&m.model)
+            .bind(m.input_tokens)
+            .bind(m.output_tokens)
+            .bind(if m.created_at > 0 { m.created_at } else { now_ms() })
+            .execute(&mut *$tx)
+            .await?;
+        }
+    };
 }
 
 /// Appends `part` with `%` and `:` escaped.
@@ -243,9 +238,10 @@ impl Store {
     /// Creates the session when it does not exist yet.
     pub async fn session_ensure(&self, s: &NewSession<'_>) -> Result<(), GatewayError> {
         let now = now_ms();
-        sqlx::query(
+        on_pool!(self.pool(), |p| {
+            sqlx::query(
             "INSERT INTO sessions (session_key, agent_id, channel, tenant_id, user_id, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_key) DO NOTHING",
+             VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (session_key) DO NOTHING",
         )
         .bind(s.key)
         .bind(s.agent_id)
@@ -253,9 +249,10 @@ impl Store {
         .bind(s.tenant_id)
         .bind(s.user_id)
         .bind(now)
-        .bind(now)
-        .execute(self.pool())
-        .await?;
+        .execute(p)
+        .await
+        .map(drop)
+        })?;
         Ok(())
     }
 
@@ -266,15 +263,17 @@ impl Store {
         key: &str,
     ) -> Result<Option<SessionRow>, GatewayError> {
         let sql = format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.session_key = ?1 AND {}",
+            "SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.session_key = $1 AND {}",
             reached(2)
         );
-        let row = sqlx::query(&sql)
-            .bind(key)
-            .bind(tenant.only())
-            .fetch_optional(self.pool())
-            .await?;
-        Ok(row.as_ref().map(session_row).transpose()?)
+        Ok(on_pool!(self.pool(), |p| {
+            let row = sqlx::query(&sql)
+                .bind(key)
+                .bind(tenant.only())
+                .fetch_optional(p)
+                .await?;
+            row.as_ref().map(session_row).transpose()?
+        }))
     }
 
     /// A page of sessions, most recently updated first, and the total matching.
@@ -285,31 +284,33 @@ impl Store {
         offset: i64,
     ) -> Result<(Vec<SessionRow>, i64), GatewayError> {
         // Numbered parameters: each filter is bound once and used twice.
-        let cond = "(?1 IS NULL OR s.agent_id = ?1) AND (?2 IS NULL OR s.channel = ?2) \
-                    AND (?3 IS NULL OR s.updated_at >= ?3) AND (?4 IS NULL OR s.tenant_id = ?4)";
-        let total: i64 =
-            sqlx::query_scalar(&format!("SELECT COUNT(*) FROM sessions s WHERE {cond}"))
+        let cond = "($1 IS NULL OR s.agent_id = $1) AND ($2 IS NULL OR s.channel = $2) \
+                    AND ($3 IS NULL OR s.updated_at >= $3) AND ($4 IS NULL OR s.tenant_id = $4)";
+        let count = format!("SELECT COUNT(*) FROM sessions s WHERE {cond}");
+        let page = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions s WHERE {cond} \
+             ORDER BY s.updated_at DESC, s.session_key LIMIT $5 OFFSET $6"
+        );
+        Ok(on_pool!(self.pool(), |p| {
+            let total: i64 = sqlx::query_scalar(&count)
                 .bind(&f.agent_id)
                 .bind(&f.channel)
                 .bind(f.updated_since)
                 .bind(f.tenant.only())
-                .fetch_one(self.pool())
+                .fetch_one(p)
                 .await?;
-        let sql = format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions s WHERE {cond} \
-             ORDER BY s.updated_at DESC, s.session_key LIMIT ?5 OFFSET ?6"
-        );
-        let rows = sqlx::query(&sql)
-            .bind(&f.agent_id)
-            .bind(&f.channel)
-            .bind(f.updated_since)
-            .bind(f.tenant.only())
-            .bind(limit)
-            .bind(offset)
-            .fetch_all(self.pool())
-            .await?;
-        let list = rows.iter().map(session_row).collect::<Result<_, _>>()?;
-        Ok((list, total))
+            let rows = sqlx::query(&page)
+                .bind(&f.agent_id)
+                .bind(&f.channel)
+                .bind(f.updated_since)
+                .bind(f.tenant.only())
+                .bind(limit)
+                .bind(offset)
+                .fetch_all(p)
+                .await?;
+            let list = rows.iter().map(session_row).collect::<Result<_, _>>()?;
+            (list, total)
+        }))
     }
 
     /// The latest `limit` messages with seq below `before` (all when None), oldest first, and
@@ -322,19 +323,21 @@ impl Store {
         limit: i64,
     ) -> Result<(Vec<MessageRow>, bool), GatewayError> {
         let sql = format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = ?1 AND (?2 IS NULL OR seq < ?2) \
-             AND EXISTS (SELECT 1 FROM sessions s WHERE s.session_key = ?1 AND {}) \
-             ORDER BY seq DESC LIMIT ?4",
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = $1 AND ($2 IS NULL OR seq < $2) \
+             AND EXISTS (SELECT 1 FROM sessions s WHERE s.session_key = $1 AND {}) \
+             ORDER BY seq DESC LIMIT $4",
             reached(3)
         );
-        let rows = sqlx::query(&sql)
-            .bind(key)
-            .bind(before)
-            .bind(tenant.only())
-            .bind(limit + 1)
-            .fetch_all(self.pool())
-            .await?;
-        let mut list: Vec<MessageRow> = rows.iter().map(message_row).collect::<Result<_, _>>()?;
+        let mut list: Vec<MessageRow> = on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(&sql)
+                .bind(key)
+                .bind(before)
+                .bind(tenant.only())
+                .bind(limit + 1)
+                .fetch_all(p)
+                .await?;
+            rows.iter().map(message_row).collect::<Result<_, _>>()?
+        });
         let has_more = list.len() as i64 > limit;
         list.truncate(limit.max(0) as usize);
         list.reverse();
@@ -348,47 +351,51 @@ impl Store {
         key: &str,
     ) -> Result<Vec<MessageRow>, GatewayError> {
         let sql = format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = ?1 \
-             AND EXISTS (SELECT 1 FROM sessions s WHERE s.session_key = ?1 AND {}) ORDER BY seq",
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = $1 \
+             AND EXISTS (SELECT 1 FROM sessions s WHERE s.session_key = $1 AND {}) ORDER BY seq",
             reached(2)
         );
-        let rows = sqlx::query(&sql)
-            .bind(key)
-            .bind(tenant.only())
-            .fetch_all(self.pool())
-            .await?;
-        Ok(rows.iter().map(message_row).collect::<Result<_, _>>()?)
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(&sql)
+                .bind(key)
+                .bind(tenant.only())
+                .fetch_all(p)
+                .await?;
+            rows.iter().map(message_row).collect::<Result<_, _>>()?
+        }))
     }
 
-    /// Appends messages and adds a turn's counters, in one transaction.
+    /// Appends messages and adds a turn's counters, in one transaction. The session row is
+    /// updated first: that takes its lock, so appends through several nodes at once each get
+    /// their own range of seq numbers.
     pub async fn session_append(
         &self,
         key: &str,
         messages: &[MessageRow],
         totals: &TurnTotals,
     ) -> Result<(), GatewayError> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        let next: i64 = sqlx::query_scalar("SELECT next_seq FROM sessions WHERE session_key = ?")
+        let n = messages.len() as i64;
+        on_pool!(self.pool(), |p| {
+            let mut tx = p.begin().await?;
+            let first: i64 = sqlx::query_scalar(
+                "UPDATE sessions SET next_seq = next_seq + $1, input_tokens = input_tokens + $2, \
+                 output_tokens = output_tokens + $3, cost_usd = cost_usd + $4, last_steps = $5, \
+                 last_model = COALESCE($6, last_model), updated_at = $7 WHERE session_key = $8 \
+                 RETURNING next_seq - $1",
+            )
+            .bind(n)
+            .bind(totals.input_tokens)
+            .bind(totals.output_tokens)
+            .bind(totals.cost_usd)
+            .bind(totals.steps)
+            .bind(&totals.model)
+            .bind(now_ms())
             .bind(key)
             .fetch_one(&mut *tx)
             .await?;
-        insert_messages(&mut tx, key, next, messages).await?;
-        sqlx::query(
-            "UPDATE sessions SET next_seq = next_seq + ?, input_tokens = input_tokens + ?, \
-             output_tokens = output_tokens + ?, cost_usd = cost_usd + ?, last_steps = ?, \
-             last_model = COALESCE(?, last_model), updated_at = ? WHERE session_key = ?",
-        )
-        .bind(messages.len() as i64)
-        .bind(totals.input_tokens)
-        .bind(totals.output_tokens)
-        .bind(totals.cost_usd)
-        .bind(totals.steps)
-        .bind(&totals.model)
-        .bind(now_ms())
-        .bind(key)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+            insert_messages!(tx, key, first, messages);
+            tx.commit().await?;
+        });
         Ok(())
     }
 
@@ -398,19 +405,23 @@ impl Store {
         key: &str,
         messages: &[MessageRow],
     ) -> Result<(), GatewayError> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query("DELETE FROM messages WHERE session_key = ?")
-            .bind(key)
-            .execute(&mut *tx)
-            .await?;
-        insert_messages(&mut tx, key, 0, messages).await?;
-        sqlx::query("UPDATE sessions SET next_seq = ?, updated_at = ? WHERE session_key = ?")
+        on_pool!(self.pool(), |p| {
+            let mut tx = p.begin().await?;
+            sqlx::query(
+                "UPDATE sessions SET next_seq = $1, updated_at = $2 WHERE session_key = $3",
+            )
             .bind(messages.len() as i64)
             .bind(now_ms())
             .bind(key)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+            sqlx::query("DELETE FROM messages WHERE session_key = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            insert_messages!(tx, key, 0i64, messages);
+            tx.commit().await?;
+        });
         Ok(())
     }
 
@@ -421,41 +432,44 @@ impl Store {
         tenant: &Tenant,
         key: &str,
     ) -> Result<Option<i64>, GatewayError> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
-        let exists = sqlx::query(&format!(
-            "SELECT 1 FROM sessions s WHERE s.session_key = ?1 AND {}",
+        let reset = format!(
+            "UPDATE sessions AS s SET next_seq = 0, last_steps = 0, updated_at = $3 \
+             WHERE s.session_key = $1 AND {}",
             reached(2)
-        ))
-        .bind(key)
-        .bind(tenant.only())
-        .fetch_optional(&mut *tx)
-        .await?;
-        if exists.is_none() {
-            return Ok(None);
-        }
-        let done = sqlx::query("DELETE FROM messages WHERE session_key = ?")
-            .bind(key)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE sessions SET next_seq = 0, last_steps = 0, updated_at = ? WHERE session_key = ?")
-            .bind(now_ms())
-            .bind(key)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(done.rows_affected() as i64))
+        );
+        Ok(on_pool!(self.pool(), |p| {
+            let mut tx = p.begin().await?;
+            let found = sqlx::query(&reset)
+                .bind(key)
+                .bind(tenant.only())
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if found == 0 {
+                return Ok(None);
+            }
+            let done = sqlx::query("DELETE FROM messages WHERE session_key = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Some(done.rows_affected() as i64)
+        }))
     }
 
     /// Deletes a session with its messages and notes; false when unknown (or out of reach).
     pub async fn session_delete(&self, tenant: &Tenant, key: &str) -> Result<bool, GatewayError> {
-        let done = sqlx::query(&format!(
-            "DELETE FROM sessions AS s WHERE s.session_key = ?1 AND {}",
+        let sql = format!(
+            "DELETE FROM sessions AS s WHERE s.session_key = $1 AND {}",
             reached(2)
-        ))
-        .bind(key)
-        .bind(tenant.only())
-        .execute(self.pool())
-        .await?;
-        Ok(done.rows_affected() == 1)
+        );
+        let done = on_pool!(self.pool(), |p| sqlx::query(&sql)
+            .bind(key)
+            .bind(tenant.only())
+            .execute(p)
+            .await
+            .map(|d| d.rows_affected()))?;
+        Ok(done == 1)
     }
 }

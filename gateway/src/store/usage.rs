@@ -8,10 +8,9 @@
 //! they always see every call that finished before them; shutdown flushes too. A killed
 //! process loses at most the rows of the last few milliseconds.
 
-use sqlx::{Row, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use super::Store;
+use super::{on_pool, Pool, Store, StoreRow};
 use crate::error::GatewayError;
 
 /// One model call.
@@ -58,7 +57,7 @@ pub struct UsageQueue {
 }
 
 impl UsageQueue {
-    pub fn start(pool: SqlitePool) -> Self {
+    pub fn start(pool: Pool) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(pool, rx));
         Self { tx }
@@ -70,7 +69,7 @@ impl UsageQueue {
 /// alone, a row waits this long (readers and shutdown flush first, so nobody sees the wait).
 const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
 
-async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Item>) {
+async fn write_loop(pool: Pool, mut rx: mpsc::UnboundedReceiver<Item>) {
     while let Some(first) = rx.recv().await {
         let mut rows = Vec::new();
         let mut flushes = Vec::new();
@@ -106,7 +105,8 @@ async fn write_loop(pool: SqlitePool, mut rx: mpsc::UnboundedReceiver<Item>) {
 }
 
 /// Rows per INSERT statement: a batch goes in as statements of these sizes (largest first),
-/// so SQLite prepares a handful of statements once and every value is bound directly.
+/// so the database prepares a handful of statements once and every value is bound directly
+/// (64 × 13 = 832 parameters at most, within both backends' limits).
 const CHUNKS: [usize; 4] = [64, 16, 4, 1];
 const COLUMNS: &str = "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, \
      input_tokens, output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) VALUES ";
@@ -118,8 +118,14 @@ fn insert_sql(n: usize) -> &'static str {
         CHUNKS
             .iter()
             .map(|&n| {
-                let row = "(?,?,?,?,?,?,?,?,?,?,?,?,?)";
-                format!("{COLUMNS}{}", vec![row; n].join(","))
+                let rows: Vec<String> = (0..n)
+                    .map(|r| {
+                        let cols: Vec<String> =
+                            (1..=13).map(|c| format!("${}", r * 13 + c)).collect();
+                        format!("({})", cols.join(","))
+                    })
+                    .collect();
+                format!("{COLUMNS}{}", rows.join(","))
             })
             .collect()
     });
@@ -144,43 +150,43 @@ fn chunks(batch: &[UsageRow]) -> Vec<&[UsageRow]> {
     out
 }
 
-/// The INSERT of one chunk, every value bound.
-fn insert(
-    chunk: &[UsageRow],
-) -> sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'_>> {
-    let mut q = sqlx::query(insert_sql(chunk.len()));
-    for u in chunk {
-        q = q
-            .bind(u.ts)
-            .bind(&u.agent_id)
-            .bind(&u.session_key)
-            .bind(&u.provider)
-            .bind(&u.model)
-            .bind(&u.operation)
-            .bind(u.input_tokens)
-            .bind(u.output_tokens)
-            .bind(u.cached_tokens)
-            .bind(u.cost_usd)
-            .bind(u.latency_ms)
-            .bind(u.ok)
-            .bind(&u.error_kind);
-    }
-    q
+/// The INSERT of one chunk, every value bound (a macro: the same for both backends).
+macro_rules! insert {
+    ($chunk:expr) => {{
+        let mut q = sqlx::query(insert_sql($chunk.len()));
+        for u in $chunk.iter() {
+            q = q
+                .bind(u.ts)
+                .bind(&u.agent_id)
+                .bind(&u.session_key)
+                .bind(&u.provider)
+                .bind(&u.model)
+                .bind(&u.operation)
+                .bind(u.input_tokens)
+                .bind(u.output_tokens)
+                .bind(u.cached_tokens)
+                .bind(u.cost_usd)
+                .bind(u.latency_ms)
+                .bind(i64::from(u.ok))
+                .bind(&u.error_kind);
+        }
+        q
+    }};
 }
 
 /// The batch atomically: one statement on its own, several in one transaction.
-async fn insert_batch(pool: &SqlitePool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
-    match chunks(batch).as_slice() {
+async fn insert_batch(pool: &Pool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
+    on_pool!(pool, |p| match chunks(batch).as_slice() {
         [] => Ok(()),
-        [one] => insert(one).execute(pool).await.map(drop),
+        [one] => insert!(one).execute(p).await.map(drop),
         many => {
-            let mut tx = pool.begin().await?;
+            let mut tx = p.begin().await?;
             for chunk in many {
-                insert(chunk).execute(&mut *tx).await?;
+                insert!(chunk).execute(&mut *tx).await?;
             }
             tx.commit().await
         }
-    }
+    })
 }
 
 impl Store {
@@ -211,29 +217,30 @@ impl Store {
         since_ms: Option<i64>,
     ) -> Result<Vec<CacheFigures>, GatewayError> {
         self.usage_flush().await?;
-        let rows = sqlx::query(
-            "SELECT provider, SUM(CASE WHEN cached_tokens > 0 THEN 1 ELSE 0 END) AS hits, \
-             SUM(CASE WHEN cached_tokens > 0 THEN 0 ELSE 1 END) AS misses, \
-             SUM(cached_tokens) AS cached FROM usage \
-             WHERE ok = 1 AND (? IS NULL OR agent_id = ?) AND (? IS NULL OR ts >= ?) \
-             GROUP BY provider ORDER BY provider",
-        )
-        .bind(agent_id)
-        .bind(agent_id)
-        .bind(since_ms)
-        .bind(since_ms)
-        .fetch_all(self.pool())
-        .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            out.push(CacheFigures {
-                provider: r.try_get("provider")?,
-                hits: r.try_get("hits")?,
-                misses: r.try_get("misses")?,
-                cached_tokens: r.try_get("cached")?,
-            });
-        }
-        Ok(out)
+        // CAST: PostgreSQL sums BIGINT as numeric; the same value on SQLite.
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(
+                "SELECT provider, CAST(SUM(CASE WHEN cached_tokens > 0 THEN 1 ELSE 0 END) AS BIGINT) AS hits, \
+                 CAST(SUM(CASE WHEN cached_tokens > 0 THEN 0 ELSE 1 END) AS BIGINT) AS misses, \
+                 CAST(SUM(cached_tokens) AS BIGINT) AS cached FROM usage \
+                 WHERE ok = 1 AND ($1 IS NULL OR agent_id = $1) AND ($2 IS NULL OR ts >= $2) \
+                 GROUP BY provider ORDER BY provider",
+            )
+            .bind(agent_id)
+            .bind(since_ms)
+            .fetch_all(p)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in &rows {
+                out.push(CacheFigures {
+                    provider: r.col("provider")?,
+                    hits: r.col("hits")?,
+                    misses: r.col("misses")?,
+                    cached_tokens: r.col("cached")?,
+                });
+            }
+            out
+        }))
     }
 
     /// Cached tokens per model (for the saving estimate), same filters.
@@ -243,22 +250,22 @@ impl Store {
         since_ms: Option<i64>,
     ) -> Result<Vec<(String, i64)>, GatewayError> {
         self.usage_flush().await?;
-        let rows = sqlx::query(
-            "SELECT model, SUM(cached_tokens) AS cached FROM usage \
-             WHERE ok = 1 AND cached_tokens > 0 AND (? IS NULL OR agent_id = ?) AND (? IS NULL OR ts >= ?) \
-             GROUP BY model ORDER BY model",
-        )
-        .bind(agent_id)
-        .bind(agent_id)
-        .bind(since_ms)
-        .bind(since_ms)
-        .fetch_all(self.pool())
-        .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            out.push((r.try_get("model")?, r.try_get("cached")?));
-        }
-        Ok(out)
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(
+                "SELECT model, CAST(SUM(cached_tokens) AS BIGINT) AS cached FROM usage \
+                 WHERE ok = 1 AND cached_tokens > 0 AND ($1 IS NULL OR agent_id = $1) AND ($2 IS NULL OR ts >= $2) \
+                 GROUP BY model ORDER BY model",
+            )
+            .bind(agent_id)
+            .bind(since_ms)
+            .fetch_all(p)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in &rows {
+                out.push((r.col("model")?, r.col("cached")?));
+            }
+            out
+        }))
     }
 }
 
@@ -294,10 +301,12 @@ mod chunk_tests {
                 })
                 .collect();
             insert_batch(store.pool(), &batch).await.unwrap();
-            let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM usage")
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
+            let count: i64 = on_pool!(store.pool(), |p| sqlx::query_scalar(
+                "SELECT COUNT(*) FROM usage"
+            )
+            .fetch_one(p)
+            .await
+            .unwrap());
             assert_eq!(count, total);
         }
     }

@@ -232,14 +232,6 @@ pub fn message_of(m: &MappingConfig, ctx: &RequestContext) -> String {
         .unwrap_or_default()
 }
 
-/// Identifies this process in `runs.claimed_by`: the queued runs it holds are not resumed
-/// again by a later server generation of the same process (they are still waiting in the
-/// earlier generation's queue).
-pub fn process_id() -> &'static str {
-    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(|| uuid::Uuid::new_v4().simple().to_string())
-}
-
 /// What a queued webhook run needs besides its row to start after a restart (`runs.resume`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -290,7 +282,11 @@ pub fn queued_row(spec: &RunSpec) -> RunRow {
 /// webhooks are off, or a run's agent is gone or its record unreadable, the run is marked
 /// failed with the reason.
 pub async fn resume_queued(hooks: Option<&Webhooks>, engine: &Arc<Engine>) {
-    let claimed = match engine.store.runs_claim_queued(process_id()).await {
+    let claimed = match engine
+        .store
+        .runs_claim_queued(engine.store.live_since())
+        .await
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "queued webhook runs could not be read; they stay queued");

@@ -296,11 +296,7 @@ async fn act(
             return Some(internal());
         }
     };
-    if let Err(e) = engine
-        .store
-        .run_insert_queued(&row, &resume, super::process_id())
-        .await
-    {
+    if let Err(e) = engine.store.run_insert_queued(&row, &resume).await {
         tracing::error!(mapping = %m.id, error = %e, "webhook run not queued");
         return Some(internal());
     }
