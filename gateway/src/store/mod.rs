@@ -305,6 +305,28 @@ mod tests {
         assert_eq!(schema_version(), 5);
     }
 
+    /// A migration already applied somewhere must never change: sqlx refuses to open a
+    /// database whose applied migration's checksum differs ("previously applied but has been
+    /// modified"). These are the SHA-384 of the files as released (1 and 2 read from a
+    /// `gateway.db` made by an earlier build).
+    #[test]
+    fn released_migrations_keep_their_checksums() {
+        let released = [
+            (1, "da2f2dccdc258c3515669a4d88f2d71b1df63ea3e268748d643b761d943657186bf7319d7a9fef16f06dd9ec1ad75e2c"),
+            (2, "2fede53d2d116519dcd0a610912f6cce72308aa7d4c42bcfc691eed6c2788ea3bcf3705ae8011bbe09166cc3a19af319"),
+            (3, "a9e9792e552e203905dcfb2c587cf236836183bad7344519d86e2fd9964919b081bd557b57bab6ee5077f77d02acdd1c"),
+            (4, "0e6478b1af88256deb697bfdabd9596204079b38e89e03d9155fccfb91968e52a3243b5c32f8fa8ffa1f60c46f1174d3"),
+        ];
+        for (version, hex) in released {
+            let m = SQLITE_MIGRATIONS
+                .iter()
+                .find(|m| m.version == version)
+                .unwrap_or_else(|| panic!("migration {version} is gone"));
+            let got: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(got, hex, "sqlite migration {version} was edited");
+        }
+    }
+
     #[test]
     fn nul_characters_are_replaced_and_other_text_is_kept() {
         assert_eq!(text("a\0b"), "a\u{FFFD}b");
