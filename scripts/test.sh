@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what the tests need (a Python virtualenv
-# with the SDK and tools, npm packages, Debian packages when run as root), then runs lints,
-# the generated-files check, the Rust tests (with the fuzz corpus replay), the Autobahn WebSocket
-# conformance run, the TypeScript SDK type-check, the Python tests and the
-# Node tests of the OpenAI-compatible API.
+# with the SDK and tools, npm packages, Debian packages when run as root: Node.js and the
+# PostgreSQL server), then runs lints, the generated-files check, the Rust tests (with the fuzz
+# corpus replay), the Autobahn WebSocket conformance run, the TypeScript SDK type-check, the
+# Python tests and the Node tests of the OpenAI-compatible API.
+# The PostgreSQL tests start a throwaway server themselves (tests/suite/pg.rs) from the server
+# binaries (AGENT_GATEWAY_PG_BIN, else /usr/lib/postgresql/*/bin, else initdb on PATH), or use
+# the existing server AGENT_GATEWAY_TEST_DATABASE_URL=postgres://user@host:port/db names (they
+# create their own databases on it). The distribution's system cluster is never used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,6 +23,29 @@ if ! command -v npm >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
   else
     echo "npm is required (install Node.js), or run as root so apt-get can install it" >&2
+    exit 1
+  fi
+fi
+
+# PostgreSQL server binaries for the throwaway test cluster (its system cluster is never used:
+# a warning from the package that it could not start one, in a container without init, is
+# harmless).
+pg_found() {
+  [ -n "${AGENT_GATEWAY_TEST_DATABASE_URL:-}" ] || [ -n "${AGENT_GATEWAY_PG_BIN:-}" ] ||
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1
+}
+if ! pg_found; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    # postgresql-15 where the distribution has it (Debian 12), else its default server version
+    pg_pkg=postgresql
+    if apt-cache policy postgresql-15 2>/dev/null | grep -q 'Candidate: [0-9]'; then pg_pkg=postgresql-15; fi
+    step "installing the PostgreSQL server ($pg_pkg, apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pg_pkg" >/dev/null
+  else
+    echo "PostgreSQL server binaries (initdb, postgres) are required: install postgresql-15, or set" >&2
+    echo "AGENT_GATEWAY_PG_BIN to the directory holding them, or AGENT_GATEWAY_TEST_DATABASE_URL to an" >&2
+    echo "existing server (postgres://user@host:port/db); or run as root so apt-get can install it" >&2
     exit 1
   fi
 fi

@@ -21,4 +21,5 @@ mod e2e_tenancy;
 mod e2e_webhooks;
 mod fuzz_harness;
 mod local_model;
+mod pg;
 mod providers_http;
