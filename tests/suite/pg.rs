@@ -576,7 +576,7 @@ mod tests {
             .execute(&mut sender)
             .await
             .unwrap();
-        let n = tokio::time::timeout(crate::common::STEP, listener.recv())
+        let n = tokio::time::timeout(Duration::from_secs(10), listener.recv())
             .await
             .expect("no notification within STEP")
             .unwrap();
@@ -594,7 +594,7 @@ mod tests {
             .execute(&mut sender)
             .await
             .unwrap();
-        let n = tokio::time::timeout(crate::common::STEP, listener.recv())
+        let n = tokio::time::timeout(Duration::from_secs(10), listener.recv())
             .await
             .expect("no second notification within STEP")
             .unwrap();

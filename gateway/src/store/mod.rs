@@ -10,6 +10,8 @@
 //! (kill -9) with every committed transaction; PostgreSQL commits durably by its own settings.
 //! Every acknowledged write is committed before the answer is sent.
 
+#[cfg(test)]
+mod conformance;
 pub mod fleet;
 pub mod memory;
 pub mod owners;
@@ -289,6 +291,12 @@ impl StoreRow for PgRow {
         T::postgres(self, col)
     }
 }
+
+/// The suite's throwaway PostgreSQL server, for the store's own tests on both backends.
+#[cfg(test)]
+#[path = "../../../tests/suite/pg.rs"]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+pub(crate) mod pg_harness;
 
 #[cfg(test)]
 mod tests {

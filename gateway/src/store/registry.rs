@@ -175,9 +175,8 @@ impl Store {
         suspended: bool,
     ) -> Result<Option<bool>, GatewayError> {
         let flag = i64::from(suspended);
-        let changed =
-            on_pool!(self.pool(), |p| {
-                sqlx::query(
+        let changed = on_pool!(self.pool(), |p| {
+            sqlx::query(
             "UPDATE agents SET suspended = $1, updated_at = $2 WHERE id = $3 AND suspended <> $1",
         )
         .bind(flag)
@@ -186,7 +185,7 @@ impl Store {
         .execute(p)
         .await?
         .rows_affected()
-            });
+        });
         if changed == 1 {
             return Ok(Some(true));
         }
