@@ -3,6 +3,7 @@
 //! never blocks: each subscriber has a bounded buffer, and one that falls behind is told so
 //! and dropped. The most recent events are kept for `/api/activity`.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::tenancy::Tenant;
 
@@ -36,10 +37,10 @@ impl<T: Serialize + Send + Sync> Payload for T {
 /// for it (every later reader gets the same text): most events are never read, and writing
 /// out three of them per model call was 4% of a `/v1` request's instructions.
 pub struct Event {
-    /// Increases by one per event in this process.
+    /// Increases by one per event in this process (events from other nodes included).
     pub seq: u64,
     /// The spec's event name, e.g. `message:received`.
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     /// Unix epoch milliseconds.
     pub ts: i64,
     /// The tenant whose session the event concerns; None for a system-wide event. Callers
@@ -54,7 +55,7 @@ impl Event {
     pub fn data(&self) -> &RawValue {
         self.data.get_or_init(|| {
             self.payload.to_raw().unwrap_or_else(|e| {
-                tracing::error!(event = self.name, error = %e, "event payload not serializable");
+                tracing::error!(event = %self.name, error = %e, "event payload not serializable");
                 RawValue::NULL.to_owned()
             })
         })
@@ -76,7 +77,7 @@ impl Serialize for Event {
         use serde::ser::SerializeStruct;
         let mut out = s.serialize_struct("Event", 4)?;
         out.serialize_field("seq", &self.seq)?;
-        out.serialize_field("event", self.name)?;
+        out.serialize_field("event", &self.name)?;
         out.serialize_field("ts", &self.ts)?;
         out.serialize_field("data", self.data())?;
         out.end()
@@ -87,6 +88,9 @@ pub struct EventBus {
     tx: broadcast::Sender<Arc<Event>>,
     seq: AtomicU64,
     recent: Mutex<VecDeque<Arc<Event>>>,
+    /// Where events published here also go to reach the other nodes (`fanout`), when this
+    /// process shares its database; full: the event stays local (logged by the fan-out).
+    forward: OnceLock<mpsc::Sender<Arc<Event>>>,
 }
 
 impl Default for EventBus {
@@ -102,7 +106,13 @@ impl EventBus {
             tx,
             seq: AtomicU64::new(0),
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            forward: OnceLock::new(),
         }
+    }
+
+    /// From now on every event published here is also handed to `to` (once per process).
+    pub fn forward_to(&self, to: mpsc::Sender<Arc<Event>>) {
+        let _ = self.forward.set(to);
     }
 
     /// Publishes a system-wide event (see [`EventBus::publish_owned`]).
@@ -118,14 +128,44 @@ impl EventBus {
         name: &'static str,
         data: T,
     ) {
-        let event = Arc::new(Event {
-            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
-            name,
+        let event = self.deliver(Event {
+            seq: 0,
+            name: Cow::Borrowed(name),
             ts: crate::store::now_ms(),
             owner,
             payload: Box::new(data),
             data: OnceLock::new(),
         });
+        if let Some(forward) = self.forward.get() {
+            // Serialized by the fan-out task, off the request's path.
+            let _ = forward.try_send(event);
+        }
+    }
+
+    /// An event another node published: delivered here like a local one (with this node's
+    /// next `seq`), never forwarded again.
+    pub fn publish_remote(
+        &self,
+        name: String,
+        ts: i64,
+        owner: Option<Arc<str>>,
+        data: Box<RawValue>,
+    ) {
+        let done = OnceLock::new();
+        let _ = done.set(data);
+        self.deliver(Event {
+            seq: 0,
+            name: Cow::Owned(name),
+            ts,
+            owner,
+            payload: Box::new(()),
+            data: done,
+        });
+    }
+
+    fn deliver(&self, mut event: Event) -> Arc<Event> {
+        event.seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let event = Arc::new(event);
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() == RECENT {
                 recent.pop_front();
@@ -133,7 +173,8 @@ impl EventBus {
             recent.push_back(event.clone());
         }
         // No subscriber is not an error.
-        let _ = self.tx.send(event);
+        let _ = self.tx.send(event.clone());
+        event
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {

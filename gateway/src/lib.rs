@@ -5,6 +5,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod fanout;
 pub mod handlers;
 pub mod http;
 pub mod hub;

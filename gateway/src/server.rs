@@ -110,6 +110,7 @@ async fn build_state(
     );
     state.webhooks = webhooks;
     crate::webhooks::resume_queued(state.webhooks.as_deref(), &state.engine).await;
+    crate::runtime::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
     Ok(state)
 }
 
@@ -206,7 +207,7 @@ pub async fn run(
                 control.restart.notify_one();
                 if let Exit::Shutdown = serving.await {
                     tracing::info!("shutdown requested during a restart");
-                    flush_usage(&state).await;
+                    leave(&state).await;
                     return Ok(());
                 }
                 Some((next, next_state))
@@ -216,6 +217,7 @@ pub async fn run(
         flush_usage(&state).await;
         match next {
             None => {
+                leave(&state).await;
                 tracing::info!("agent-gateway stopped");
                 return Ok(());
             }
@@ -232,6 +234,17 @@ pub async fn run(
 async fn flush_usage(state: &AppState) {
     if let Err(e) = state.engine.store.usage_flush().await {
         tracing::warn!(error = %e, "usage rows not flushed");
+    }
+}
+
+/// The process stops: after the last usage rows, this node leaves the fleet (other nodes may
+/// take over its queued runs at once instead of after `store.nodeDeadAfterMs`).
+async fn leave(state: &AppState) {
+    flush_usage(state).await;
+    if state.engine.store.is_shared() {
+        if let Err(e) = state.engine.store.node_leave().await {
+            tracing::warn!(error = %e, "node not removed from the fleet; it times out instead");
+        }
     }
 }
 

@@ -43,6 +43,29 @@ pub fn config_yaml(dir: &std::path::Path, extra: &str) -> String {
 }
 
 pub async fn start(extra: &str) -> Gateway {
+    // The whole suite on PostgreSQL, on demand: every gateway without a store of its own gets a
+    // fresh database on the suite's throwaway server.
+    if std::env::var("AGENT_GATEWAY_TEST_BACKEND").as_deref() == Ok("postgres")
+        && !extra.contains("\nstore:")
+    {
+        let url = crate::pg::database().await;
+        return start_plain(&format!("{extra}\n{}", store_yaml(&url))).await;
+    }
+    start_plain(extra).await
+}
+
+/// The `store:` section of a gateway on the PostgreSQL database `url`, with node timings short
+/// enough for tests (a node unseen for 1.5 s is dead).
+pub fn store_yaml(url: &str) -> String {
+    format!("store:\n  url: {url}\n  nodeHeartbeatMs: 250\n  nodeDeadAfterMs: 1500\n")
+}
+
+/// A gateway on the PostgreSQL database `url` (several may share one: nodes of a fleet).
+pub async fn start_on(url: &str, extra: &str) -> Gateway {
+    start_plain(&format!("{extra}\n{}", store_yaml(url))).await
+}
+
+async fn start_plain(extra: &str) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.yaml");
     std::fs::write(&path, config_yaml(dir.path(), extra)).unwrap();

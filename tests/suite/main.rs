@@ -14,6 +14,7 @@ mod e2e_http;
 mod e2e_limits;
 mod e2e_local;
 mod e2e_media;
+mod e2e_multinode;
 mod e2e_process;
 mod e2e_restart;
 mod e2e_rpc;

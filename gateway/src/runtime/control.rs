@@ -35,6 +35,11 @@ pub struct Control {
     /// `nodes`): a random id per process, the same for every server generation, so a
     /// generation never takes over the runs an earlier one still runs.
     pub node_id: Arc<str>,
+    /// Cross-node fan-out, started once when the database is shared (PostgreSQL).
+    pub fanout: OnceLock<crate::fanout::Fanout>,
+    /// Bumped when another node changed agents or providers (or this node's notification
+    /// connection came back): each generation reloads its registries.
+    pub registry_epoch: tokio::sync::watch::Sender<u64>,
     /// `gateway.restart` asks for the next generation here; the server loop builds and checks
     /// it, and only then stops the running one (`restart`).
     pub restart_requested: Notify,
@@ -55,9 +60,20 @@ impl Control {
             admission: Default::default(),
             opened_databases: Default::default(),
             node_id: uuid::Uuid::new_v4().simple().to_string().into(),
+            fanout: OnceLock::new(),
+            registry_epoch: tokio::sync::watch::Sender::new(0),
             restart_requested: Notify::new(),
             restarts_refused: Default::default(),
         }
+    }
+
+    /// A notification to every WebSocket connection of `client_id`, on this node and, when
+    /// the database is shared, on every other node; how many connections of this node got it.
+    pub fn push_client(&self, client_id: &str, method: &str, params: serde_json::Value) -> usize {
+        if let Some(fanout) = self.fanout.get() {
+            fanout.push(client_id, method, &params);
+        }
+        self.hub.notify_client(client_id, method, params)
     }
 
     /// True the first time this process opens the database `key` (a file path or a URL).

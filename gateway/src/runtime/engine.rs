@@ -156,6 +156,13 @@ impl Engine {
         if store.is_shared() {
             // Alive before anything it holds is written: other nodes' sweeps spare its runs.
             store.node_seen(now, control.started_at_ms).await?;
+            if control.fanout.get().is_none() {
+                if let Ok(crate::config::store::Backend::Postgres(url)) = config.store.backend() {
+                    let fanout = crate::fanout::Fanout::start(&url, &control)
+                        .map_err(|e| GatewayError::Unavailable(format!("fan-out: {e}")))?;
+                    let _ = control.fanout.set(fanout);
+                }
+            }
         }
         // Once per process and database: a restart's new generation must not orphan the runs
         // the previous generation of this process still runs (they are this node's). Queued

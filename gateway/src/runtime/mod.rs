@@ -8,6 +8,7 @@ pub mod control;
 pub mod domain;
 pub mod embed;
 pub mod engine;
+pub mod fleet;
 pub mod heartbeat;
 pub mod providers;
 pub mod providers_registry;

@@ -161,7 +161,7 @@ impl Engine {
             if let Err(e) = engine.store.run_finish(&finished).await {
                 tracing::error!(run = %finished.run_id, error = %e, "run outcome not recorded");
             }
-            engine.control.hub.notify_client(
+            engine.control.push_client(
                 &finished.client_id,
                 "session.completed",
                 json!({

@@ -2,7 +2,7 @@
 //! work that one node of the fleet does at a time (sweeps). On SQLite there is one node, and
 //! both still work (a lease is always this node's).
 
-use super::{on_pool, Store};
+use super::{on_pool, Pool, Store};
 use crate::error::GatewayError;
 
 impl Store {
@@ -52,6 +52,35 @@ impl Store {
     pub async fn nodes_forget(&self, before: i64) -> Result<u64, GatewayError> {
         Ok(on_pool!(self.pool(), |p| sqlx::query(
             "DELETE FROM nodes WHERE seen_at < $1"
+        )
+        .bind(before)
+        .execute(p)
+        .await?
+        .rows_affected()))
+    }
+
+    /// Tells the other nodes that `what` (`agents`, `providers`) changed, so they reload it
+    /// (`fanout::CONTROL`); nothing to tell on SQLite. Best effort: a node that misses it
+    /// still reloads on its periodic resynchronisation.
+    pub async fn announce(&self, what: &str) {
+        let Pool::Postgres(p) = self.pool() else {
+            return;
+        };
+        let body = serde_json::json!({"v": 1, "from": self.node(), "what": what}).to_string();
+        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(crate::fanout::CONTROL)
+            .bind(body)
+            .execute(p)
+            .await
+        {
+            tracing::warn!(what, error = %e, "registry change not announced to other nodes");
+        }
+    }
+
+    /// Deletes spilled fan-out bodies older than `before`.
+    pub async fn fanout_sweep(&self, before: i64) -> Result<u64, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| sqlx::query(
+            "DELETE FROM fanout WHERE created_at < $1"
         )
         .bind(before)
         .execute(p)

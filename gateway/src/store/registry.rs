@@ -104,6 +104,9 @@ impl Store {
             }
             q.execute(p).await?.rows_affected()
         });
+        if done == 1 {
+            self.announce(table.name()).await;
+        }
         Ok(done == 1)
     }
 
@@ -127,6 +130,9 @@ impl Store {
             .execute(p)
             .await?
             .rows_affected());
+        if done == 1 {
+            self.announce(table.name()).await;
+        }
         Ok(done == 1)
     }
 
@@ -138,6 +144,9 @@ impl Store {
             .execute(p)
             .await?
             .rows_affected());
+        if done == 1 {
+            self.announce(table.name()).await;
+        }
         Ok(done == 1)
     }
 
@@ -187,6 +196,7 @@ impl Store {
         .rows_affected()
         });
         if changed == 1 {
+            self.announce(Table::Agents.name()).await;
             return Ok(Some(true));
         }
         let exists = on_pool!(self.pool(), |p| sqlx::query_scalar::<_, String>(

@@ -45,7 +45,7 @@ pub struct RestApi;
 fn event_out(e: &crate::events::Event) -> EventOut {
     EventOut {
         seq: e.seq,
-        event: e.name.to_owned(),
+        event: e.name.to_string(),
         ts: e.ts,
         data: Any(e.data_value()),
     }
@@ -393,7 +393,7 @@ impl RestApi {
                                 Ok(ev) if !ev.visible_to(&tenant) => continue,
                                 Ok(ev) => {
                                     let json = serde_json::to_string(&*ev).unwrap_or_default();
-                                    break sse::frame(Some(ev.name), &json);
+                                    break sse::frame(Some(&ev.name), &json);
                                 }
                                 Err(RecvError::Lagged(missed)) => {
                                     let f = sse::frame(Some("lagged"), &serde_json::json!({"missed": missed}).to_string());
