@@ -27,8 +27,28 @@ pub enum GatewayError {
 }
 
 impl From<sqlx::Error> for GatewayError {
+    /// A database that cannot be reached (PostgreSQL down or restarting, the pool exhausted
+    /// past `store.acquireTimeoutMs`) is a dependency being unavailable: -32003 / 503, so clients
+    /// retry. Anything else is internal. The detail is logged, never sent.
     fn from(e: sqlx::Error) -> Self {
+        if storage_unreachable(&e) {
+            tracing::warn!(error = %e, "storage unavailable");
+            return Self::Unavailable("storage is unavailable; try again".into());
+        }
         Self::Internal(format!("storage: {e}"))
+    }
+}
+
+fn storage_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Tls(_) | sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE class 08 (connection exception), 57P01-57P03 (the server is shutting down or
+        // starting), 53300 (too many connections).
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+            c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
     }
 }
 

@@ -62,7 +62,12 @@ pub fn store_yaml(url: &str) -> String {
 
 /// A gateway on the PostgreSQL database `url` (several may share one: nodes of a fleet).
 pub async fn start_on(url: &str, extra: &str) -> Gateway {
-    start_plain(&format!("{extra}\n{}", store_yaml(url))).await
+    start_on_with(url, extra, "").await
+}
+
+/// [`start_on`] with more `store:` keys (lines indented by two spaces).
+pub async fn start_on_with(url: &str, extra: &str, store: &str) -> Gateway {
+    start_plain(&format!("{extra}\n{}{store}", store_yaml(url))).await
 }
 
 async fn start_plain(extra: &str) -> Gateway {

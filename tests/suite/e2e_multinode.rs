@@ -320,3 +320,68 @@ async fn a_node_whose_notification_connection_drops_reconnects_and_catches_up() 
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_and_restarted_under_a_running_gateway() {
+    let mut server = crate::pg::private_server();
+    let url = server.database().await;
+    let gw = start_on_with(&url, &config(), "  acquireTimeoutMs: 1000\n").await;
+    let who = json!({"userId": "outage"});
+    let first = ok(
+        &gw,
+        "agent.execute",
+        json!({"message": "hello", "sessionKey": who}),
+    )
+    .await;
+    assert_eq!(first["response"], "Hello there.");
+
+    tokio::task::block_in_place(|| server.stop());
+    // Down: calls fail with "unavailable" (-32003, 503 on REST) within the acquire timeout.
+    let down = gw
+        .call(
+            ADMIN,
+            "agent.execute",
+            json!({"message": "again", "sessionKey": who}),
+        )
+        .await;
+    assert_eq!(code(&down), -32003, "{down}");
+    let r = reqwest::Client::new()
+        .get(gw.url("/api/memory/stats"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        gw.call(ADMIN, "system.ping", json!({})).await["result"]["pong"],
+        true
+    );
+
+    tokio::task::block_in_place(|| server.start());
+    let again = eventually("a turn after PostgreSQL is back", || async {
+        let v = gw
+            .call(
+                ADMIN,
+                "agent.execute",
+                json!({"message": "again", "sessionKey": who}),
+            )
+            .await;
+        v.get("result").cloned()
+    })
+    .await;
+    assert_eq!(again["response"], "Hello again.");
+    let h = ok(
+        &gw,
+        "session.history",
+        json!({"session_key": "agent:default:api:admin:outage"}),
+    )
+    .await;
+    let texts: Vec<&str> = h["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(texts, ["hello", "Hello there.", "again", "Hello again."]);
+    gw.stop().await;
+}

@@ -397,3 +397,104 @@ async fn conversations_survive_a_restart_and_kill_9_loses_no_acknowledged_turn()
     );
     signal(&_child, "-KILL");
 }
+
+#[test]
+fn an_unreachable_database_stops_the_start_naming_it_without_its_password() {
+    let port = free_port();
+    let yaml = format!(
+        "store:\n  url: postgres://gw:hunter2-secret-value@127.0.0.1:{port}/fleet\n  connectTimeoutMs: 600\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("AGENT_GATEWAY_PORT", free_port().to_string())
+        .env("AGENT_GATEWAY_DATA_DIR", dir.path().join("data"))
+        .env("AGENT_GATEWAY_NO_FETCH", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        all.contains(&format!(
+            "cannot connect to PostgreSQL at postgres://gw@127.0.0.1:{port}/fleet"
+        )),
+        "{all}"
+    );
+    assert!(
+        !all.contains("hunter2"),
+        "the password reached the output: {all}"
+    );
+}
+
+/// Node A is killed (kill -9) while a client streams turns through it; every acknowledged turn
+/// is in the shared database, node B serves the client's next turn, and a WebSocket client of
+/// A reconnects to B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_stream_loses_no_answered_turn_and_another_node_serves_on() {
+    let url = crate::pg::database().await;
+    let extra = format!("{SCRIPTED}\n{}", store_yaml(&url));
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, port_a) = spawn_configured(dir_a.path(), &extra).await;
+    let (mut b, port_b) = spawn_configured(dir_b.path(), &extra).await;
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port_a}/ws?token={RPC}"))
+            .await
+            .unwrap();
+    assert_ping(&mut ws, 1).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let writer = tokio::spawn(async move {
+        for i in 0.. {
+            let text = format!("turn {i}");
+            match turn(port_a, &text).await {
+                Ok(_) => {
+                    if tx.send(text).is_err() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let mut acked = Vec::new();
+    while acked.len() < 20 {
+        acked.push(rx.recv().await.unwrap());
+    }
+    signal(&a, "-KILL");
+    wait_exit(&mut a);
+    writer.await.unwrap();
+    while let Ok(t) = rx.try_recv() {
+        acked.push(t);
+    }
+    // The killed node's socket ends abnormally; the client goes to B.
+    let (code, _) = closed(&mut ws).await;
+    assert_eq!(code, 1006);
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port_b}/ws?token={RPC}"))
+            .await
+            .unwrap();
+    assert_ping(&mut ws, 2).await;
+    let stored = history(port_b).await;
+    for t in &acked {
+        assert!(
+            stored.contains(t),
+            "acknowledged {t:?} lost; stored {stored:?}"
+        );
+        assert!(stored.contains(&format!("You said: {t}")));
+    }
+    assert_eq!(stored.len() % 2, 0, "whole turns only: {stored:?}");
+    turn(port_b, "after the kill").await.unwrap();
+    let stored = history(port_b).await;
+    assert_eq!(
+        stored[stored.len() - 2..],
+        ["after the kill", "You said: after the kill"]
+    );
+    signal(&b, "-TERM");
+    assert!(wait_exit(&mut b).success());
+}
