@@ -147,7 +147,7 @@ async fn next_generation(
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::error!(error = %e, generation, "restart refused: the configuration would not start; the running generation keeps serving");
         };
-        let next = match config::load(config_path) {
+        let mut next = match config::load(config_path) {
             Ok(next) => next,
             Err(e) => {
                 refused(e.to_string());
@@ -157,6 +157,10 @@ async fn next_generation(
         if let Err(e) = check(&next.config, Some(current_store)).await {
             refused(e);
             continue;
+        }
+        if next.config.store != current.config.store {
+            tracing::warn!("store changes take effect on the next process start; the running database is kept");
+            next.config.store = current.config.store.clone();
         }
         let (old, new) = (&current.config.gateway, &next.config.gateway);
         if (old.host.as_str(), old.port) != (new.host.as_str(), new.port) {
