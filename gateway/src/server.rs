@@ -159,7 +159,9 @@ async fn next_generation(
             continue;
         }
         if next.config.store != current.config.store {
-            tracing::warn!("store changes take effect on the next process start; the running database is kept");
+            tracing::warn!(
+                "store changes take effect on the next process start; the running database is kept"
+            );
             next.config.store = current.config.store.clone();
         }
         let (old, new) = (&current.config.gateway, &next.config.gateway);

@@ -498,3 +498,104 @@ async fn a_node_killed_mid_stream_loses_no_answered_turn_and_another_node_serves
     signal(&b, "-TERM");
     assert!(wait_exit(&mut b).success());
 }
+
+const HOOK_TOKEN: &str = "hook-token-0123456789abcdefghijklmnopqrstuv";
+
+async fn hook(port: u16, body: &str) -> u16 {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(HOOK_TOKEN.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/hooks/echo"))
+        .header("content-type", "application/json")
+        .header("x-hub-signature-256", sig)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A webhook run acknowledged by node A and still queued there when A is killed is run by
+/// node B once A counts as dead; the run A was running is marked orphaned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_queued_webhook_run_is_taken_over_by_another_node() {
+    let url = crate::pg::database().await;
+    let extra = format!(
+        r#"
+providers:
+  s:
+    type: scripted
+    models: [m]
+    script:
+      - match: "slow"
+        steps:
+          - reply: "slow done"
+            delayMs: 60000
+      - match: "quick"
+        steps:
+          - reply: "quick done"
+agents:
+  default: {{model: s/m}}
+webhooks:
+  enabled: true
+  token: {HOOK_TOKEN}
+  maxConcurrentRuns: 1
+  hmac: {{headerName: x-hub-signature-256}}
+  mappings:
+    - id: echo
+      match: {{path: echo}}
+      sessionKey: "{{{{payload.id}}}}"
+      messageTemplate: "{{{{payload.text}}}}"
+{}"#,
+        store_yaml(&url)
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, port_a) = spawn_configured(dir_a.path(), &extra).await;
+    let (mut b, port_b) = spawn_configured(dir_b.path(), &extra).await;
+    assert_eq!(hook(port_a, r#"{"id":"s1","text":"slow"}"#).await, 200);
+    assert_eq!(hook(port_a, r#"{"id":"q1","text":"quick"}"#).await, 200);
+    let mut db = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let status = |key: &'static str| {
+        sqlx::query_scalar::<_, String>("SELECT status FROM runs WHERE session_key = $1")
+            .bind(format!("agent:default:webhook:echo:{key}"))
+    };
+    assert_eq!(status("q1").fetch_one(&mut db).await.unwrap(), "queued");
+    signal(&a, "-KILL");
+    wait_exit(&mut a);
+    // B takes the queued run over once A is unseen for nodeDeadAfterMs (1.5 s in tests).
+    let deadline = Instant::now() + STEP;
+    loop {
+        let q1 = status("q1").fetch_one(&mut db).await.unwrap();
+        if q1 == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "q1 is still {q1}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status("s1").fetch_one(&mut db).await.unwrap(), "orphaned");
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "session.history",
+        "params": {"session_key": "agent:default:webhook:echo:q1"}});
+    let v: Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port_b}/rpc"))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let msgs = v["result"]["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(msgs.len(), 2, "{v}");
+    assert_eq!(msgs[1]["content"], "quick done");
+    signal(&b, "-TERM");
+    assert!(wait_exit(&mut b).success());
+}
