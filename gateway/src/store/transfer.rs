@@ -415,7 +415,10 @@ fn read_row(r: &impl StoreRow, t: &Table) -> Result<Vec<Val>, TransferError> {
         .iter()
         .map(|c| {
             let v = match c.kind {
-                Kind::Int => r.col::<Option<i64>>(c.name).map_err(|e| bad(c, e))?.map(Val::Int),
+                Kind::Int => r
+                    .col::<Option<i64>>(c.name)
+                    .map_err(|e| bad(c, e))?
+                    .map(Val::Int),
                 // SQLite may hand back an integer stored in a REAL column (a value written
                 // before the column had its affinity, or by hand): the number is the same.
                 Kind::Real => match r.col::<Option<f64>>(c.name) {
@@ -875,13 +878,17 @@ pub async fn migration_state(
             let shown = without_password(url);
             let options = sqlx::postgres::PgConnectOptions::from_str(url)
                 .map_err(|e| TransferError(format!("{shown}: {e}")))?;
-            let mut c = tokio::time::timeout(
-                connect_timeout,
-                sqlx::PgConnection::connect_with(&options),
-            )
-            .await
-            .map_err(|_| TransferError(format!("cannot connect to PostgreSQL at {shown}: timed out")))?
-            .map_err(|e| TransferError(format!("cannot connect to PostgreSQL at {shown}: {e}")))?;
+            let mut c =
+                tokio::time::timeout(connect_timeout, sqlx::PgConnection::connect_with(&options))
+                    .await
+                    .map_err(|_| {
+                        TransferError(format!(
+                            "cannot connect to PostgreSQL at {shown}: timed out"
+                        ))
+                    })?
+                    .map_err(|e| {
+                        TransferError(format!("cannot connect to PostgreSQL at {shown}: {e}"))
+                    })?;
             let table: Option<String> =
                 sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
                     .fetch_one(&mut c)
@@ -925,7 +932,6 @@ pub async fn migration_state(
         .collect();
     Ok(state)
 }
-
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -972,6 +978,10 @@ mod tests {
         other_formats_and_schemas_are_refused,
         migration_state_reads_without_changing,
     );
+
+    fn admin() -> crate::tenancy::Tenant {
+        crate::tenancy::Tenant::for_principal("admin", true)
+    }
 
     fn msg(role: &str, content: &str) -> MessageRow {
         MessageRow {
@@ -1025,9 +1035,15 @@ mod tests {
             .await
             .unwrap();
         s.note_add("a:z", "a note").await.unwrap();
-        s.memory_insert("alice", "bot", Some("a:z"), "Paris in spring", &["t".into()])
-            .await
-            .unwrap();
+        s.memory_insert(
+            "alice",
+            "bot",
+            Some("a:z"),
+            "Paris in spring",
+            &["t".into()],
+        )
+        .await
+        .unwrap();
         s.memory_insert("bob", "bot", None, "no session", &[])
             .await
             .unwrap();
@@ -1125,9 +1141,36 @@ mod tests {
         assert_eq!(summary2, summary);
         assert_eq!(dump(&again)[1..], lines[1..]);
 
+        // --verify-only agrees with a store just imported.
+        let verified = import(&dst, bytes.as_slice(), true).await.unwrap();
+        assert_eq!(verified.verified, summary);
+        assert!(verified.inserted.iter().all(|(_, n)| *n == 0));
+        // ... and notices one changed value (and only where it is).
+        for (label, differs) in [("'changed'", true), ("NULL", false)] {
+            let sql = format!("UPDATE sessions SET label = {label} WHERE session_key = 'B'");
+            on_pool!(dst.pool(), |p| sqlx::query(&sql)
+                .execute(p)
+                .await
+                .map(drop)
+                .unwrap());
+            let check = import(&dst, bytes.as_slice(), true).await;
+            match check {
+                Err(e) if differs => assert_eq!(
+                    e.0,
+                    "verification failed: sessions: the rows differ from the export's"
+                ),
+                Ok(_) if !differs => {}
+                other => panic!("label {label}: {other:?}"),
+            }
+        }
+
         // Ids were kept, and a new row gets the next id on every identity table.
         for table in ["messages", "session_notes", "memories", "usage"] {
-            assert_eq!(max_id(&dst, table).await, max_id(&src, table).await, "{table}");
+            assert_eq!(
+                max_id(&dst, table).await,
+                max_id(&src, table).await,
+                "{table}"
+            );
         }
         let before = [
             max_id(&dst, "messages").await,
@@ -1161,29 +1204,23 @@ mod tests {
             ],
             before.map(|n| n + 1)
         );
-        let history = dst.session_all_messages("b").await.unwrap();
+        let history = dst.session_all_messages(&admin(), "b").await.unwrap();
         assert_eq!(
             history.iter().map(|m| m.seq).collect::<Vec<_>>(),
             [0, 1],
             "next_seq was kept"
         );
         // The search index of the target covers the imported rows.
-        let hits = dst
-            .search_messages(&crate::tenancy::Tenant::for_principal("admin", true), "zürich", 10)
-            .await
-            .unwrap();
+        let hits = dst.search_messages(&admin(), "zürich", 10).await.unwrap();
         assert_eq!(hits.len(), 1, "{hits:?}");
 
-        // --verify-only agrees, and notices a changed row.
-        import(&dst, bytes.as_slice(), true).await.unwrap();
-        on_pool!(dst.pool(), |p| sqlx::query(
-            "UPDATE sessions SET label = 'changed' WHERE session_key = 'B'"
-        )
-        .execute(p)
-        .await
-        .unwrap());
+        // --verify-only now notices the rows added since, and a changed row.
         let err = import(&dst, bytes.as_slice(), true).await.unwrap_err();
-        assert!(err.0.contains("sessions: the rows differ"), "{err}");
+        assert!(
+            err.0
+                .contains("messages: 5 rows in the database, 4 in the export"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -1213,7 +1250,7 @@ mod tests {
         let Pool::Sqlite(p) = src.pool() else {
             unreachable!()
         };
-        sqlx::query("UPDATE messages SET content = 'a' || char(0) || 'b' || char(0) WHERE seq = 0")
+        sqlx::query("UPDATE messages SET content = 'a' || char(0) || 'b' || char(0) WHERE seq = 0 AND session_key = 'a:z'")
             .execute(p)
             .await
             .unwrap();
@@ -1227,10 +1264,10 @@ mod tests {
 
         let dst = postgres().await;
         let report = import(&dst, bytes.as_slice(), false).await.unwrap();
-        assert_eq!(report.nul_replaced, 4, "three in messages, one in the note");
+        assert_eq!(report.nul_replaced, 3, "two in a message, one in the note");
         let notes = dst.notes_list("a:z").await.unwrap();
         assert_eq!(notes[0].note, "\u{FFFD}");
-        let history = dst.session_all_messages("a:z").await.unwrap();
+        let history = dst.session_all_messages(&admin(), "a:z").await.unwrap();
         assert_eq!(history[0].content, "a\u{FFFD}b\u{FFFD}");
     }
 
@@ -1246,7 +1283,8 @@ mod tests {
         let dst = sqlite(&dir, "dst.db").await;
         let err = import(&dst, tampered.as_bytes(), false).await.unwrap_err();
         assert!(
-            err.0.starts_with("verification failed: memories: the rows differ"),
+            err.0
+                .starts_with("verification failed: memories: the rows differ"),
             "{err}"
         );
         assert!(err.0.contains("the file was edited or damaged"), "{err}");
@@ -1300,7 +1338,10 @@ mod tests {
         );
         let dst = sqlite(&dir, "order.db").await;
         let err = import(&dst, rows.as_bytes(), false).await.unwrap_err();
-        assert!(err.0.contains("line 3: providers after webhook_deliveries"), "{err}");
+        assert!(
+            err.0.contains("line 3: providers after webhook_deliveries"),
+            "{err}"
+        );
     }
 
     async fn columns_match_the_schema(s: Store) {
@@ -1342,14 +1383,15 @@ mod tests {
             "the target database is not empty (agents has 1 rows): import needs a database no \
              gateway has served yet"
         );
-        assert_eq!(summarize(&s).await.unwrap().total_rows(), 1, "nothing added");
+        assert_eq!(
+            summarize(&s).await.unwrap().total_rows(),
+            1,
+            "nothing added"
+        );
     }
 
     async fn other_formats_and_schemas_are_refused(s: Store) {
-        let trailer = Summary {
-            tables: Vec::new(),
-        }
-        .trailer();
+        let trailer = Summary { tables: Vec::new() }.trailer();
         for (header, says) in [
             (
                 r#"{"format":"agent-gateway-store","version":1,"schema":4}"#,
