@@ -875,20 +875,13 @@ pub async fn migration_state(
             }
         }
         Backend::Postgres(url) => {
-            let shown = without_password(url);
             let options = sqlx::postgres::PgConnectOptions::from_str(url)
-                .map_err(|e| TransferError(format!("{shown}: {e}")))?;
+                .map_err(|e| TransferError(format!("bad URL {}: {e}", without_password(url))))?;
             let mut c =
                 tokio::time::timeout(connect_timeout, sqlx::PgConnection::connect_with(&options))
                     .await
-                    .map_err(|_| {
-                        TransferError(format!(
-                            "cannot connect to PostgreSQL at {shown}: timed out"
-                        ))
-                    })?
-                    .map_err(|e| {
-                        TransferError(format!("cannot connect to PostgreSQL at {shown}: {e}"))
-                    })?;
+                    .map_err(|_| TransferError("cannot connect to PostgreSQL: timed out".into()))?
+                    .map_err(|e| TransferError(format!("cannot connect to PostgreSQL: {e}")))?;
             let table: Option<String> =
                 sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
                     .fetch_one(&mut c)
