@@ -625,11 +625,26 @@ fn parse_row(
         .collect()
 }
 
-/// Inserts `rows` of `t` in one transaction, keeping every value (ids included).
-async fn insert_batch(store: &Store, t: &Table, rows: &[Vec<Val>]) -> Result<(), TransferError> {
+/// Inserts `rows` of `t` (input lines `span`) in one transaction, keeping every value (ids
+/// included); an error names the table and the lines.
+async fn insert_batch(
+    store: &Store,
+    t: &Table,
+    rows: &[Vec<Val>],
+    span: (usize, usize),
+) -> Result<(), TransferError> {
     if rows.is_empty() {
         return Ok(());
     }
+    insert_rows(store, t, rows).await.map_err(|e| {
+        TransferError(format!(
+            "lines {}-{} ({}): {e}; the batches before were imported",
+            span.0, span.1, t.name
+        ))
+    })
+}
+
+async fn insert_rows(store: &Store, t: &Table, rows: &[Vec<Val>]) -> Result<(), TransferError> {
     let n = t.cols.len();
     let cols: Vec<&str> = t.cols.iter().map(|c| c.name).collect();
     let tuples: Vec<String> = (0..rows.len())
@@ -711,6 +726,8 @@ pub async fn import(
     let mut current = 0usize;
     let mut batch: Vec<Vec<Val>> = Vec::new();
     let mut batch_bytes = 0usize;
+    // Input lines of the first and last row of the batch.
+    let (mut first, mut last) = (0usize, 0usize);
     let mut canonical = String::new();
     let mut trailer: Option<Trailer> = None;
 
@@ -745,7 +762,7 @@ pub async fn import(
         }
         if idx != current {
             if !verify_only {
-                insert_batch(store, &TABLES[current], &batch).await?;
+                insert_batch(store, &TABLES[current], &batch, (first, last)).await?;
             }
             inserted[current].1 += batch.len() as u64;
             batch.clear();
@@ -753,6 +770,10 @@ pub async fn import(
             current = idx;
         }
         let t = &TABLES[idx];
+        if batch.is_empty() {
+            first = at;
+        }
+        last = at;
         let vals = parse_row(t, r, at, &mut nul)?;
         row_line(&mut canonical, t, &vals, true)?;
         read[idx].add(&canonical);
@@ -760,9 +781,7 @@ pub async fn import(
         batch.push(vals);
         if batch.len() >= BATCH_ROWS || batch_bytes >= BATCH_BYTES {
             if !verify_only {
-                insert_batch(store, t, &batch)
-                    .await
-                    .map_err(|e| TransferError(format!("rows up to line {at}: {e}")))?;
+                insert_batch(store, t, &batch, (first, at)).await?;
             }
             inserted[idx].1 += batch.len() as u64;
             batch.clear();
@@ -776,7 +795,7 @@ pub async fn import(
         );
     };
     if !verify_only {
-        insert_batch(store, &TABLES[current], &batch).await?;
+        insert_batch(store, &TABLES[current], &batch, (first, last)).await?;
         reset_sequences(store).await?;
     }
     inserted[current].1 += batch.len() as u64;
@@ -1334,6 +1353,86 @@ mod tests {
         assert!(
             err.0.contains("line 3: providers after webhook_deliveries"),
             "{err}"
+        );
+    }
+
+    /// Tables larger than one batch (runs: 20 columns, 20,000 values in one statement) go in
+    /// several transactions, and the ids and sequences come out right on PostgreSQL.
+    #[tokio::test]
+    async fn tables_larger_than_a_batch_cross_batch_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = sqlite(&dir, "src.db").await;
+        let Pool::Sqlite(p) = src.pool() else {
+            unreachable!()
+        };
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2345) \
+             INSERT INTO usage (ts, agent_id, provider, model, operation, input_tokens, \
+             output_tokens, cached_tokens, cost_usd, latency_ms, ok) \
+             SELECT i, 'a', 'p', 'm', 'chat', i, 0, 0, i * 0.001, 1, 1 FROM n",
+        )
+        .execute(p)
+        .await
+        .unwrap();
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1001) \
+             INSERT INTO runs (run_id, root_run_id, agent_id, session_key, task, status, depth, \
+             client_id, started_at) \
+             SELECT printf('r%05d', i), 'r', 'a', 'k', 't', 'completed', 0, 'c', i FROM n",
+        )
+        .execute(p)
+        .await
+        .unwrap();
+        let (bytes, summary) = export_lines(&src).await;
+        let dst = postgres().await;
+        let report = import(&dst, bytes.as_slice(), false).await.unwrap();
+        assert_eq!(report.verified, summary);
+        let got: Vec<(&str, u64)> = report
+            .inserted
+            .iter()
+            .copied()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        assert_eq!(got, [("runs", 1001), ("usage", 2345)]);
+        dst.usage_record(UsageRow::default()).unwrap();
+        dst.usage_flush().await.unwrap();
+        assert_eq!(max_id(&dst, "usage").await, 2346);
+    }
+
+    #[tokio::test]
+    async fn a_failing_batch_names_its_table_and_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = sqlite(&dir, "src.db").await;
+        let (bytes, _) = export_lines(&src).await;
+        let lines = dump(&bytes);
+        let row = r#"{"t":"webhook_deliveries","r":{"delivery":"d","expires_at":1}}"#;
+        let input = format!("{}\n{row}\n{row}\n{}\n", lines[0], lines[1]);
+        let dst = postgres().await;
+        let err = import(&dst, input.as_bytes(), false).await.unwrap_err();
+        assert!(
+            err.0
+                .starts_with("lines 2-3 (webhook_deliveries): database: "),
+            "{err}"
+        );
+    }
+
+    /// PostgreSQL can hold NaN in a DOUBLE PRECISION column; JSON cannot say it.
+    #[tokio::test]
+    async fn a_non_finite_number_stops_the_export() {
+        let s = postgres().await;
+        s.usage_record(UsageRow::default()).unwrap();
+        s.usage_flush().await.unwrap();
+        let Pool::Postgres(p) = s.pool() else {
+            unreachable!()
+        };
+        sqlx::query("UPDATE usage SET cost_usd = 'NaN'")
+            .execute(p)
+            .await
+            .unwrap();
+        let err = export(&s, &mut Vec::new()).await.unwrap_err();
+        assert_eq!(
+            err.0,
+            "usage.cost_usd: the value NaN is not a finite number and cannot be exported"
         );
     }
 
