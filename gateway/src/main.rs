@@ -95,8 +95,14 @@ enum Command {
 /// Logs go to stdout for the server and to stderr for the other commands, whose stdout is
 /// their output (an export written to `-`).
 fn init_logging(to_stderr: bool) {
+    // An export streams each table through one statement, which sqlx would report as slow.
+    let default = if to_stderr {
+        "info,hyper=warn,poem=warn,sqlx::query=error"
+    } else {
+        "info,hyper=warn,poem=warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_GATEWAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hyper=warn,poem=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
