@@ -1,6 +1,8 @@
-//! The `agent-gateway` command: `serve` (the default) and `check-config`.
+//! The `agent-gateway` command: `serve` (the default), `check-config`, `openapi`,
+//! `fetch-models`, and the store commands `migrate`, `export` and `import`.
 
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -49,15 +51,273 @@ enum Command {
         #[arg(long)]
         from: Option<PathBuf>,
     },
+    /// Applies the store's pending migrations (the gateway also does on start) and exits.
+    Migrate {
+        /// YAML configuration file (for `store.url` and `gateway.dataDir`).
+        #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
+        config: Option<PathBuf>,
+        /// The database instead of the configured one (postgres://... or sqlite://<path>).
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Applies nothing: exits 1 when migrations are pending.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Writes every row of the store as NDJSON (to move it to another database with `import`).
+    Export {
+        /// YAML configuration file (for `store.url` and `gateway.dataDir`).
+        #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
+        config: Option<PathBuf>,
+        /// The database instead of the configured one (postgres://... or sqlite://<path>).
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Output file, or `-` for standard output (the default).
+        #[arg(long, default_value = "-")]
+        out: String,
+    },
+    /// Reads an export into an empty store and verifies the result against the export.
+    Import {
+        /// YAML configuration file (for `store.url` and `gateway.dataDir`).
+        #[arg(long, env = agent_gateway::config::ENV_CONFIG)]
+        config: Option<PathBuf>,
+        /// The database instead of the configured one (postgres://... or sqlite://<path>).
+        #[arg(long)]
+        database_url: Option<String>,
+        /// The export file, or `-` for standard input.
+        #[arg(long = "in")]
+        input: String,
+        /// Imports nothing: only compares the store with the export's counts and digests.
+        #[arg(long)]
+        verify_only: bool,
+    },
 }
 
-fn init_logging() {
+/// Logs go to stdout for the server and to stderr for the other commands, whose stdout is
+/// their output (an export written to `-`).
+fn init_logging(to_stderr: bool) {
+    // An export streams each table through one statement, which sqlx would report as slow.
+    let default = if to_stderr {
+        "info,hyper=warn,poem=warn,sqlx::query=error"
+    } else {
+        "info,hyper=warn,poem=warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_GATEWAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hyper=warn,poem=warn"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    if to_stderr {
+        fmt.with_writer(std::io::stderr).init();
+    } else {
+        fmt.init();
+    }
+}
+
+/// The database a store command works on: `--database-url`, else the configuration's
+/// (`store.url`, `AGENT_GATEWAY_DATABASE_URL`, default `<dataDir>/gateway.db`); with the
+/// store settings, the default SQLite file, and the database as printed (no password).
+struct Target {
+    store: agent_gateway::config::store::StoreConfig,
+    backend: agent_gateway::config::store::Backend,
+    default_file: PathBuf,
+    shown: String,
+}
+
+fn target(config: Option<&Path>, database_url: Option<String>) -> Result<Target, String> {
+    use agent_gateway::config::store::{backend_of, without_password, Backend};
+    let loaded = agent_gateway::config::load(config).map_err(|e| e.to_string())?;
+    let mut store = loaded.config.store.clone();
+    if let Some(url) = database_url {
+        backend_of(&url).map_err(|e| e.0.replace("store.url", "--database-url"))?;
+        store.url = Some(agent_gateway::config::webhooks::Secret::Inline(url));
+    }
+    let backend = store.backend().map_err(|e| e.to_string())?;
+    let default_file =
+        agent_gateway::config::data_dir(&loaded.config).join(agent_gateway::store::DB_FILE);
+    let shown = match &backend {
+        Backend::Sqlite(path) => path
+            .as_deref()
+            .unwrap_or(&default_file)
+            .display()
+            .to_string(),
+        Backend::Postgres(url) => without_password(url),
+    };
+    Ok(Target {
+        store,
+        backend,
+        default_file,
+        shown,
+    })
+}
+
+impl Target {
+    /// The SQLite file, when the target is one.
+    fn sqlite_file(&self) -> Option<&Path> {
+        match &self.backend {
+            agent_gateway::config::store::Backend::Sqlite(p) => {
+                Some(p.as_deref().unwrap_or(&self.default_file))
+            }
+            agent_gateway::config::store::Backend::Postgres(_) => None,
+        }
+    }
+
+    /// Opens (and migrates) the store; `create` makes a missing SQLite file and its directory,
+    /// otherwise a missing file is an error (an export of a mistyped path is not an empty one).
+    async fn open(&self, create: bool) -> Result<agent_gateway::store::Store, String> {
+        if let Some(file) = self.sqlite_file() {
+            if create {
+                if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                }
+            } else if !file.exists() {
+                return Err(format!("no database at {}", file.display()));
+            }
+        }
+        let dir = self
+            .default_file
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let (store, _) = agent_gateway::store::Store::connect(&self.store, &dir)
+            .await
+            .map_err(|e| format!("{}: {e}", self.shown))?;
+        Ok(store)
+    }
+}
+
+async fn migrate(config: Option<PathBuf>, url: Option<String>, check: bool) -> Result<(), String> {
+    let t = target(config.as_deref(), url)?;
+    let name = match t.backend {
+        agent_gateway::config::store::Backend::Sqlite(_) => "sqlite",
+        agent_gateway::config::store::Backend::Postgres(_) => "postgres",
+    };
+    if check {
+        let timeout = std::time::Duration::from_millis(t.store.connect_timeout_ms);
+        let state =
+            agent_gateway::store::transfer::migration_state(&t.backend, &t.default_file, timeout)
+                .await
+                .map_err(|e| format!("{}: {e}", t.shown))?;
+        let list = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+        if !state.modified.is_empty() {
+            return Err(format!(
+                "{} ({name}): applied migrations {} differ from this build's (edited after \
+                 release); the gateway will not start on it",
+                t.shown,
+                list(&state.modified)
+            ));
+        }
+        if !state.unknown.is_empty() {
+            return Err(format!(
+                "{} ({name}): migrations {} were applied by a newer build",
+                t.shown,
+                list(&state.unknown)
+            ));
+        }
+        if !state.pending.is_empty() {
+            return Err(format!(
+                "{} ({name}): {} migrations pending: {}",
+                t.shown,
+                state.pending.len(),
+                list(&state.pending)
+            ));
+        }
+        println!(
+            "{name} at version {} (up to date)",
+            agent_gateway::store::schema_version()
+        );
+        return Ok(());
+    }
+    let store = t.open(true).await?;
+    store.close().await;
+    println!(
+        "migrated {name} to version {}",
+        agent_gateway::store::schema_version()
+    );
+    Ok(())
+}
+
+async fn export(config: Option<PathBuf>, url: Option<String>, out: String) -> Result<(), String> {
+    let t = target(config.as_deref(), url)?;
+    let store = t.open(false).await?;
+    let mut sink: Box<dyn Write> = if out == "-" {
+        Box::new(std::io::BufWriter::new(std::io::stdout().lock()))
+    } else {
+        let file = std::fs::File::create(&out).map_err(|e| format!("cannot create {out}: {e}"))?;
+        Box::new(std::io::BufWriter::new(file))
+    };
+    let summary = agent_gateway::store::transfer::export(&store, &mut sink)
+        .await
+        .map_err(|e| format!("export from {}: {e}", t.shown))?;
+    drop(sink);
+    store.close().await;
+    eprintln!(
+        "exported {} rows from {} ({})",
+        summary.total_rows(),
+        t.shown,
+        counts(&summary)
+    );
+    Ok(())
+}
+
+fn counts(s: &agent_gateway::store::transfer::Summary) -> String {
+    s.tables
+        .iter()
+        .map(|t| format!("{} {}", t.table, t.rows))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn import(
+    config: Option<PathBuf>,
+    url: Option<String>,
+    input: String,
+    verify_only: bool,
+) -> Result<(), String> {
+    let t = target(config.as_deref(), url)?;
+    let reader: Box<dyn BufRead> = if input == "-" {
+        Box::new(BufReader::new(std::io::stdin().lock()))
+    } else {
+        let file = std::fs::File::open(&input).map_err(|e| format!("cannot read {input}: {e}"))?;
+        Box::new(BufReader::new(file))
+    };
+    let store = t.open(!verify_only).await?;
+    let result = agent_gateway::store::transfer::import(&store, reader, verify_only).await;
+    store.close().await;
+    let report = result.map_err(|e| format!("import into {}: {e}", t.shown))?;
+    if verify_only {
+        println!(
+            "verified {}: {} rows match the export ({})",
+            t.shown,
+            report.verified.total_rows(),
+            counts(&report.verified)
+        );
+    } else {
+        println!(
+            "imported {} rows into {} and verified them against the export ({})",
+            report.verified.total_rows(),
+            t.shown,
+            counts(&report.verified)
+        );
+    }
+    if report.nul_replaced > 0 {
+        println!(
+            "{} U+0000 characters in text were replaced by U+FFFD",
+            report.nul_replaced
+        );
+    }
+    Ok(())
+}
+
+/// Exit 0 on success; the error on stderr and exit 1 otherwise.
+fn finish(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent-gateway: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -82,9 +342,26 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    init_logging();
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Serve { config: None }) {
+    let command = cli.command.unwrap_or(Command::Serve { config: None });
+    init_logging(!matches!(command, Command::Serve { .. }));
+    match command {
+        Command::Migrate {
+            config,
+            database_url,
+            check,
+        } => finish(migrate(config, database_url, check).await),
+        Command::Export {
+            config,
+            database_url,
+            out,
+        } => finish(export(config, database_url, out).await),
+        Command::Import {
+            config,
+            database_url,
+            input,
+            verify_only,
+        } => finish(import(config, database_url, input, verify_only).await),
         Command::Openapi => {
             print!("{}", agent_gateway::http::openapi::document());
             ExitCode::SUCCESS

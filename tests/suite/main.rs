@@ -19,6 +19,7 @@ mod e2e_process;
 mod e2e_restart;
 mod e2e_rpc;
 mod e2e_tenancy;
+mod e2e_transfer;
 mod e2e_webhooks;
 mod fuzz_harness;
 mod local_model;

@@ -19,6 +19,7 @@ pub mod registry;
 pub mod runs;
 pub mod search;
 pub mod sessions;
+pub mod transfer;
 pub mod usage;
 
 use std::borrow::Cow;
