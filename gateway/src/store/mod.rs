@@ -159,7 +159,13 @@ impl Store {
     async fn migrated(pool: Pool) -> Result<Self, GatewayError> {
         let applied = match &pool {
             Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await,
-            Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await,
+            Pool::Postgres(p) => {
+                // Rolling upgrades: a node of the previous version restarted after a newer node
+                // migrated still starts (migrations only add, so the older code keeps working).
+                let mut rolling = sqlx::migrate!("gateway/migrations/postgres");
+                rolling.set_ignore_missing(true);
+                rolling.run(p).await
+            }
         };
         applied.map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
         let usage = usage::UsageQueue::start(pool.clone());
@@ -334,6 +340,29 @@ mod tests {
             let got: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
             assert_eq!(got, hex, "sqlite migration {version} was edited");
         }
+    }
+
+    /// A node of the previous version restarting after a newer node migrated the shared
+    /// database still starts (rolling upgrades).
+    #[tokio::test]
+    async fn a_postgres_database_migrated_by_a_newer_build_still_opens() {
+        let url = pg_harness::database().await;
+        let first = Store::connect_postgres(&url, &StoreConfig::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Pool::Postgres(p) = first.pool() else {
+            panic!("not postgres");
+        };
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (99, 'from a newer build', true, '\\x00', 0)",
+        )
+        .execute(p)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        first.close().await;
+        let again = Store::connect_postgres(&url, &StoreConfig::default()).await;
+        assert!(again.is_ok(), "{:?}", again.err());
     }
 
     #[test]
