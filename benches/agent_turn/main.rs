@@ -24,7 +24,7 @@ fn free_port() -> u16 {
 fn spawn(dir: &std::path::Path, port: u16) -> Child {
     let config = format!(
         "gateway:\n  port: {port}\n  dataDir: {data}\n  tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  \
-         rateLimit: {{windowMs: 1000, maxRequests: 100000000}}\n  wsMessageRateLimit: {{maxMessages: 100000000, windowMs: 1000}}\n\
+         rateLimit: {{windowMs: 1000, maxRequests: 100000000}}\n  wsMessageRateLimit: {{maxMessages: 100000000, windowMs: 1000}}\n  limits: {{maxConcurrentTurnsPerClient: 100000, maxConcurrentTurns: 100000}}\n\
          local: {{autoFetch: false}}\nproviders:\n  s: {{type: scripted, models: [m]}}\nagents:\n  default: {{model: s/m}}\n",
         data = dir.join("data").display()
     );

@@ -446,7 +446,7 @@ fn free_port() -> u16 {
 fn spawn_gateway(dir: &Path, port: u16, upstream_port: u16) -> Proc {
     let config = format!(
         "gateway:\n  port: {port}\n  dataDir: {data}\n  tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  \
-         rateLimit: {{windowMs: 1000, maxRequests: 1000000000}}\n\
+         rateLimit: {{windowMs: 1000, maxRequests: 1000000000}}\n  limits: {{maxConcurrentTurnsPerClient: 100000, maxConcurrentTurns: 100000}}\n\
          local: {{autoFetch: false, preload: false}}\n\
          providers:\n  up: {{type: openai, baseUrl: 'http://127.0.0.1:{upstream_port}/v1', apiKeyEnv: {UPSTREAM_KEY_ENV}, \
          models: [bench-model], timeoutMs: 10000, maxRetries: 0}}\n\

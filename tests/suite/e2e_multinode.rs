@@ -64,6 +64,17 @@ async fn ok(gw: &Gateway, method: &str, params: Value) -> Value {
     v["result"].clone()
 }
 
+/// The contents of a session's messages, oldest first.
+async fn contents(gw: &Gateway, key: &str) -> Vec<String> {
+    let h = ok(gw, "session.history", json!({"session_key": key})).await;
+    h["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 /// Polls `check` until it returns Some, for at most STEP (notifications take milliseconds).
 async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
@@ -128,14 +139,10 @@ async fn a_conversation_continues_across_nodes_and_events_reach_every_node() {
     .await;
     assert_eq!(second["response"], "Hello again.");
     for node in [&a, &b] {
-        let h = ok(node, "session.history", json!({"session_key": key})).await;
-        let texts: Vec<&str> = h["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["content"].as_str().unwrap_or_default())
-            .collect();
-        assert_eq!(texts, ["hello", "Hello there.", "again", "Hello again."]);
+        assert_eq!(
+            contents(node, key).await,
+            ["hello", "Hello there.", "again", "Hello again."]
+        );
     }
     // Usage is the same whichever node answers (each node commits its rows within ~50 ms).
     let a_stats = eventually("usage on both nodes", || async {
@@ -370,18 +377,9 @@ async fn postgres_stopped_and_restarted_under_a_running_gateway() {
     })
     .await;
     assert_eq!(again["response"], "Hello again.");
-    let h = ok(
-        &gw,
-        "session.history",
-        json!({"session_key": "agent:default:api:admin:outage"}),
-    )
-    .await;
-    let texts: Vec<&str> = h["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["content"].as_str().unwrap_or_default())
-        .collect();
-    assert_eq!(texts, ["hello", "Hello there.", "again", "Hello again."]);
+    assert_eq!(
+        contents(&gw, "agent:default:api:admin:outage").await,
+        ["hello", "Hello there.", "again", "Hello again."]
+    );
     gw.stop().await;
 }

@@ -341,19 +341,9 @@ async fn history(port: u16) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conversations_survive_a_restart_and_kill_9_loses_no_acknowledged_turn() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut child, port) = spawn_configured(dir.path(), SCRIPTED).await;
-    turn(port, "before a clean restart").await.unwrap();
-    signal(&child, "-TERM");
-    assert!(wait_exit(&mut child).success());
-    let (mut child, port) = spawn_configured(dir.path(), SCRIPTED).await;
-    assert_eq!(
-        history(port).await,
-        ["before a clean restart", "You said: before a clean restart"]
-    );
-    // A stream of turns, killed without warning while they run.
+/// Streams turns to the gateway on `port` until `count` are acknowledged, kills it with
+/// kill -9 while the stream goes on, and returns every turn acknowledged before it died.
+async fn kill_mid_stream(child: &mut Child, port: u16, count: usize) -> Vec<String> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let writer = tokio::spawn(async move {
         for i in 0.. {
@@ -369,15 +359,32 @@ async fn conversations_survive_a_restart_and_kill_9_loses_no_acknowledged_turn()
         }
     });
     let mut acked = Vec::new();
-    while acked.len() < 25 {
+    while acked.len() < count {
         acked.push(rx.recv().await.unwrap());
     }
-    signal(&child, "-KILL");
-    wait_exit(&mut child);
+    signal(child, "-KILL");
+    wait_exit(child);
     writer.await.unwrap();
     while let Ok(t) = rx.try_recv() {
         acked.push(t);
     }
+    acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_survive_a_restart_and_kill_9_loses_no_acknowledged_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, port) = spawn_configured(dir.path(), SCRIPTED).await;
+    turn(port, "before a clean restart").await.unwrap();
+    signal(&child, "-TERM");
+    assert!(wait_exit(&mut child).success());
+    let (mut child, port) = spawn_configured(dir.path(), SCRIPTED).await;
+    assert_eq!(
+        history(port).await,
+        ["before a clean restart", "You said: before a clean restart"]
+    );
+    // A stream of turns, killed without warning while they run.
+    let acked = kill_mid_stream(&mut child, port, 25).await;
     let (_child, port) = spawn_configured(dir.path(), SCRIPTED).await;
     let stored = history(port).await;
     for t in &acked {
@@ -448,30 +455,7 @@ async fn a_node_killed_mid_stream_loses_no_answered_turn_and_another_node_serves
             .await
             .unwrap();
     assert_ping(&mut ws, 1).await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let writer = tokio::spawn(async move {
-        for i in 0.. {
-            let text = format!("turn {i}");
-            match turn(port_a, &text).await {
-                Ok(_) => {
-                    if tx.send(text).is_err() {
-                        return;
-                    }
-                }
-                Err(_) => return,
-            }
-        }
-    });
-    let mut acked = Vec::new();
-    while acked.len() < 20 {
-        acked.push(rx.recv().await.unwrap());
-    }
-    signal(&a, "-KILL");
-    wait_exit(&mut a);
-    writer.await.unwrap();
-    while let Ok(t) = rx.try_recv() {
-        acked.push(t);
-    }
+    let acked = kill_mid_stream(&mut a, port_a, 20).await;
     // The killed node's socket ends abnormally; the client goes to B.
     let (code, _) = closed(&mut ws).await;
     assert_eq!(code, 1006);

@@ -347,49 +347,7 @@ mod durability_tests {
         }
     }
 
-    #[tokio::test]
-    async fn deliveries_repeat_until_they_expire_and_stay_bounded() {
-        let (_d, s) = store().await;
-        assert_eq!(
-            s.webhook_delivery_seen("a", 0, 100, 3).await.unwrap(),
-            Delivery::First
-        );
-        assert_eq!(
-            s.webhook_delivery_seen("a", 99, 199, 3).await.unwrap(),
-            Delivery::Repeat
-        );
-        // At its expiry it is swept and counts as new again.
-        assert_eq!(
-            s.webhook_delivery_seen("a", 100, 200, 3).await.unwrap(),
-            Delivery::First
-        );
-        // Capacity 3: a fourth live entry pushes out the one closest to expiring.
-        for (d, exp) in [("b", 300), ("c", 400)] {
-            assert_eq!(
-                s.webhook_delivery_seen(d, 101, exp, 3).await.unwrap(),
-                Delivery::First
-            );
-        }
-        assert_eq!(s.webhook_deliveries_count().await.unwrap(), 3);
-        assert_eq!(
-            s.webhook_delivery_seen("d", 101, 500, 3).await.unwrap(),
-            Delivery::First
-        );
-        assert_eq!(s.webhook_deliveries_count().await.unwrap(), 3);
-        assert_eq!(
-            s.webhook_delivery_seen("a", 101, 600, 3).await.unwrap(),
-            Delivery::First
-        );
-        assert_eq!(
-            s.webhook_delivery_seen("d", 101, 700, 3).await.unwrap(),
-            Delivery::Repeat
-        );
-        s.webhook_delivery_forget("d").await.unwrap();
-        assert_eq!(
-            s.webhook_delivery_seen("d", 101, 700, 3).await.unwrap(),
-            Delivery::First
-        );
-    }
+    // The replay guard's behaviour is tested on both backends in `store::conformance`.
 
     #[tokio::test]
     async fn queued_runs_are_claimed_once_per_process_and_kept_by_the_sweep() {
