@@ -335,6 +335,15 @@ fn binaries() -> Binaries {
     );
 }
 
+/// Makes `path` the server's (when running as root the server runs as `postgres`), so it can
+/// read files a test writes for it, such as TLS keys.
+pub fn give_to_server(path: &Path) {
+    if let Some(uid) = server_user() {
+        std::os::unix::fs::chown(path, Some(uid), None)
+            .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+    }
+}
+
 /// The uid the server runs as when the tests run as root (PostgreSQL refuses to run as root).
 fn server_user() -> Option<u32> {
     if !is_root() {

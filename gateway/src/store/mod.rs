@@ -365,6 +365,126 @@ mod tests {
         assert!(again.is_ok(), "{:?}", again.err());
     }
 
+    /// `sslmode=verify-full` with the server's CA: the gateway's connections are encrypted
+    /// and the server is authenticated; a CA that did not sign the server is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_connections_use_tls_when_the_url_asks() {
+        let mut server = pg_harness::private_server();
+        let url = server.database().await;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap_or_else(|e| panic!("openssl: {e}"));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        for ca in ["ca", "other-ca"] {
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                &format!("/CN={ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.crt"),
+            ]);
+        }
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(
+            dir.path().join("ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+            "-out",
+            "server.crt",
+        ]);
+        for f in ["server.crt", "server.key"] {
+            pg_harness::give_to_server(&dir.path().join(f));
+        }
+        pg_harness::give_to_server(dir.path());
+        let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (key, file) in [
+            ("ssl_cert_file", "server.crt"),
+            ("ssl_key_file", "server.key"),
+        ] {
+            let path = dir.path().join(file).display().to_string();
+            sqlx::query(&format!("ALTER SYSTEM SET {key} = '{path}'"))
+                .execute(&mut admin)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        for sql in ["ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"] {
+            sqlx::query(sql)
+                .execute(&mut admin)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let ca = |name: &str| dir.path().join(name).display().to_string();
+        let tls = format!("{url}?sslmode=verify-full&sslrootcert={}", ca("ca.crt"));
+        let store = Store::connect_postgres(&tls, &StoreConfig::default())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Pool::Postgres(p) = store.pool() else {
+            panic!("not postgres");
+        };
+        let encrypted: bool =
+            sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+                .fetch_one(p)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(encrypted);
+        let forged = format!(
+            "{url}?sslmode=verify-full&sslrootcert={}",
+            ca("other-ca.crt")
+        );
+        let config = StoreConfig {
+            connect_timeout_ms: 500,
+            ..StoreConfig::default()
+        };
+        assert!(Store::connect_postgres(&forged, &config).await.is_err());
+        drop(server);
+    }
+
     #[test]
     fn nul_characters_are_replaced_and_other_text_is_kept() {
         assert_eq!(text("a\0b"), "a\u{FFFD}b");
