@@ -369,7 +369,7 @@ mod tests {
     /// and the server is authenticated; a CA that did not sign the server is refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_connections_use_tls_when_the_url_asks() {
-        let mut server = pg_harness::private_server();
+        let server = pg_harness::private_server();
         let url = server.database().await;
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let openssl = |args: &[&str]| {
