@@ -321,11 +321,16 @@ async fn turn(port: u16, text: &str) -> Result<Value, String> {
 }
 
 async fn history(port: u16) -> Vec<String> {
+    history_of(port, RPC, "agent:default:api:client:durable").await
+}
+
+/// The contents of session `key`'s messages as `token` reads them, oldest first.
+async fn history_of(port: u16, token: &str, key: &str) -> Vec<String> {
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "session.history",
-        "params": {"session_key": "agent:default:api:client:durable", "limit": 1000}});
+        "params": {"session_key": key, "limit": 1000}});
     let v: Value = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{port}/rpc"))
-        .bearer_auth(RPC)
+        .bearer_auth(token)
         .json(&body)
         .send()
         .await
@@ -562,24 +567,9 @@ webhooks:
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(status("s1").fetch_one(&mut db).await.unwrap(), "orphaned");
-    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "session.history",
-        "params": {"session_key": "agent:default:webhook:echo:q1"}});
-    let v: Value = reqwest::Client::new()
-        .post(format!("http://127.0.0.1:{port_b}/rpc"))
-        .bearer_auth(ADMIN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let msgs = v["result"]["messages"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(msgs.len(), 2, "{v}");
-    assert_eq!(msgs[1]["content"], "quick done");
+    let msgs = history_of(port_b, ADMIN, "agent:default:webhook:echo:q1").await;
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert_eq!(msgs[1], "quick done");
     signal(&b, "-TERM");
     assert!(wait_exit(&mut b).success());
 }
