@@ -49,6 +49,16 @@ if ! pg_found; then
     exit 1
   fi
 fi
+# openssl makes the certificates of the PostgreSQL TLS test (postgresql-common brings it too).
+if ! command -v openssl >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    step "installing openssl (apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+  else
+    echo "openssl is required (the PostgreSQL TLS test makes its certificates with it)" >&2
+    exit 1
+  fi
+fi
 
 step "Python virtualenv (.venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
