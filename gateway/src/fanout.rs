@@ -76,12 +76,11 @@ struct InEvent {
 }
 
 impl Fanout {
-    /// Starts the fan-out of this process on the database at `url` (with its password): a
+    /// Starts the fan-out of this process on the database the store's `options` reach: a
     /// small pool of its own for sending (a server generation's pool closes at each restart)
     /// and a listener connection. `control` delivers what other nodes send.
-    pub fn start(url: &str, control: &Arc<Control>) -> Result<Self, sqlx::Error> {
+    pub fn start(options: &PgConnectOptions, control: &Arc<Control>) -> Self {
         let node = control.node_id.clone();
-        let options: PgConnectOptions = url.parse()?;
         let send = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(3))
@@ -89,16 +88,20 @@ impl Fanout {
         let listen = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy_with(options.application_name(&format!("agent-gateway-listener:{node}")));
+            .connect_lazy_with(
+                options
+                    .clone()
+                    .application_name(&format!("agent-gateway-listener:{node}")),
+            );
         let (events_tx, events_rx) = mpsc::channel(QUEUE);
         let (push_tx, push_rx) = mpsc::channel(QUEUE);
         control.events.forward_to(events_tx);
         tokio::spawn(send_loop(send.clone(), node.clone(), events_rx, push_rx));
         tokio::spawn(listen_loop(listen, send, Arc::downgrade(control)));
-        Ok(Self {
+        Self {
             push: push_tx,
             node,
-        })
+        }
     }
 
     /// Sends a push for `client_id`'s connections on the other nodes.

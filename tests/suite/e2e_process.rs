@@ -129,7 +129,9 @@ async fn embedded_defaults_create_the_data_dir_and_a_private_local_token() {
     );
 }
 
-fn refuses(yaml: &str, needle: &str) {
+/// Starts the binary on `yaml` (data directory in a temp dir) and asserts it refuses to start
+/// with `needle` in its output; the whole output (stdout then stderr).
+fn refuses(yaml: &str, needle: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.yaml");
     std::fs::write(&path, yaml).unwrap();
@@ -137,11 +139,21 @@ fn refuses(yaml: &str, needle: &str) {
         .args(["serve", "--config"])
         .arg(&path)
         .env("AGENT_GATEWAY_PORT", free_port().to_string())
+        .env("AGENT_GATEWAY_DATA_DIR", dir.path().join("data"))
+        .env("AGENT_GATEWAY_NO_FETCH", "1")
         .output()
         .unwrap();
     assert!(!out.status.success(), "{yaml}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(needle), "expected {needle:?} in {err}");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(needle),
+        "expected {needle:?} in {all}"
+    );
+    all
 }
 
 #[test]
@@ -416,28 +428,9 @@ fn an_unreachable_database_stops_the_start_naming_it_without_its_password() {
     let yaml = format!(
         "store:\n  url: postgres://gw:hunter2-secret-value@127.0.0.1:{port}/fleet\n  connectTimeoutMs: 600\n"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let out = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("AGENT_GATEWAY_PORT", free_port().to_string())
-        .env("AGENT_GATEWAY_DATA_DIR", dir.path().join("data"))
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        all.contains(&format!(
-            "cannot connect to PostgreSQL at postgres://gw@127.0.0.1:{port}/fleet"
-        )),
-        "{all}"
+    let all = refuses(
+        &yaml,
+        &format!("cannot connect to PostgreSQL at postgres://gw@127.0.0.1:{port}/fleet"),
     );
     assert!(
         !all.contains("hunter2"),

@@ -92,19 +92,16 @@ fn spawn_media_sweeper(
                 let Some(store) = store.upgrade() else { return };
                 let now = crate::store::now_ms();
                 let ttl = i64::try_from(every.as_millis()).unwrap_or(i64::MAX) / 2;
-                match db.lease_claim("media_sweep", now, ttl).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        drop(store);
-                        tokio::time::sleep(every).await;
-                        continue;
+                // Another node's turn only when the lease says so; a lease error sweeps anyway
+                // (sweeping twice is harmless, never sweeping is not).
+                let others_turn = db.is_shared()
+                    && matches!(db.lease_claim("media_sweep", now, ttl).await, Ok(false));
+                if !others_turn {
+                    match store.sweep(now).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(removed = n, "expired media files swept"),
+                        Err(e) => tracing::warn!(error = %e, "media sweep failed"),
                     }
-                    Err(e) => tracing::warn!(error = %e, "media sweep lease not taken"),
-                }
-                match store.sweep(now).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(removed = n, "expired media files swept"),
-                    Err(e) => tracing::warn!(error = %e, "media sweep failed"),
                 }
             }
             tokio::time::sleep(every).await;
@@ -156,12 +153,10 @@ impl Engine {
         if store.is_shared() {
             // Alive before anything it holds is written: other nodes' sweeps spare its runs.
             store.node_seen(now, control.started_at_ms).await?;
-            if control.fanout.get().is_none() {
-                if let Ok(crate::config::store::Backend::Postgres(url)) = config.store.backend() {
-                    let fanout = crate::fanout::Fanout::start(&url, &control)
-                        .map_err(|e| GatewayError::Unavailable(format!("fan-out: {e}")))?;
-                    let _ = control.fanout.set(fanout);
-                }
+            if let crate::store::Pool::Postgres(pool) = store.pool() {
+                control.fanout.get_or_init(|| {
+                    crate::fanout::Fanout::start(&pool.connect_options(), &control)
+                });
             }
         }
         // Once per process and database: a restart's new generation must not orphan the runs

@@ -43,7 +43,14 @@ pub const DB_FILE: &str = "gateway.db";
 
 /// The migrations of each backend: the same versions and descriptions (a unit test checks).
 pub static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("gateway/migrations/sqlite");
-pub static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("gateway/migrations/postgres");
+/// PostgreSQL's ignores versions it does not know: a node of the previous version restarted
+/// after a newer node migrated the shared database still starts (rolling upgrades; migrations
+/// only add, so the older code keeps working).
+pub static POSTGRES_MIGRATIONS: std::sync::LazyLock<Migrator> = std::sync::LazyLock::new(|| {
+    let mut m = sqlx::migrate!("gateway/migrations/postgres");
+    m.set_ignore_missing(true);
+    m
+});
 
 /// A pool of either backend.
 #[derive(Clone, Debug)]
@@ -159,13 +166,7 @@ impl Store {
     async fn migrated(pool: Pool) -> Result<Self, GatewayError> {
         let applied = match &pool {
             Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await,
-            Pool::Postgres(p) => {
-                // Rolling upgrades: a node of the previous version restarted after a newer node
-                // migrated still starts (migrations only add, so the older code keeps working).
-                let mut rolling = sqlx::migrate!("gateway/migrations/postgres");
-                rolling.set_ignore_missing(true);
-                rolling.run(p).await
-            }
+            Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await,
         };
         applied.map_err(|e| GatewayError::Internal(format!("database migration failed: {e}")))?;
         let usage = usage::UsageQueue::start(pool.clone());

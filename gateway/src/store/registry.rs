@@ -56,6 +56,15 @@ fn columns(table: Table) -> &'static str {
 }
 
 impl Store {
+    /// Whether a write of one row changed it (`rows` affected); other nodes are told so they
+    /// reload the table.
+    async fn changed(&self, table: Table, rows: u64) -> bool {
+        if rows == 1 {
+            self.announce(table.name()).await;
+        }
+        rows == 1
+    }
+
     /// Every row, sorted by id.
     pub async fn registry_list(&self, table: Table) -> Result<Vec<RegistryRow>, GatewayError> {
         let sql = format!(
@@ -104,10 +113,7 @@ impl Store {
             }
             q.execute(p).await?.rows_affected()
         });
-        if done == 1 {
-            self.announce(table.name()).await;
-        }
-        Ok(done == 1)
+        Ok(self.changed(table, done).await)
     }
 
     /// Replaces a row's settings (and seed hash when given); false when the id is unknown.
@@ -130,10 +136,7 @@ impl Store {
             .execute(p)
             .await?
             .rows_affected());
-        if done == 1 {
-            self.announce(table.name()).await;
-        }
-        Ok(done == 1)
+        Ok(self.changed(table, done).await)
     }
 
     /// Deletes a row; false when the id is unknown.
@@ -144,10 +147,7 @@ impl Store {
             .execute(p)
             .await?
             .rows_affected());
-        if done == 1 {
-            self.announce(table.name()).await;
-        }
-        Ok(done == 1)
+        Ok(self.changed(table, done).await)
     }
 
     /// Writes a configuration-file entry: inserted when new, replaced when the file's entry
@@ -195,8 +195,7 @@ impl Store {
         .await?
         .rows_affected()
         });
-        if changed == 1 {
-            self.announce(Table::Agents.name()).await;
+        if self.changed(Table::Agents, changed).await {
             return Ok(Some(true));
         }
         let exists = on_pool!(self.pool(), |p| sqlx::query_scalar::<_, String>(

@@ -85,47 +85,30 @@ struct Col {
     nullable: bool,
 }
 
-const fn int(name: &'static str) -> Col {
+const fn col(name: &'static str, kind: Kind, nullable: bool) -> Col {
     Col {
         name,
-        kind: Kind::Int,
-        nullable: false,
+        kind,
+        nullable,
     }
+}
+const fn int(name: &'static str) -> Col {
+    col(name, Kind::Int, false)
 }
 const fn int_n(name: &'static str) -> Col {
-    Col {
-        name,
-        kind: Kind::Int,
-        nullable: true,
-    }
+    col(name, Kind::Int, true)
 }
 const fn real(name: &'static str) -> Col {
-    Col {
-        name,
-        kind: Kind::Real,
-        nullable: false,
-    }
+    col(name, Kind::Real, false)
 }
 const fn real_n(name: &'static str) -> Col {
-    Col {
-        name,
-        kind: Kind::Real,
-        nullable: true,
-    }
+    col(name, Kind::Real, true)
 }
 const fn txt(name: &'static str) -> Col {
-    Col {
-        name,
-        kind: Kind::Text,
-        nullable: false,
-    }
+    col(name, Kind::Text, false)
 }
 const fn txt_n(name: &'static str) -> Col {
-    Col {
-        name,
-        kind: Kind::Text,
-        nullable: true,
-    }
+    col(name, Kind::Text, true)
 }
 
 /// One exported table: its columns in declared order (schema version 5; PostgreSQL's
@@ -940,7 +923,7 @@ pub async fn migration_state(
     };
     let migrator = match backend {
         Backend::Sqlite(_) => &super::SQLITE_MIGRATIONS,
-        Backend::Postgres(_) => &super::POSTGRES_MIGRATIONS,
+        Backend::Postgres(_) => &*super::POSTGRES_MIGRATIONS,
     };
     let known: Vec<_> = migrator
         .iter()
