@@ -124,7 +124,7 @@ struct Target {
 }
 
 fn target(config: Option<&Path>, database_url: Option<String>) -> Result<Target, String> {
-    use agent_gateway::config::store::{backend_of, without_password, Backend};
+    use agent_gateway::config::store::backend_of;
     let loaded = agent_gateway::config::load(config).map_err(|e| e.to_string())?;
     let mut store = loaded.config.store.clone();
     if let Some(url) = database_url {
@@ -134,14 +134,7 @@ fn target(config: Option<&Path>, database_url: Option<String>) -> Result<Target,
     let backend = store.backend().map_err(|e| e.to_string())?;
     let default_file =
         agent_gateway::config::data_dir(&loaded.config).join(agent_gateway::store::DB_FILE);
-    let shown = match &backend {
-        Backend::Sqlite(path) => path
-            .as_deref()
-            .unwrap_or(&default_file)
-            .display()
-            .to_string(),
-        Backend::Postgres(url) => without_password(url),
-    };
+    let shown = backend.shown(&default_file);
     Ok(Target {
         store,
         backend,
@@ -153,12 +146,7 @@ fn target(config: Option<&Path>, database_url: Option<String>) -> Result<Target,
 impl Target {
     /// The SQLite file, when the target is one.
     fn sqlite_file(&self) -> Option<&Path> {
-        match &self.backend {
-            agent_gateway::config::store::Backend::Sqlite(p) => {
-                Some(p.as_deref().unwrap_or(&self.default_file))
-            }
-            agent_gateway::config::store::Backend::Postgres(_) => None,
-        }
+        self.backend.sqlite_file(&self.default_file)
     }
 
     /// Opens (and migrates) the store; `create` makes a missing SQLite file and its directory,
@@ -188,10 +176,7 @@ impl Target {
 
 async fn migrate(config: Option<PathBuf>, url: Option<String>, check: bool) -> Result<(), String> {
     let t = target(config.as_deref(), url)?;
-    let name = match t.backend {
-        agent_gateway::config::store::Backend::Sqlite(_) => "sqlite",
-        agent_gateway::config::store::Backend::Postgres(_) => "postgres",
-    };
+    let name = t.backend.name();
     if check {
         let timeout = std::time::Duration::from_millis(t.store.connect_timeout_ms);
         let state =

@@ -64,6 +64,34 @@ impl std::fmt::Debug for Backend {
     }
 }
 
+impl Backend {
+    /// `sqlite` or `postgres`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sqlite(_) => "sqlite",
+            Self::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The SQLite file: the one the URL names, else `default` (`<dataDir>/gateway.db`); None
+    /// on PostgreSQL.
+    pub fn sqlite_file<'a>(&'a self, default: &'a std::path::Path) -> Option<&'a std::path::Path> {
+        match self {
+            Self::Sqlite(path) => Some(path.as_deref().unwrap_or(default)),
+            Self::Postgres(_) => None,
+        }
+    }
+
+    /// The database as logs and errors name it: the SQLite file, or the URL without its
+    /// password.
+    pub fn shown(&self, default: &std::path::Path) -> String {
+        match self {
+            Self::Sqlite(path) => path.as_deref().unwrap_or(default).display().to_string(),
+            Self::Postgres(url) => without_password(url),
+        }
+    }
+}
+
 impl StoreConfig {
     /// The backend `url` names; errors name `store.url`.
     pub fn backend(&self) -> Result<Backend, ConfigError> {
