@@ -130,6 +130,25 @@ async fn a_conversation_continues_across_nodes_and_events_reach_every_node() {
     read_until(&mut events, &mut seen, "event: message:sent").await;
     assert!(seen.contains("event: message:received"), "{seen}");
     assert!(seen.contains("shared"), "{seen}");
+    // Events keep their owner across nodes: on B, another tenant's activity feed has none of
+    // the admin session's events, the admin's has them.
+    let activity = |token: &'static str| {
+        let url = b.url("/api/activity?limit=100");
+        async move {
+            let r = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    assert!(activity(ADMIN).await.contains("shared"));
+    let other = activity(RPC).await;
+    assert!(!other.contains("shared"), "{other}");
+    assert!(!other.contains("message:received"), "{other}");
 
     let second = ok(
         &b,
