@@ -2,6 +2,7 @@
 //! table (plus our documented additions), strict (unknown keys are refused with their path),
 //! environment overrides, validation, and secret redaction.
 
+pub mod scheduler;
 pub mod store;
 pub mod webhooks;
 
@@ -67,6 +68,9 @@ pub struct Config {
     /// The database: embedded SQLite (default) or a shared PostgreSQL.
     #[serde(default)]
     pub store: store::StoreConfig,
+    /// Cron jobs declared by the operator, the timer, and heartbeat defaults.
+    #[serde(default)]
+    pub scheduler: scheduler::SchedulerConfig,
 }
 
 /// `media`.
@@ -472,6 +476,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     }
     crate::runtime::providers::policy::validate(&config.provider_policy).map_err(ConfigError)?;
     store::validate(&config.store)?;
+    scheduler::validate(&config.scheduler)?;
     webhooks::validate(&config.webhooks)
 }
 

@@ -65,6 +65,8 @@ struct Envelope {
     c: Option<String>,
     m: Option<String>,
     p: Option<Value>,
+    /// What a control message says changed (`agents`, `providers`, `scheduler`).
+    what: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -263,6 +265,7 @@ async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
 /// After a gap: reload what may have changed, and tell event-stream clients.
 fn resynchronise(control: &Control, down_since: i64) {
     control.registry_epoch.send_modify(|v| *v += 1);
+    crate::runtime::scheduler::rearm(control);
     let down_ms = crate::store::now_ms() - down_since;
     tracing::info!(down_ms, "fan-out listener reconnected; registries reloaded");
     control.events.publish(
@@ -309,6 +312,9 @@ async fn receive(control: &Control, read: &PgPool, channel: &str, payload: &str)
             if let (Some(c), Some(m), Some(p)) = (env.c, env.m, env.p) {
                 control.hub.notify_client(&c, &m, p);
             }
+        }
+        CONTROL if env.what.as_deref() == Some(crate::runtime::scheduler::ANNOUNCE) => {
+            crate::runtime::scheduler::rearm(control)
         }
         CONTROL => control.registry_epoch.send_modify(|v| *v += 1),
         _ => {}

@@ -111,6 +111,7 @@ async fn build_state(
     state.webhooks = webhooks;
     crate::webhooks::resume_queued(state.webhooks.as_deref(), &state.engine).await;
     crate::runtime::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
+    crate::runtime::scheduler::timer::start(&state.engine, state.stop.clone());
     Ok(state)
 }
 

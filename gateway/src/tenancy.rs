@@ -73,11 +73,14 @@ pub enum Lookup {
 
 /// Owner lookups for the ownership rules of the catalogue (implemented by the store).
 pub trait Owners: Send + Sync {
-    /// Who owns the record `id` of `kind`. Only called for kinds with `lookup: true`.
+    /// Who owns the record `id` of `kind`, as `tenant` (never admin) names it. Only called for
+    /// kinds with `lookup: true`. Most ids name one record whoever asks; a cron job's name is
+    /// unique per owner, so it names the caller's own job or none.
     fn lookup(
         &self,
         kind: RecordKind,
         id: &str,
+        tenant: &Tenant,
     ) -> impl Future<Output = Result<Lookup, GatewayError>> + Send;
 }
 
@@ -96,7 +99,7 @@ pub async fn allowed<O: Owners>(
     if !kind.lookup() {
         return Ok(tenant.reaches(Some(id)));
     }
-    Ok(match owners.lookup(kind, id).await? {
+    Ok(match owners.lookup(kind, id, tenant).await? {
         Lookup::Exists(owner) => tenant.reaches(owner.as_deref()),
         Lookup::Missing { namespace } => {
             claim && namespace.as_deref().is_none_or(|n| tenant.reaches(Some(n)))
@@ -111,7 +114,12 @@ mod tests {
     struct Fixed(Lookup);
 
     impl Owners for Fixed {
-        async fn lookup(&self, _kind: RecordKind, _id: &str) -> Result<Lookup, GatewayError> {
+        async fn lookup(
+            &self,
+            _kind: RecordKind,
+            _id: &str,
+            _tenant: &Tenant,
+        ) -> Result<Lookup, GatewayError> {
             Ok(self.0.clone())
         }
     }

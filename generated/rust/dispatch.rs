@@ -444,50 +444,71 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::CronAddParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::CronApi>::add(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::CronList => {
             let params = support::parse_params::<
                 super::types::CronListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::CronApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::CronRemove => {
             let params = support::parse_params::<
                 super::types::CronRemoveParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params).map(|v| &v.name).map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::CronApi>::remove(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::CronRun => {
             let params = support::parse_params::<
                 super::types::CronRunParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.name.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::CronApi>::run(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::CronRuns => {
             let params = support::parse_params::<
                 super::types::CronRunsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.job_name)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::CronApi>::runs(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::CronStatus => {
             let params = support::parse_params::<
                 super::types::CronStatusParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params).map(|v| &v.name).map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::CronApi>::status(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::CronUpdate => {
             let params = support::parse_params::<
                 super::types::CronUpdateParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params).map(|v| &v.name).map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::CronApi>::update(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::DaemonSetLogLevel => {
             let params = support::parse_params::<
@@ -636,29 +657,45 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::HeartbeatGetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::HeartbeatApi>::get(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::HeartbeatStates => {
             let params = support::parse_params::<
                 super::types::HeartbeatStatesParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::HeartbeatApi>::states(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::HeartbeatTrigger => {
             let params = support::parse_params::<
                 super::types::HeartbeatTriggerParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::HeartbeatApi>::trigger(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::HeartbeatUpdate => {
             let params = support::parse_params::<
                 super::types::HeartbeatUpdateParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::HeartbeatApi>::update(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ImageAnalyze => {
             let params = support::parse_params::<
@@ -1297,8 +1334,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SchedulerWakeParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SchedulerApi>::wake(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SecretsDelete => {
             let params = support::parse_params::<

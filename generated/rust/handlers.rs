@@ -148,6 +148,79 @@ pub trait ConfigApi: Send + Sync {
         Output = Result<super::types::ConfigSchemaResult, crate::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `cron` namespace: Scheduled agent turns. A cron job sends a fixed message to an agent on a schedule (a cron expression, a fixed interval, or once at a given time); every method addresses a job by its name, unique per owner, and every fire is recorded in a run log with status ok, error or skipped. Jobs belong to the client id that created them (cron_job in owners.yaml): an rpc token sees and changes only its own, admin sees every owner's, and jobs declared in the configuration file belong to the operator (owner cron:config, admin only). Job names of the form job_<32 hex> are job ids and address one job across owners (admin).
+pub trait CronApi: Send + Sync {
+    /// `cron.add` (scope `rpc`): Creates a job that sends a message to an agent on a schedule.
+    ///
+    /// Parameters are the spec's. The spec gives the result only as an example ({id, created: true}); it is kept and completed with the stored job so that the caller sees the computed nextRunAtMs. Names are unique per owner: a name the caller already uses is -32002 (another tenant's job of the same name is neither revealed nor in the way), a name of the form job_<32 hex> (a job id) is -32602, and an owner may hold at most scheduler.maxJobsPerOwner jobs (default 1000; one more is -32002). An unknown agentId is -32001; a schedule whose members do not fit its kind, an invalid expression, zone or `at`, or an `at` in the past is -32602 naming the member. cron.add creates in the caller's own namespace, so it has no owner rule; a wake gate can only be declared in the configuration file.
+    fn add(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::CronAddParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::CronAddResult, crate::error::GatewayError>,
+    > + Send;
+    /// `cron.list` (scope `rpc`): Lists every job with its schedule, next fire and last outcome.
+    ///
+    /// The caller's own jobs; admin sees every owner's (the owner member tells them apart).
+    fn list(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::CronListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::CronListResult, crate::error::GatewayError>,
+    > + Send;
+    /// `cron.remove` (scope `rpc`): Deletes a job; its run log is kept.
+    ///
+    /// Parameter name is the spec's `name` (the reference used jobName). An unknown name, or another tenant's job, is -32001, so removed is always true. A fire already running completes and is recorded. The job's runs stay readable through cron.runs with the same name until retention removes them. A job declared in the configuration file comes back at the next start unless it is removed from the file too.
+    fn remove(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::CronRemoveParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::CronRemoveResult, crate::error::GatewayError>,
+    > + Send;
+    /// `cron.run` (scope `rpc`): Fires one job now (force), or every overdue job (due).
+    ///
+    /// Parameters and result are the spec's; the jobName parameter of the reference is the spec's `name`. mode force (the default) needs name (missing -> -32602, unknown or another tenant's -> -32001) and fires the job even when it is disabled or not due, wake gate included; a job already firing is -32002 (never two fires of one job at once); a force fire does not move the next scheduled fire. mode due ignores name and fires the caller's enabled jobs whose next fire time has passed (admin: every owner's), as the scheduler would. The fires run in the background; their outcomes appear in cron.runs. jobNames is a designed addition listing what due mode started.
+    fn run(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::CronRunParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::CronRunResult, crate::error::GatewayError>,
+    > + Send;
+    /// `cron.runs` (scope `rpc`): The run log of one job, newest first.
+    ///
+    /// Parameters are the spec's (this method names the job `jobName`). A name with neither a job nor recorded runs of the caller's (a removed job's runs stay) is -32001. Runs of a removed job and of a later job with the same name are both returned, newest first; jobId tells them apart. Only finished fires are listed; a fire running now is seen in cron.status and on /api/events. The limit is designed (the spec gives none).
+    fn runs(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::CronRunsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::CronRunsResult, crate::error::GatewayError>,
+    > + Send;
+    /// `cron.status` (scope `rpc`): Reads one job - its schedule, next fire, enabled flag and last outcome.
+    ///
+    /// The spec's parameters and members ({id, name, scheduleKind, nextRunAtMs, enabled, lastRunAtMs?, lastError?}); the answer is the full CronJob, a superset of them. The reference's scheduler-wide {running, jobCount} is not used. An unknown name, or another tenant's job, is -32001.
+    fn status(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::CronStatusParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::CronStatusResult, crate::error::GatewayError>,
+    > + Send;
+    /// `cron.update` (scope `rpc`): Changes the message, agent or schedule of a job; only the given members change.
+    ///
+    /// Parameters are the spec's (the job cannot be renamed) plus enabled (from the reference; without it a job could never be paused). An unknown name, or another tenant's job, is -32001. The spec's "updated job info" is designed as {id, updated, job}; nextRunAtMs is recomputed when the schedule changes or the job is enabled again. A once job that has fired cannot be enabled again without a new schedule (-32602 naming enabled). A fire already running completes with the old settings.
+    fn update(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::CronUpdateParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::CronUpdateResult, crate::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `gateway` namespace: The daemon process itself - its status, and an in-process restart.
 pub trait GatewayApi: Send + Sync {
     /// `gateway.restart` (scope `admin`): Restarts the gateway in-process, keeping the listening port.
@@ -169,6 +242,49 @@ pub trait GatewayApi: Send + Sync {
         params: super::types::GatewayStatusParams,
     ) -> impl ::core::future::Future<
         Output = Result<super::types::GatewayStatusResult, crate::error::GatewayError>,
+    > + Send;
+}
+/// Handlers of the `heartbeat` namespace: Per-agent heartbeats - a periodic agent turn that checks for pending work and alerts when something needs attention. Read and change an agent's heartbeat settings, see the scheduler state of every agent, and run a heartbeat now.
+pub trait HeartbeatApi: Send + Sync {
+    /// `heartbeat.get` (scope `admin`): Reads one agent's heartbeat settings - its own overrides and the effective values.
+    ///
+    /// The reference's open objects are typed as HeartbeatConfig. An unknown agentId is -32001. The gateway defaults come from scheduler.heartbeat in the configuration file.
+    fn get(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::HeartbeatGetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::HeartbeatGetResult, crate::error::GatewayError>,
+    > + Send;
+    /// `heartbeat.states` (scope `admin`): Scheduler state of every agent's heartbeat - last and next tick, errors, backoff, alerts.
+    ///
+    /// One entry per registered agent; an agent whose heartbeat never ran reads as never run. The state is kept in the store, so every node of a fleet shows the same.
+    fn states(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::HeartbeatStatesParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::HeartbeatStatesResult, crate::error::GatewayError>,
+    > + Send;
+    /// `heartbeat.trigger` (scope `admin`): Runs one agent's heartbeat now, outside its schedule.
+    ///
+    /// A wake that also ignores any error backoff: it ignores activeHours and does not move the next scheduled tick, and it runs even when scheduled heartbeats are disabled (as wakes do). While a tick runs, the trigger queues exactly one more; when one is already queued it is not triggered (reason already_pending: the queued tick will run). An unknown agentId is -32001. The tick runs in the background; see heartbeat.states.
+    fn trigger(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::HeartbeatTriggerParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::HeartbeatTriggerResult, crate::error::GatewayError>,
+    > + Send;
+    /// `heartbeat.update` (scope `admin`): Changes one agent's heartbeat settings; only the given members change.
+    ///
+    /// Parameters are the reference's plus activeHours (designed; null removes the window). The change is written to the agent's configuration (as config.patch would) and applies from the next tick; enabling schedules a tick one interval from now (moved into activeHours), and any change clears a permanent error so ticks resume. An unknown agentId is -32001. session, when given, must be a heartbeat session of the agent (agent:<agentId>:heartbeat:system:<name>), else -32602: heartbeat turns run as the gateway's heartbeat:system principal and may only write sessions it owns. lightContext and the delivery members (target*, allowDm, responsePrefix, showOk, skipHeartbeatOnlyDelivery) are stored and returned; until channels exist a report is published as scheduler:heartbeat_delivered on /api/events (an acknowledgement only with showOk).
+    fn update(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::HeartbeatUpdateParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::HeartbeatUpdateResult, crate::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `models` namespace: The model catalogue - the models agents and /v1/models can use, with their context windows, prices and capabilities - and a live check of a provider's connectivity and credentials.
@@ -276,6 +392,19 @@ pub trait ProvidersApi: Send + Sync {
         params: super::types::ProvidersUpdateParams,
     ) -> impl ::core::future::Future<
         Output = Result<super::types::ProvidersUpdateResult, crate::error::GatewayError>,
+    > + Send;
+}
+/// Handlers of the `scheduler` namespace: The daemon's heartbeat scheduler as a whole - waking it outside its schedule.
+pub trait SchedulerApi: Send + Sync {
+    /// `scheduler.wake` (scope `rpc`): Fires the heartbeat coalescer now; rapid calls collapse into one run (fire-and-forget).
+    ///
+    /// Behaviour from the spec, result from the reference. The call answers at once; the heartbeat run happens in the background. The coalescer keeps one queued heartbeat per agent in the store (fleet-wide, kept across restarts): while one is queued, calls fold into it (woke false); while one runs, the first call queues exactly one more. A wake ignores activeHours and whether scheduled heartbeats are enabled, but waits out an error backoff. agentId is designed (heartbeats are per agent; the spec names none): the default agent when omitted, unknown -32001. Webhook mappings with action wake use the same path.
+    fn wake(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::SchedulerWakeParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::SchedulerWakeResult, crate::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `session` namespace: Conversation sessions - listing, reading, searching, exporting, resetting, compacting and deleting them - and agent-to-agent work inside sessions (sending into another session, spawning sub-agent runs and reading their status). Parameters are snake_case (session_key), as the spec states for this namespace; results are camelCase. A session is created by the first agent turn that names its key.
@@ -417,7 +546,7 @@ pub trait SystemApi: Send + Sync {
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AgentApi + AgentsApi + ConfigApi + GatewayApi + ModelsApi + ProvidersApi + SessionApi + SystemApi + Send + Sync {
+pub trait Handlers: AgentApi + AgentsApi + ConfigApi + CronApi + GatewayApi + HeartbeatApi + ModelsApi + ProvidersApi + SchedulerApi + SessionApi + SystemApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -554,6 +683,57 @@ impl<O: crate::tenancy::Owners> ConfigApi for Fake<O> {
         self.ran("config.schema")
     }
 }
+impl<O: crate::tenancy::Owners> CronApi for Fake<O> {
+    async fn add(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::CronAddParams,
+    ) -> Result<super::types::CronAddResult, crate::error::GatewayError> {
+        self.ran("cron.add")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::CronListParams,
+    ) -> Result<super::types::CronListResult, crate::error::GatewayError> {
+        self.ran("cron.list")
+    }
+    async fn remove(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::CronRemoveParams,
+    ) -> Result<super::types::CronRemoveResult, crate::error::GatewayError> {
+        self.ran("cron.remove")
+    }
+    async fn run(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::CronRunParams,
+    ) -> Result<super::types::CronRunResult, crate::error::GatewayError> {
+        self.ran("cron.run")
+    }
+    async fn runs(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::CronRunsParams,
+    ) -> Result<super::types::CronRunsResult, crate::error::GatewayError> {
+        self.ran("cron.runs")
+    }
+    async fn status(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::CronStatusParams,
+    ) -> Result<super::types::CronStatusResult, crate::error::GatewayError> {
+        self.ran("cron.status")
+    }
+    async fn update(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::CronUpdateParams,
+    ) -> Result<super::types::CronUpdateResult, crate::error::GatewayError> {
+        self.ran("cron.update")
+    }
+}
 impl<O: crate::tenancy::Owners> GatewayApi for Fake<O> {
     async fn restart(
         &self,
@@ -568,6 +748,36 @@ impl<O: crate::tenancy::Owners> GatewayApi for Fake<O> {
         _params: super::types::GatewayStatusParams,
     ) -> Result<super::types::GatewayStatusResult, crate::error::GatewayError> {
         self.ran("gateway.status")
+    }
+}
+impl<O: crate::tenancy::Owners> HeartbeatApi for Fake<O> {
+    async fn get(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::HeartbeatGetParams,
+    ) -> Result<super::types::HeartbeatGetResult, crate::error::GatewayError> {
+        self.ran("heartbeat.get")
+    }
+    async fn states(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::HeartbeatStatesParams,
+    ) -> Result<super::types::HeartbeatStatesResult, crate::error::GatewayError> {
+        self.ran("heartbeat.states")
+    }
+    async fn trigger(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::HeartbeatTriggerParams,
+    ) -> Result<super::types::HeartbeatTriggerResult, crate::error::GatewayError> {
+        self.ran("heartbeat.trigger")
+    }
+    async fn update(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::HeartbeatUpdateParams,
+    ) -> Result<super::types::HeartbeatUpdateResult, crate::error::GatewayError> {
+        self.ran("heartbeat.update")
     }
 }
 impl<O: crate::tenancy::Owners> ModelsApi for Fake<O> {
@@ -642,6 +852,15 @@ impl<O: crate::tenancy::Owners> ProvidersApi for Fake<O> {
         _params: super::types::ProvidersUpdateParams,
     ) -> Result<super::types::ProvidersUpdateResult, crate::error::GatewayError> {
         self.ran("providers.update")
+    }
+}
+impl<O: crate::tenancy::Owners> SchedulerApi for Fake<O> {
+    async fn wake(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SchedulerWakeParams,
+    ) -> Result<super::types::SchedulerWakeResult, crate::error::GatewayError> {
+        self.ran("scheduler.wake")
     }
 }
 impl<O: crate::tenancy::Owners> SessionApi for Fake<O> {

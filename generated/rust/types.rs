@@ -3210,15 +3210,18 @@ pub struct CronJob {
     /// Cron expression; present for kind cron.
     #[serde(rename = "expr", default, skip_serializing_if = "Option::is_none")]
     pub expr: Option<String>,
-    /// Time zone of the expression; present for kind cron when one was given.
+    /// Time zone of the schedule; present when one was given (kinds cron and once).
     #[serde(rename = "tz", default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
     /// Interval in milliseconds; present for kind interval.
     #[serde(rename = "everyMs", default, skip_serializing_if = "Option::is_none")]
     pub every_ms: Option<i64>,
-    /// Fire time; present for kind once.
+    /// Fire time as given; present for kind once.
     #[serde(rename = "at", default, skip_serializing_if = "Option::is_none")]
     pub at: Option<String>,
+    /// The client id that owns the job (designed: admin lists every owner's jobs); cron:config for a job declared in the configuration file.
+    #[serde(rename = "owner")]
+    pub owner: String,
     /// Next planned fire, epoch ms; null when the job will not fire again (a once job that has run, or a disabled job).
     #[serde(rename = "nextRunAtMs")]
     pub next_run_at_ms: Option<i64>,
@@ -3288,6 +3291,9 @@ pub struct CronJobWakeGate {
     /// The gate script (path relative to the agent workspace) that decides whether to wake the model.
     #[serde(rename = "script")]
     pub script: String,
+    /// Arguments passed to the script (no shell is involved).
+    #[serde(rename = "args", default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
     /// Time the gate may take; a gate that times out fails open (the model is woken).
     #[serde(rename = "timeoutSeconds")]
     pub timeout_seconds: i64,
@@ -3318,7 +3324,7 @@ pub struct CronListParams {}
 )]
 #[serde(deny_unknown_fields)]
 pub struct CronListResult {
-    /// All jobs, sorted by name.
+    /// The jobs, sorted by owner then name (byte order).
     #[serde(rename = "jobs")]
     pub jobs: Vec<CronJob>,
 }
@@ -3355,7 +3361,7 @@ pub struct CronRemoveResult {
     /// The job deleted.
     #[serde(rename = "name")]
     pub name: String,
-    /// Id of the job deleted (its runs stay readable by this id).
+    /// Id of the job deleted (its runs keep this jobId).
     #[serde(rename = "id")]
     pub id: String,
     /// Always true.
@@ -3402,6 +3408,72 @@ pub struct CronRun {
     /// Root run id of the agent turn, for obs.explain; absent when no turn ran.
     #[serde(rename = "rootRunId", default, skip_serializing_if = "Option::is_none")]
     pub root_run_id: Option<String>,
+    /// The due time this fire served, epoch ms (designed; ts - dueAtMs is its lateness); the request time for a force or due fire.
+    #[serde(rename = "dueAtMs")]
+    pub due_at_ms: i64,
+    /// What started the fire (designed): the schedule, a catch-up of fires missed while no gateway ran (one fire however many were missed), cron.run force, or cron.run due.
+    #[serde(rename = "trigger")]
+    pub trigger: CronRunTrigger,
+    /// The wake gate's decision (designed); present when the job has a gate.
+    #[serde(rename = "gate", default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<CronRunGate>,
+}
+/// The wake gate's decision (designed); present when the job has a gate.
+///
+/// Source: spec.
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+#[serde(deny_unknown_fields)]
+pub struct CronRunGate {
+    /// wake or skip as the gate answered; failed_open when it failed (the turn ran).
+    #[serde(rename = "decision")]
+    pub decision: CronRunGateDecision,
+    /// Time the gate took.
+    #[serde(rename = "durationMs")]
+    pub duration_ms: i64,
+    /// Why the gate failed open (exit status, signal, timeout, path check).
+    #[serde(rename = "reason", default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+/// wake or skip as the gate answered; failed_open when it failed (the turn ran).
+///
+/// Source: spec.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+pub enum CronRunGateDecision {
+    #[serde(rename = "wake")]
+    Wake,
+    #[serde(rename = "skip")]
+    Skip,
+    #[serde(rename = "failed_open")]
+    FailedOpen,
+}
+impl CronRunGateDecision {
+    /// The wire string of this value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Wake => "wake",
+            Self::Skip => "skip",
+            Self::FailedOpen => "failed_open",
+        }
+    }
 }
 /// Parameters of `cron.run`.
 ///
@@ -3470,7 +3542,7 @@ impl CronRunParamsMode {
 )]
 #[serde(deny_unknown_fields)]
 pub struct CronRunResult {
-    /// True when at least one fire was started (false in due mode when nothing was overdue).
+    /// Always true (the spec's value) - the request was accepted; jobNames lists what due mode started, possibly nothing.
     #[serde(rename = "triggered")]
     pub triggered: bool,
     /// The mode applied.
@@ -3548,6 +3620,43 @@ impl CronRunStatus {
         }
     }
 }
+/// What started the fire (designed): the schedule, a catch-up of fires missed while no gateway ran (one fire however many were missed), cron.run force, or cron.run due.
+///
+/// Source: spec.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+pub enum CronRunTrigger {
+    #[serde(rename = "schedule")]
+    Schedule,
+    #[serde(rename = "catch_up")]
+    CatchUp,
+    #[serde(rename = "force")]
+    Force,
+    #[serde(rename = "due")]
+    Due,
+}
+impl CronRunTrigger {
+    /// The wire string of this value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Schedule => "schedule",
+            Self::CatchUp => "catch_up",
+            Self::Force => "force",
+            Self::Due => "due",
+        }
+    }
+}
 /// Parameters of `cron.runs`.
 ///
 /// Source: spec.
@@ -3610,13 +3719,13 @@ pub struct CronSchedule {
     /// Cron expression (five fields, or six with seconds); only with kind cron.
     #[serde(rename = "expr", default, skip_serializing_if = "Option::is_none")]
     pub expr: Option<String>,
-    /// IANA time zone the expression is evaluated in (for example Europe/Berlin); UTC when omitted; only with kind cron.
+    /// IANA time zone (case-sensitive, for example Europe/Paris); UTC when omitted. With kind cron the expression is evaluated in it (a fixed time inside a daylight-saving gap fires at the first instant after the gap; a fixed time that occurs twice fires once, at its first occurrence; stepped or wildcard times follow elapsed time). With kind once it is the zone of an `at` written without offset. Refused with kind interval.
     #[serde(rename = "tz", default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
     /// Interval between fires in milliseconds (at least one second, at most a year); only with kind interval.
     #[serde(rename = "everyMs", default, skip_serializing_if = "Option::is_none")]
     pub every_ms: Option<i64>,
-    /// The single fire time (RFC 3339 with offset); only with kind once.
+    /// The single fire time; only with kind once. RFC 3339 with an offset, or a local time without one read in tz (in a daylight-saving gap: the first instant after it; in an overlap: the earlier instant). An offset together with tz is refused (two zones), and so is a time in the past.
     #[serde(rename = "at", default, skip_serializing_if = "Option::is_none")]
     pub at: Option<String>,
 }
@@ -3696,6 +3805,9 @@ pub struct CronUpdateParams {
     /// New schedule, replacing the old one as a whole; unchanged when omitted.
     #[serde(rename = "schedule", default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<CronSchedule>,
+    /// Pause (false) or resume (true) the job; unchanged when omitted.
+    #[serde(rename = "enabled", default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
 }
 /// Result of `cron.update`.
 ///
@@ -5452,7 +5564,7 @@ pub struct HeartbeatActiveHours {
 )]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatConfig {
-    /// Whether scheduled heartbeats run for the agent.
+    /// Whether scheduled heartbeats run for the agent (scheduled ticks only; wakes and triggers run regardless).
     #[serde(rename = "enabled", default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Time between heartbeat ticks in milliseconds (10 seconds to 24 hours).
@@ -5731,17 +5843,14 @@ pub struct HeartbeatTriggerResult {
     ::schemars::JsonSchema
 )]
 pub enum HeartbeatTriggerResultReason {
-    #[serde(rename = "disabled")]
-    Disabled,
-    #[serde(rename = "already_running")]
-    AlreadyRunning,
+    #[serde(rename = "already_pending")]
+    AlreadyPending,
 }
 impl HeartbeatTriggerResultReason {
     /// The wire string of this value.
     pub const fn as_str(self) -> &'static str {
         match self {
-            Self::Disabled => "disabled",
-            Self::AlreadyRunning => "already_running",
+            Self::AlreadyPending => "already_pending",
         }
     }
 }
@@ -13953,6 +14062,9 @@ pub struct RunKillResult {
 )]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerWakeParams {
+    /// The agent to wake; the default agent when omitted.
+    #[serde(rename = "agentId", default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
     /// Free-form label of who asked for the wake (recorded in the scheduler events).
     #[serde(rename = "source", default = "default_scheduler_wake_params_source")]
     pub source: String,

@@ -22,7 +22,7 @@ use crate::scopes::Scopes;
 
 impl Rpc {
     /// The named agent, or the default agent.
-    pub(super) fn agent_or_default(&self, id: Option<&str>) -> Result<Arc<Agent>, GatewayError> {
+    pub(crate) fn agent_or_default(&self, id: Option<&str>) -> Result<Arc<Agent>, GatewayError> {
         let engine = self.engine();
         match id {
             Some(id) => engine.agents.require(id),

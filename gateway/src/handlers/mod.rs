@@ -3,9 +3,12 @@
 mod agent;
 mod agents;
 mod config;
+mod cron;
 mod gateway;
+mod heartbeat;
 mod models;
 mod providers;
+mod scheduler;
 mod session;
 mod system;
 

@@ -138,13 +138,18 @@ mod tests {
     use crate::error::GatewayError;
     use crate::rpc::generated::handlers::Fake;
     use crate::rpc::generated::methods::RecordKind;
-    use crate::tenancy::{Lookup, Owners};
+    use crate::tenancy::{Lookup, Owners, Tenant};
 
     /// Every record belongs to alice.
     struct Alices;
 
     impl Owners for Alices {
-        async fn lookup(&self, _kind: RecordKind, _id: &str) -> Result<Lookup, GatewayError> {
+        async fn lookup(
+            &self,
+            _kind: RecordKind,
+            _id: &str,
+            _tenant: &Tenant,
+        ) -> Result<Lookup, GatewayError> {
             Ok(Lookup::Exists(Some("alice".to_owned())))
         }
     }

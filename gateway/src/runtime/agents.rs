@@ -180,6 +180,9 @@ fn merge_agent(mut c: AgentSettings, d: AgentSettings) -> AgentSettings {
     if d.operation_models.is_some() {
         c.operation_models = d.operation_models;
     }
+    if d.heartbeat.is_some() {
+        c.heartbeat = d.heartbeat;
+    }
     c
 }
 

@@ -1,5 +1,6 @@
 //! What outlives a server generation (the process-wide control block): the restart requests,
-//! the push hub, the event bus, the local model, pending wakes and turn admission. The engine
+//! the push hub, the event bus, the local model, the scheduler's re-arm signal and fire
+//! slots, and turn admission. The engine
 //! and the server generations both hold it; it depends on neither.
 
 use std::sync::{Arc, OnceLock};
@@ -24,8 +25,11 @@ pub struct Control {
     pub local: OnceLock<Arc<LocalProvider>>,
     /// System events for /api/events and /api/activity.
     pub events: EventBus,
-    /// Events waiting for each agent's next heartbeat turn (webhook wakes).
-    pub wakes: crate::runtime::heartbeat::PendingWakes,
+    /// Bumped by every change that can move the scheduler's earliest due time: each
+    /// generation's timer looks at the due times again.
+    pub scheduler_epoch: tokio::sync::watch::Sender<u64>,
+    /// Fires and heartbeat ticks running on this node.
+    pub fire_slots: crate::runtime::scheduler::FireSlots,
     /// Concurrent turns and runs (`gateway.limits`), counted across generations.
     pub admission: crate::runtime::admission::Admission,
     /// Databases this process has opened (their unfinished runs were swept once), by path or
@@ -56,7 +60,8 @@ impl Control {
             hub: Hub::default(),
             local: OnceLock::new(),
             events: EventBus::default(),
-            wakes: Default::default(),
+            scheduler_epoch: tokio::sync::watch::Sender::new(0),
+            fire_slots: Default::default(),
             admission: Default::default(),
             opened_databases: Default::default(),
             node_id: uuid::Uuid::new_v4().simple().to_string().into(),

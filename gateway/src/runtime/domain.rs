@@ -63,6 +63,112 @@ pub struct AgentSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub operation_models: Option<BTreeMap<String, String>>,
+    /// The agent's own heartbeat settings (over `scheduler.heartbeat`); not part of the
+    /// agents.* wire config: heartbeat.get/update read and write it.
+    #[serde(rename = "heartbeat", default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<HeartbeatSettings>,
+}
+
+/// One agent's heartbeat settings; an absent member takes the gateway default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatSettings {
+    /// Whether scheduled ticks run (wakes and triggers run regardless).
+    #[serde(rename = "enabled", default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Time between ticks in milliseconds.
+    #[serde(rename = "intervalMs", default, skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<i64>,
+    /// The message of each tick.
+    #[serde(rename = "prompt", default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The daily window in which scheduled ticks may run.
+    #[serde(rename = "activeHours", default, skip_serializing_if = "Option::is_none")]
+    pub active_hours: Option<ActiveHoursSettings>,
+    /// Model for heartbeat turns.
+    #[serde(rename = "model", default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Session key of heartbeat turns (a heartbeat session of the agent).
+    #[serde(rename = "session", default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Publish acknowledgement-only replies.
+    #[serde(rename = "showOk", default, skip_serializing_if = "Option::is_none")]
+    pub show_ok: Option<bool>,
+    /// Publish alerts.
+    #[serde(rename = "showAlerts", default, skip_serializing_if = "Option::is_none")]
+    pub show_alerts: Option<bool>,
+    /// Allow delivery to a direct-message conversation.
+    #[serde(rename = "allowDm", default, skip_serializing_if = "Option::is_none")]
+    pub allow_dm: Option<bool>,
+    /// Reduced context for heartbeat turns.
+    #[serde(rename = "lightContext", default, skip_serializing_if = "Option::is_none")]
+    pub light_context: Option<bool>,
+    /// Characters besides HEARTBEAT_OK a reply may have and still be an acknowledgement.
+    #[serde(rename = "ackMaxChars", default, skip_serializing_if = "Option::is_none")]
+    pub ack_max_chars: Option<i64>,
+    /// Text put before every delivered message.
+    #[serde(
+        rename = "responsePrefix",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub response_prefix: Option<String>,
+    /// Do not deliver a message that is only the acknowledgement token.
+    #[serde(
+        rename = "skipHeartbeatOnlyDelivery",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub skip_heartbeat_only_delivery: Option<bool>,
+    /// Consecutive failed ticks that raise an alert.
+    #[serde(
+        rename = "alertThreshold",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub alert_threshold: Option<i64>,
+    /// Minimum time between two alerts.
+    #[serde(
+        rename = "alertCooldownMs",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub alert_cooldown_ms: Option<i64>,
+    /// Stale-heartbeat threshold (stored; 0 disables).
+    #[serde(rename = "staleMs", default, skip_serializing_if = "Option::is_none")]
+    pub stale_ms: Option<i64>,
+    /// Delivery target: channel type.
+    #[serde(
+        rename = "targetChannelType",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub target_channel_type: Option<String>,
+    /// Delivery target: channel id.
+    #[serde(
+        rename = "targetChannelId",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub target_channel_id: Option<String>,
+    /// Delivery target: chat id.
+    #[serde(rename = "targetChatId", default, skip_serializing_if = "Option::is_none")]
+    pub target_chat_id: Option<String>,
+    /// Delivery target: whether the chat is a direct message.
+    #[serde(rename = "targetIsDm", default, skip_serializing_if = "Option::is_none")]
+    pub target_is_dm: Option<bool>,
+}
+
+/// A daily window (`HH:MM` to `HH:MM` or `24:00`) in a time zone.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ActiveHoursSettings {
+    #[serde(rename = "start")]
+    pub start: String,
+    #[serde(rename = "end")]
+    pub end: String,
+    #[serde(rename = "tz", default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
 }
 
 /// Per-turn spending limits of an agent; an absent member is no limit.
@@ -267,6 +373,7 @@ impl From<wire::AgentsConfig> for AgentSettings {
             tools,
             fallback_models,
             operation_models,
+            heartbeat: None,
         }
     }
 }
@@ -283,6 +390,7 @@ impl From<AgentSettings> for wire::AgentsConfig {
             tools,
             fallback_models,
             operation_models,
+            heartbeat: _,
         } = d;
         Self {
             name,
@@ -724,5 +832,82 @@ agents:
             crate::runtime::providers_registry::seed_hash(a),
             AGENT_SEED_HASH
         );
+    }
+}
+
+/// Every member of the two heartbeat types, in one list: the conversions below are written
+/// once and cannot miss a member (a member added on either side fails to compile).
+macro_rules! heartbeat_members {
+    ($from:ident, $to:ident, $w:ident, $hours:expr) => {{
+        let $from {
+            enabled,
+            interval_ms,
+            prompt,
+            active_hours,
+            model,
+            session,
+            show_ok,
+            show_alerts,
+            allow_dm,
+            light_context,
+            ack_max_chars,
+            response_prefix,
+            skip_heartbeat_only_delivery,
+            alert_threshold,
+            alert_cooldown_ms,
+            stale_ms,
+            target_channel_type,
+            target_channel_id,
+            target_chat_id,
+            target_is_dm,
+        } = $w;
+        $to {
+            enabled,
+            interval_ms,
+            prompt,
+            active_hours: active_hours.map($hours),
+            model,
+            session,
+            show_ok,
+            show_alerts,
+            allow_dm,
+            light_context,
+            ack_max_chars,
+            response_prefix,
+            skip_heartbeat_only_delivery,
+            alert_threshold,
+            alert_cooldown_ms,
+            stale_ms,
+            target_channel_type,
+            target_channel_id,
+            target_chat_id,
+            target_is_dm,
+        }
+    }};
+}
+
+impl From<wire::HeartbeatConfig> for HeartbeatSettings {
+    fn from(w: wire::HeartbeatConfig) -> Self {
+        use wire::HeartbeatConfig as W;
+        heartbeat_members!(W, HeartbeatSettings, w, |h: wire::HeartbeatActiveHours| {
+            ActiveHoursSettings {
+                start: h.start,
+                end: h.end,
+                tz: h.tz,
+            }
+        })
+    }
+}
+
+impl From<HeartbeatSettings> for wire::HeartbeatConfig {
+    fn from(d: HeartbeatSettings) -> Self {
+        use wire::HeartbeatConfig as W;
+        heartbeat_members!(HeartbeatSettings, W, d, |h: ActiveHoursSettings| {
+            wire::HeartbeatActiveHours {
+                start: h.start,
+                end: h.end,
+                tz: h.tz,
+            }
+        })
     }
 }

@@ -39,6 +39,8 @@ pub struct Engine {
     pub control: Arc<Control>,
     /// Files saved by agents and tools (`<dataDir>/media`), served under /media/.
     pub media: Arc<crate::media::MediaStore>,
+    /// `scheduler`: this generation's timer settings, file jobs and heartbeat defaults.
+    pub scheduler: crate::config::scheduler::SchedulerConfig,
 }
 
 /// The media store's directory under the data directory.
@@ -172,6 +174,13 @@ impl Engine {
                     "runs left unfinished by the previous process are marked orphaned"
                 );
             }
+            let released = store.scheduler_release_dead(now, store.live_since()).await?;
+            if released > 0 {
+                tracing::warn!(
+                    released,
+                    "cron fires left unfinished by the previous process are recorded as errors"
+                );
+            }
         }
         let local = local_provider(config, &control);
         let m = &config.media;
@@ -207,8 +216,10 @@ impl Engine {
             store,
             data_dir,
             control,
+            scheduler: config.scheduler.clone(),
         };
         engine.seed(config).await?;
+        engine.seed_jobs().await?;
         Ok(engine)
     }
 
@@ -229,7 +240,8 @@ impl Engine {
             }
         }
         let (providers, agents) = dry_registries(&store, config);
-        seed(&providers, &agents, config).await
+        seed(&providers, &agents, config).await?;
+        crate::runtime::scheduler::jobs::check_config_jobs(&agents, &config.scheduler.jobs)
     }
 
     async fn seed(&self, config: &Config) -> Result<(), GatewayError> {
@@ -294,6 +306,21 @@ async fn seed(
             serde_json::json!({"agentId": id, "config": wire::AgentsConfig::from(cfg.clone())}),
             &format!("agents.{id}"),
         )?;
+        if let Some(h) = &cfg.heartbeat {
+            // The agents.* wire config has no heartbeat: it is judged as heartbeat.update's.
+            let mut params = serde_json::to_value(wire::HeartbeatConfig::from(h.clone()))
+                .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            if let Some(o) = params.as_object_mut() {
+                o.insert("agentId".into(), serde_json::Value::from(id.as_str()));
+            }
+            check_entry::<crate::rpc::generated::types::HeartbeatUpdateParams>(
+                MethodId::HeartbeatUpdate,
+                params,
+                &format!("agents.{id}.heartbeat"),
+            )?;
+            crate::runtime::scheduler::beat::session_for(id, h)
+                .map_err(|e| GatewayError::InvalidParams(format!("agents.{id}.heartbeat.{e}")))?;
+        }
         agent_registry
             .seed(id, cfg, &snap, default_model.as_deref())
             .await?;

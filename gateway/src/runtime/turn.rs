@@ -99,6 +99,8 @@ pub struct TurnOutcome {
     pub model: String,
     /// Why the turn ended with `finishReason: error`, when a model call failed.
     pub failure: Option<TurnFailure>,
+    /// Tool calls the model asked for in this turn (a cron fire's `toolCalls`).
+    pub tool_calls: u32,
 }
 
 /// A model call that ended a turn: its kind and the upstream's HTTP status, which are all a
@@ -287,7 +289,8 @@ impl Engine {
         if let Some(s) = &req.session {
             // The key was authorized for its owner; a row stored under it for another owner
             // (written before ownership rules existed) is never continued.
-            let exists = match self.store.lookup(RecordKind::Session, &s.key).await? {
+            let reach = Tenant::owner(&s.tenant_id);
+            let exists = match self.store.lookup(RecordKind::Session, &s.key, &reach).await? {
                 Lookup::Exists(owner) if owner.as_deref() == Some(s.tenant_id.as_str()) => true,
                 Lookup::Exists(_) => {
                     return Err(GatewayError::NotFound(format!(
@@ -300,9 +303,8 @@ impl Engine {
             };
             let limit = i64::from(self.agents.defaults().max_history_messages.max(1));
             let rows = if exists {
-                let owner = Tenant::owner(&s.tenant_id);
                 self.store
-                    .session_messages(&owner, &s.key, None, limit)
+                    .session_messages(&reach, &s.key, None, limit)
                     .await?
                     .0
             } else {
@@ -384,6 +386,7 @@ impl Engine {
             steps: 0,
             model: context_model.id(),
             failure: None,
+            tool_calls: 0,
         };
         let mut seen_calls = HashSet::new();
         let mut failures = 0u32;
@@ -467,6 +470,7 @@ impl Engine {
                 break;
             }
             for call in &response.tool_calls {
+                out.tool_calls = out.tool_calls.saturating_add(1);
                 if !seen_calls.insert((call.name.clone(), canonical(&call.arguments))) {
                     out.finish = FinishReason::ContextLoop;
                     // The repeated call gets no result; close it so the transcript stays valid.

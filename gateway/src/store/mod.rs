@@ -17,6 +17,7 @@ pub mod memory;
 pub mod owners;
 pub mod registry;
 pub mod runs;
+pub mod scheduler;
 pub mod search;
 pub mod sessions;
 pub mod transfer;

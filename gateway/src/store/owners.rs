@@ -1,19 +1,44 @@
-//! Who owns a session or a run, for the catalogue's ownership rules (`tenancy::Owners`).
+//! Who owns a session, a run or a cron job, for the catalogue's ownership rules
+//! (`tenancy::Owners`).
 
 use super::sessions::key_tenant;
 use super::Store;
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::RecordKind;
-use crate::tenancy::{Lookup, Owners};
+use crate::tenancy::{Lookup, Owners, Tenant};
 
 impl Owners for Store {
-    async fn lookup(&self, kind: RecordKind, id: &str) -> Result<Lookup, GatewayError> {
+    async fn lookup(
+        &self,
+        kind: RecordKind,
+        id: &str,
+        tenant: &Tenant,
+    ) -> Result<Lookup, GatewayError> {
         let (sql, namespace) = match kind {
             RecordKind::Session => (
                 "SELECT tenant_id FROM sessions WHERE session_key = $1",
                 key_tenant(id),
             ),
             RecordKind::Run => ("SELECT client_id FROM runs WHERE run_id = $1", None),
+            // A job name is unique per owner: the caller's own job (or the runs a removed job
+            // of the caller's left) or nothing.
+            RecordKind::CronJob => {
+                let owner: Option<String> = super::on_pool!(self.pool(), |p| {
+                    sqlx::query_scalar(
+                        "SELECT owner FROM cron_jobs WHERE name = $1 AND owner = $2 \
+                         UNION ALL SELECT owner FROM cron_runs WHERE job_name = $1 AND owner = $2 \
+                         LIMIT 1",
+                    )
+                    .bind(id)
+                    .bind(tenant.only())
+                    .fetch_optional(p)
+                    .await?
+                });
+                return Ok(match owner {
+                    Some(o) => Lookup::Exists(Some(o)),
+                    None => Lookup::Missing { namespace: None },
+                });
+            }
             // A tenant id is compared by the rule itself, never looked up.
             RecordKind::Tenant => return Ok(Lookup::Exists(Some(id.to_owned()))),
         };

@@ -56,8 +56,13 @@ fn run_row(r: &impl StoreRow) -> Result<RunRow, sqlx::Error> {
 /// `$me` nor, when `$since` is set, a node seen after `$since` (several nodes on PostgreSQL).
 /// With `$since` NULL only `$me` counts as alive (one process on SQLite).
 fn unheld(me: u8, since: u8) -> String {
+    unheld_by("claimed_by", me, since)
+}
+
+/// [`unheld`] of the holder in column `col` (the scheduler's fire and tick claims).
+pub(super) fn unheld_by(col: &str, me: u8, since: u8) -> String {
     format!(
-        "(claimed_by IS NULL OR (claimed_by <> ${me} AND (${since} IS NULL OR claimed_by NOT IN \
+        "({col} IS NULL OR ({col} <> ${me} AND (${since} IS NULL OR {col} NOT IN \
          (SELECT node_id FROM nodes WHERE seen_at > ${since}))))"
     )
 }

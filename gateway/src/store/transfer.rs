@@ -111,7 +111,7 @@ const fn txt_n(name: &'static str) -> Col {
     col(name, Kind::Text, true)
 }
 
-/// One exported table: its columns in declared order (schema version 5; PostgreSQL's
+/// One exported table: its columns in declared order (schema version 6; PostgreSQL's
 /// generated `content_tsv` is left out), the order its rows are written in, and whether its
 /// `id` is an identity whose sequence import must move past the imported ids.
 #[derive(Debug)]
@@ -271,6 +271,91 @@ pub const TABLES: &[Table] = &[
         cols: &[txt("delivery"), int("expires_at")],
         order_by: "delivery",
         identity: false,
+    },
+    Table {
+        name: "cron_jobs",
+        cols: &[
+            txt("job_id"),
+            txt("owner"),
+            txt("name"),
+            txt("agent_id"),
+            txt("message"),
+            txt("kind"),
+            txt("schedule"),
+            int("anchor_at"),
+            int("enabled"),
+            txt_n("wake_gate"),
+            int_n("next_due_at"),
+            int("fire_seq"),
+            int_n("running_since"),
+            txt_n("running_node"),
+            int_n("last_run_at"),
+            txt_n("last_status"),
+            txt_n("last_error"),
+            txt_n("seed_hash"),
+            int("created_at"),
+            int("updated_at"),
+        ],
+        order_by: "job_id",
+        identity: false,
+    },
+    Table {
+        name: "cron_runs",
+        cols: &[
+            int("id"),
+            txt("job_id"),
+            txt("owner"),
+            txt("job_name"),
+            txt("agent_id"),
+            int("due_at"),
+            int("ts"),
+            txt("fire_trigger"),
+            txt("status"),
+            int_n("duration_ms"),
+            txt_n("summary"),
+            txt_n("error"),
+            int_n("tool_calls"),
+            int_n("est_turns_saved"),
+            txt_n("root_run_id"),
+            txt_n("gate"),
+            txt("node"),
+        ],
+        order_by: "id",
+        identity: true,
+    },
+    Table {
+        name: "heartbeat_state",
+        cols: &[
+            txt("agent_id"),
+            int_n("next_due_at"),
+            int_n("wake_at"),
+            txt_n("wake_sources"),
+            int("bypass_backoff"),
+            int_n("running_since"),
+            txt_n("running_node"),
+            int("tick_seq"),
+            int_n("last_run_at"),
+            int("consecutive_errors"),
+            int_n("backoff_until"),
+            int_n("last_alert_at"),
+            txt_n("last_error_kind"),
+            txt_n("last_error"),
+            int("updated_at"),
+        ],
+        order_by: "agent_id",
+        identity: false,
+    },
+    Table {
+        name: "heartbeat_events",
+        cols: &[
+            int("id"),
+            txt("agent_id"),
+            txt("source"),
+            txt("text"),
+            int("created_at"),
+        ],
+        order_by: "id",
+        identity: true,
     },
 ];
 
@@ -1129,7 +1214,7 @@ mod tests {
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], FORMAT);
         assert_eq!(header["version"], 1);
-        assert_eq!(header["schema"], 5);
+        assert_eq!(header["schema"], 6);
         assert_eq!(header["source"], src.backend_name());
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(

@@ -16,7 +16,6 @@ use super::{message_of, session_part, untrusted, RequestContext, Webhooks};
 use crate::auth::Principal;
 use crate::rpc::generated::methods::Scope;
 use crate::runtime::engine::Engine;
-use crate::runtime::heartbeat::heartbeat_message;
 use crate::runtime::runs::RunSpec;
 use crate::runtime::sessions::SessionIdent;
 use crate::state::AppState;
@@ -229,9 +228,28 @@ async fn act(
                    "wakeMode": wake_mode, "agentId": agent.id, "sessionKey": session_key}),
         );
     };
-    if m.action == Action::Wake && m.wake_mode == WakeMode::NextHeartbeat {
-        state.control.wakes.push(&agent.id, text);
-        received(None);
+    // Wakes go to the scheduler's coalescer: the event waits in the store for the agent's next
+    // heartbeat tick, which `now` queues at once (folded into one already queued).
+    if m.action == Action::Wake {
+        let source = format!("webhook:{}", m.id);
+        let done = if m.wake_mode == WakeMode::NextHeartbeat {
+            engine.heartbeat_event(&agent.id, &source, &text).await
+        } else {
+            engine
+                .heartbeat_wake(&agent.id, &source, Some(&text), false)
+                .await
+                .map(drop)
+        };
+        if let Err(e) = done {
+            tracing::error!(mapping = %m.id, error = %e, "webhook wake not recorded");
+            return Some(internal());
+        }
+        let session = engine
+            .agents
+            .get(&agent.id)
+            .map(|a| engine.heartbeat_of(&a))
+            .and_then(|s| crate::runtime::scheduler::beat::session_for(&agent.id, &s).ok());
+        received(session.as_ref().map(|s| s.key.as_str()));
         return None;
     }
     // A place in the queue first, so that a refused wake takes no pending event with it.
@@ -243,32 +261,21 @@ async fn act(
         );
         return Some(resp);
     };
-    let (task, session) = match m.action {
-        Action::Agent => {
-            let rendered = m
-                .session_key
-                .as_deref()
-                .map(|t| session_part(&ctx.render(t)))
-                .unwrap_or_default();
-            let part = if rendered.is_empty() {
-                uuid::Uuid::new_v4().simple().to_string()
-            } else {
-                rendered
-            };
-            (
-                text,
-                SessionIdent::new(&agent.id, WEBHOOK_CHANNEL, &m.id, &part),
-            )
-        }
-        Action::Wake => {
-            state.control.wakes.push(&agent.id, text);
-            let events = state.control.wakes.take(&agent.id);
-            (
-                heartbeat_message(&events),
-                SessionIdent::new(&agent.id, "heartbeat", "system", "main"),
-            )
-        }
+    // An agent run (wakes returned above).
+    let rendered = m
+        .session_key
+        .as_deref()
+        .map(|t| session_part(&ctx.render(t)))
+        .unwrap_or_default();
+    let part = if rendered.is_empty() {
+        uuid::Uuid::new_v4().simple().to_string()
+    } else {
+        rendered
     };
+    let (task, session) = (
+        text,
+        SessionIdent::new(&agent.id, WEBHOOK_CHANNEL, &m.id, &part),
+    );
     let delivery = (m.deliver.is_some() || m.channel.is_some() || m.to.is_some()).then(|| {
         json!({"deliver": m.deliver.unwrap_or(false), "channel": m.channel, "to": m.to}).to_string()
     });

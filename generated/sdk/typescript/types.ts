@@ -2224,7 +2224,7 @@ export interface CronJob {
    */
   "expr"?: string;
   /**
-   * Time zone of the expression; present for kind cron when one was given.
+   * Time zone of the schedule; present when one was given (kinds cron and once).
    */
   "tz"?: string;
   /**
@@ -2232,9 +2232,13 @@ export interface CronJob {
    */
   "everyMs"?: number;
   /**
-   * Fire time; present for kind once.
+   * Fire time as given; present for kind once.
    */
   "at"?: string;
+  /**
+   * The client id that owns the job (designed: admin lists every owner's jobs); cron:config for a job declared in the configuration file.
+   */
+  "owner": string;
   /**
    * Next planned fire, epoch ms; null when the job will not fire again (a once job that has run, or a disabled job).
    */
@@ -2275,6 +2279,10 @@ export interface CronJobWakeGate {
    */
   "script": string;
   /**
+   * Arguments passed to the script (no shell is involved).
+   */
+  "args"?: string[];
+  /**
    * Time the gate may take; a gate that times out fails open (the model is woken).
    */
   "timeoutSeconds": number;
@@ -2291,7 +2299,7 @@ export interface CronListParams {
  */
 export interface CronListResult {
   /**
-   * All jobs, sorted by name.
+   * The jobs, sorted by owner then name (byte order).
    */
   "jobs": CronJob[];
 }
@@ -2315,7 +2323,7 @@ export interface CronRemoveResult {
    */
   "name": string;
   /**
-   * Id of the job deleted (its runs stay readable by this id).
+   * Id of the job deleted (its runs keep this jobId).
    */
   "id": string;
   /**
@@ -2364,7 +2372,42 @@ export interface CronRun {
    * Root run id of the agent turn, for obs.explain; absent when no turn ran.
    */
   "rootRunId"?: string;
+  /**
+   * The due time this fire served, epoch ms (designed; ts - dueAtMs is its lateness); the request time for a force or due fire.
+   */
+  "dueAtMs": number;
+  /**
+   * What started the fire (designed): the schedule, a catch-up of fires missed while no gateway ran (one fire however many were missed), cron.run force, or cron.run due.
+   */
+  "trigger": CronRunTrigger;
+  /**
+   * The wake gate's decision (designed); present when the job has a gate.
+   */
+  "gate"?: CronRunGate;
 }
+
+/**
+ * The wake gate's decision (designed); present when the job has a gate.
+ */
+export interface CronRunGate {
+  /**
+   * wake or skip as the gate answered; failed_open when it failed (the turn ran).
+   */
+  "decision": CronRunGateDecision;
+  /**
+   * Time the gate took.
+   */
+  "durationMs": number;
+  /**
+   * Why the gate failed open (exit status, signal, timeout, path check).
+   */
+  "reason"?: string;
+}
+
+/**
+ * wake or skip as the gate answered; failed_open when it failed (the turn ran).
+ */
+export type CronRunGateDecision = "wake" | "skip" | "failed_open";
 
 /**
  * Parameters of `cron.run`.
@@ -2390,7 +2433,7 @@ export type CronRunParamsMode = "force" | "due";
  */
 export interface CronRunResult {
   /**
-   * True when at least one fire was started (false in due mode when nothing was overdue).
+   * Always true (the spec's value) - the request was accepted; jobNames lists what due mode started, possibly nothing.
    */
   "triggered": boolean;
   /**
@@ -2416,6 +2459,11 @@ export type CronRunResultMode = "force" | "due";
  * ok (the turn completed), error (it failed), skipped (a wake gate decided not to wake the model).
  */
 export type CronRunStatus = "ok" | "error" | "skipped";
+
+/**
+ * What started the fire (designed): the schedule, a catch-up of fires missed while no gateway ran (one fire however many were missed), cron.run force, or cron.run due.
+ */
+export type CronRunTrigger = "schedule" | "catch_up" | "force" | "due";
 
 /**
  * Parameters of `cron.runs`.
@@ -2458,7 +2506,7 @@ export interface CronSchedule {
    */
   "expr"?: string;
   /**
-   * IANA time zone the expression is evaluated in (for example Europe/Berlin); UTC when omitted; only with kind cron.
+   * IANA time zone (case-sensitive, for example Europe/Paris); UTC when omitted. With kind cron the expression is evaluated in it (a fixed time inside a daylight-saving gap fires at the first instant after the gap; a fixed time that occurs twice fires once, at its first occurrence; stepped or wildcard times follow elapsed time). With kind once it is the zone of an `at` written without offset. Refused with kind interval.
    */
   "tz"?: string;
   /**
@@ -2466,7 +2514,7 @@ export interface CronSchedule {
    */
   "everyMs"?: number;
   /**
-   * The single fire time (RFC 3339 with offset); only with kind once.
+   * The single fire time; only with kind once. RFC 3339 with an offset, or a local time without one read in tz (in a daylight-saving gap: the first instant after it; in an overlap: the earlier instant). An offset together with tz is refused (two zones), and so is a time in the past.
    */
   "at"?: string;
 }
@@ -2506,6 +2554,10 @@ export interface CronUpdateParams {
    * New schedule, replacing the old one as a whole; unchanged when omitted.
    */
   "schedule"?: CronSchedule;
+  /**
+   * Pause (false) or resume (true) the job; unchanged when omitted.
+   */
+  "enabled"?: boolean;
 }
 
 /**
@@ -3628,7 +3680,7 @@ export interface HeartbeatActiveHours {
  */
 export interface HeartbeatConfig {
   /**
-   * Whether scheduled heartbeats run for the agent.
+   * Whether scheduled heartbeats run for the agent (scheduled ticks only; wakes and triggers run regardless).
    */
   "enabled"?: boolean;
   /**
@@ -3835,7 +3887,7 @@ export interface HeartbeatTriggerResult {
 /**
  * Why no tick was started; present only when triggered is false.
  */
-export type HeartbeatTriggerResultReason = "disabled" | "already_running";
+export type HeartbeatTriggerResultReason = "already_pending";
 
 /**
  * Parameters of `heartbeat.update`.
@@ -9502,6 +9554,10 @@ export interface RunKillResult {
  * Parameters of `scheduler.wake`.
  */
 export interface SchedulerWakeParams {
+  /**
+   * The agent to wake; the default agent when omitted.
+   */
+  "agentId"?: string;
   /**
    * Free-form label of who asked for the wake (recorded in the scheduler events).
    */

@@ -14,9 +14,11 @@ ConfigAuditRecordOrigin = Literal["rpc", "cli", "startup", "external"]
 ContextTreeResultNodesItemKind = Literal["leaf", "condensed"]
 ContextTreeResultNodesItemTaint = Literal["trusted", "untrusted"]
 CronJobLastStatus = Literal["ok", "error", "skipped"]
+CronRunGateDecision = Literal["wake", "skip", "failed_open"]
 CronRunParamsMode = Literal["force", "due"]
 CronRunResultMode = Literal["force", "due"]
 CronRunStatus = Literal["ok", "error", "skipped"]
+CronRunTrigger = Literal["schedule", "catch_up", "force", "due"]
 CronScheduleKind = Literal["cron", "interval", "once"]
 DaemonSetLogLevelParamsLevel = Literal["fatal", "error", "warn", "info", "debug", "trace"]
 DaemonSetLogLevelResultLevel = Literal["fatal", "error", "warn", "info", "debug", "trace"]
@@ -30,7 +32,7 @@ GraphOnFailure = Literal["stop", "continue"]
 GraphOutputsResultSource = Literal["live", "stored"]
 GraphRunStatus = Literal["pending", "running", "completed", "failed", "cancelled"]
 HeartbeatStateLastErrorKind = Literal["transient", "permanent"]
-HeartbeatTriggerResultReason = Literal["disabled", "already_running"]
+HeartbeatTriggerResultReason = Literal["already_pending"]
 ImageAnalyzeParamsSourceType = Literal["file", "url", "base64", "attachment"]
 McpConnectParamsAuth = Literal["headers", "oauth"]
 McpOauthLoginResultStatus = Literal["authorized", "headless_hint", "device_code_pending", "failed"]
@@ -956,6 +958,7 @@ CronJob = TypedDict("CronJob", {
     "tz": "NotRequired[str]",
     "everyMs": "NotRequired[int]",
     "at": "NotRequired[str]",
+    "owner": "Required[str]",
     "nextRunAtMs": "Required[Optional[int]]",
     "enabled": "Required[bool]",
     "lastRunAtMs": "NotRequired[int]",
@@ -967,6 +970,7 @@ CronJob = TypedDict("CronJob", {
 # The job's wake gate when one is configured (in configuration; cron.add does not set one): a check run before each fire that may skip the model turn (recorded as a skipped run).
 CronJobWakeGate = TypedDict("CronJobWakeGate", {
     "script": "Required[str]",
+    "args": "NotRequired[List[str]]",
     "timeoutSeconds": "Required[int]",
 }, total=False)
 
@@ -1002,6 +1006,16 @@ CronRun = TypedDict("CronRun", {
     "toolCalls": "NotRequired[int]",
     "estTurnsSaved": "NotRequired[int]",
     "rootRunId": "NotRequired[str]",
+    "dueAtMs": "Required[int]",
+    "trigger": "Required[CronRunTrigger]",
+    "gate": "NotRequired[CronRunGate]",
+}, total=False)
+
+# The wake gate's decision (designed); present when the job has a gate.
+CronRunGate = TypedDict("CronRunGate", {
+    "decision": "Required[CronRunGateDecision]",
+    "durationMs": "Required[int]",
+    "reason": "NotRequired[str]",
 }, total=False)
 
 # Parameters of `cron.run`.
@@ -1050,6 +1064,7 @@ CronUpdateParams = TypedDict("CronUpdateParams", {
     "message": "NotRequired[str]",
     "agentId": "NotRequired[str]",
     "schedule": "NotRequired[CronSchedule]",
+    "enabled": "NotRequired[bool]",
 }, total=False)
 
 # Result of `cron.update`.
@@ -3514,6 +3529,7 @@ RunKillResult = TypedDict("RunKillResult", {
 
 # Parameters of `scheduler.wake`.
 SchedulerWakeParams = TypedDict("SchedulerWakeParams", {
+    "agentId": "NotRequired[str]",
     "source": "NotRequired[str]",
 }, total=False)
 

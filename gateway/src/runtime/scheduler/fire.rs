@@ -1,0 +1,178 @@
+//! One fire of a cron job: its wake gate, then a real agent turn in the job's own session
+//! (`agent:<agent>:cron:<owner>:<jobId>`), recorded as a background run with usage like any
+//! turn; then its outcome in the run log and on the job.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::auth::Principal;
+use crate::rpc::generated::types::FinishReason;
+use crate::runtime::engine::Engine;
+use crate::runtime::runs::RunSpec;
+use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv, GateSpec};
+use crate::runtime::scheduler::{summary_of, Slot};
+use crate::runtime::sessions::SessionIdent;
+use crate::rpc::generated::methods::Scope;
+use crate::scopes::Scopes;
+use crate::store::now_ms;
+use crate::store::scheduler::{Claimed, FireOutcome, JobRow};
+
+/// The channel of cron sessions (not internal: the session belongs to the job's owner, who
+/// reads its turns with session.history).
+pub const CRON_CHANNEL: &str = "cron";
+
+/// The session a job's fires run in.
+pub fn session_of(job: &JobRow) -> SessionIdent {
+    SessionIdent::new(&job.agent_id, CRON_CHANNEL, &job.owner, &job.job_id)
+}
+
+/// Runs the claimed fire on its own task, holding `slot` until it is recorded.
+pub fn spawn(engine: Arc<Engine>, job: JobRow, claimed: Claimed, trigger: &'static str, slot: Slot) {
+    tokio::spawn(async move {
+        let _slot = slot;
+        fire(&engine, &job, claimed, trigger).await;
+    });
+}
+
+async fn fire(engine: &Arc<Engine>, job: &JobRow, claimed: Claimed, trigger: &str) {
+    let start = now_ms();
+    let owner: Arc<str> = Arc::from(job.owner.as_str());
+    let session = session_of(job);
+    engine.emit_owned(
+        &owner,
+        "scheduler:job_started",
+        json!({"jobId": job.job_id, "jobName": job.name, "agentId": job.agent_id,
+               "owner": job.owner, "trigger": trigger, "dueAtMs": claimed.due_at,
+               "latenessMs": start - claimed.due_at, "sessionKey": session.key,
+               "node": engine.store.node()}),
+    );
+    let mut outcome = run(engine, job, &claimed, session).await;
+    outcome.duration_ms = (now_ms() - start).max(0);
+    let keep = i64::from(engine.scheduler.run_retention.per_job);
+    if let Err(e) = engine
+        .store
+        .cron_finish(&job.job_id, claimed, &outcome, keep)
+        .await
+    {
+        tracing::error!(job = %job.job_id, error = %e, "cron fire outcome not recorded");
+    }
+    engine.emit_owned(
+        &owner,
+        "scheduler:job_completed",
+        json!({"jobId": job.job_id, "jobName": job.name, "agentId": job.agent_id,
+               "owner": job.owner, "trigger": trigger, "status": outcome.status,
+               "durationMs": outcome.duration_ms, "dueAtMs": claimed.due_at,
+               "rootRunId": outcome.root_run_id, "error": outcome.error,
+               "gate": outcome.gate.as_deref().and_then(|g| serde_json::from_str::<serde_json::Value>(g).ok())}),
+    );
+    engine.scheduler_changed().await;
+}
+
+/// The gate, then the turn.
+async fn run(engine: &Arc<Engine>, job: &JobRow, claimed: &Claimed, session: SessionIdent) -> FireOutcome {
+    let mut gate_record = None;
+    if let Some(spec) = job
+        .wake_gate
+        .as_deref()
+        .and_then(|g| serde_json::from_str::<GateSpec>(g).ok())
+    {
+        let workspace = crate::runtime::agents::workspace_dir(&engine.data_dir, &job.agent_id);
+        let env = GateEnv {
+            job_id: &job.job_id,
+            job_name: &job.name,
+            agent_id: &job.agent_id,
+            due_at_ms: claimed.due_at,
+        };
+        let g = run_gate(&workspace, &spec, &env).await;
+        if g.decision == Decision::FailedOpen {
+            tracing::warn!(job = %job.job_id, reason = ?g.reason, "wake gate failed open; the turn runs");
+        }
+        let record = json!({"decision": g.decision.as_str(), "durationMs": g.duration_ms,
+                            "reason": g.reason})
+        .to_string();
+        if g.decision == Decision::Skip {
+            return FireOutcome {
+                status: "skipped",
+                summary: Some("wake-gate: skipped".into()),
+                tool_calls: Some(i64::from(g.tool_calls)),
+                est_turns_saved: Some(1),
+                gate: Some(record),
+                ..FireOutcome::default()
+            };
+        }
+        gate_record = Some(record);
+    }
+    let mut outcome = turn(engine, job, session).await;
+    outcome.gate = gate_record;
+    outcome
+}
+
+fn failed(error: String) -> FireOutcome {
+    FireOutcome {
+        status: "error",
+        error: Some(error),
+        ..FireOutcome::default()
+    }
+}
+
+/// The job's agent turn, as a background run of the job's owner with `rpc` tools only (a
+/// scheduled turn never gets admin tools, whoever created the job).
+async fn turn(engine: &Arc<Engine>, job: &JobRow, session: SessionIdent) -> FireOutcome {
+    let agent = match engine.agents.require(&job.agent_id) {
+        Ok(a) => a,
+        Err(e) => return failed(e.to_string()),
+    };
+    let spec = RunSpec {
+        agent,
+        session,
+        task: job.message.clone(),
+        caller: Principal::internal(&job.owner).context(None),
+        scopes: Scopes::only(Scope::Rpc),
+        parent_run_id: None,
+        max_steps: None,
+        model: None,
+        only_tools: None,
+        timeout: Some(Duration::from_millis(engine.scheduler.fire_timeout_ms)),
+        delivery: None,
+    };
+    let started = match engine.start_run(spec).await {
+        Ok(s) => s,
+        Err(e) => return failed(e.to_string()),
+    };
+    let root = started.row.root_run_id.clone();
+    let (row, turn) = match started.done.await {
+        Ok(done) => done,
+        Err(e) => {
+            return FireOutcome {
+                root_run_id: Some(root),
+                ..failed(format!("the fire's task ended: {e}"))
+            }
+        }
+    };
+    let mut out = FireOutcome {
+        root_run_id: Some(row.root_run_id.clone()),
+        ..FireOutcome::default()
+    };
+    match turn {
+        Some(t) if t.finish != FinishReason::Error => {
+            out.status = "ok";
+            out.summary = Some(summary_of(&t.response));
+            out.tool_calls = Some(i64::from(t.tool_calls));
+        }
+        Some(t) => {
+            out.status = "error";
+            out.tool_calls = Some(i64::from(t.tool_calls));
+            out.error = Some(match t.failure {
+                Some(f) => format!("the model call failed: {:?}{}", f.kind, f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()),
+                None => "the turn ended with finishReason error".into(),
+            });
+        }
+        None => {
+            out.status = "error";
+            out.error = Some(row.error.unwrap_or_else(|| "the turn failed".into()));
+        }
+    }
+    out
+}

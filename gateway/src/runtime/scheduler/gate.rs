@@ -1,0 +1,910 @@
+//! Wake gates: a workspace script a cron job runs before each fire to decide whether the model turn is worth a call.
+//!
+//! The script lives in the agent's workspace, which the agent's own tools can write, so it is treated as
+//! untrusted: path rules are re-checked at every run, it runs without a shell in a scrubbed environment and
+//! its own process group, its output is bounded, and the whole group is killed on timeout. Every failure
+//! *fails open* (the fire goes ahead): a broken gate must never silently stop a job.
+//!
+//! Protocol: exit 0 with stdout `{"wake": bool, "toolCalls"?: n}` decides by `wake`; exit 0 with any other
+//! stdout (empty, not JSON, not exactly one such object, or more than [`MAX_OUTPUT`] bytes) wakes; exit
+//! [`SKIP_EXIT_CODE`] skips; anything else fails open with a reason.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, Command};
+
+/// Most arguments a gate may be given.
+pub const MAX_ARGS: usize = 16;
+/// Bytes of stdout (and of stderr) kept from a gate; the rest is read and discarded.
+pub const MAX_OUTPUT: usize = 4096;
+/// Longest accepted `script` path, in bytes.
+pub const MAX_SCRIPT_LEN: usize = 512;
+/// Longest accepted single argument, in bytes.
+pub const MAX_ARG_LEN: usize = 4096;
+/// Accepted range of `timeout_seconds`.
+pub const MIN_TIMEOUT_SECONDS: u32 = 1;
+/// Accepted range of `timeout_seconds`.
+pub const MAX_TIMEOUT_SECONDS: u32 = 300;
+/// Exit code by which a gate says "skip" without printing anything.
+pub const SKIP_EXIT_CODE: i32 = 10;
+
+/// A fixed PATH so a gate cannot be steered by the gateway's own environment.
+const GATE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// After SIGKILL the child should be reapable at once; this only bounds a child stuck in the kernel.
+const REAP_GRACE: Duration = Duration::from_secs(1);
+/// Once the gate has exited, how long its pipes may stay open: only a descendant that left the group (setsid)
+/// can still hold them, and the fire should not wait on it.
+const EXIT_READ_GRACE: Duration = Duration::from_secs(1);
+/// ETXTBSY happens when another thread of this process forked while the script was open for writing (the
+/// fork holds the write descriptor until it execs); it clears within milliseconds, so a few retries suffice.
+const BUSY_RETRY_DELAYS_MS: [u64; 4] = [10, 25, 50, 100];
+/// Read chunk for draining pipes.
+const READ_CHUNK: usize = 8192;
+
+/// A cron job's wake gate, as declared in the operator's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateSpec {
+    /// Path of the script, relative to the agent's workspace.
+    pub script: String,
+    /// Arguments passed verbatim (no shell).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Wall-clock limit for one run, `1..=300`.
+    pub timeout_seconds: u32,
+}
+
+/// What the gate is told about the fire, through `GATEWAY_*` environment variables.
+#[derive(Debug, Clone, Copy)]
+pub struct GateEnv<'a> {
+    pub job_id: &'a str,
+    pub job_name: &'a str,
+    pub agent_id: &'a str,
+    pub due_at_ms: i64,
+}
+
+/// What to do with this fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Run the model turn.
+    Wake,
+    /// Do not run the model turn.
+    Skip,
+    /// The gate could not decide; the model turn runs.
+    FailedOpen,
+}
+
+impl Decision {
+    /// Stable name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Wake => "wake",
+            Decision::Skip => "skip",
+            Decision::FailedOpen => "failed_open",
+        }
+    }
+
+    /// Whether the model turn should run.
+    pub fn runs_turn(self) -> bool {
+        !matches!(self, Decision::Skip)
+    }
+}
+
+/// Result of one gate run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateOutcome {
+    pub decision: Decision,
+    /// Wall time from the start of the checks to the decision.
+    pub duration_ms: u64,
+    /// Why the gate failed open; `None` for `Wake` and `Skip`.
+    pub reason: Option<String>,
+    /// Tool calls the gate reports having made (`toolCalls`), 0 when absent.
+    pub tool_calls: u32,
+}
+
+/// Configuration-time check of the script path alone.
+pub fn check_script_path(script: &str) -> Result<(), String> {
+    if script.is_empty() {
+        return Err("script path is empty".to_owned());
+    }
+    if script.len() > MAX_SCRIPT_LEN {
+        return Err(format!("script path is longer than {MAX_SCRIPT_LEN} bytes"));
+    }
+    if script.contains('\0') {
+        return Err("script path contains a NUL byte".to_owned());
+    }
+    let path = Path::new(script);
+    if path.is_absolute() {
+        return Err("script path must be relative to the workspace".to_owned());
+    }
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err("script path must not contain `..`".to_owned());
+    }
+    Ok(())
+}
+
+/// Configuration-time check of a whole spec; `run_gate` repeats it so a spec built elsewhere is safe too.
+pub fn check_spec(spec: &GateSpec) -> Result<(), String> {
+    check_script_path(&spec.script)?;
+    if spec.args.len() > MAX_ARGS {
+        return Err(format!(
+            "{} arguments, at most {MAX_ARGS} allowed",
+            spec.args.len()
+        ));
+    }
+    for (i, arg) in spec.args.iter().enumerate() {
+        if arg.len() > MAX_ARG_LEN {
+            return Err(format!("argument {i} is longer than {MAX_ARG_LEN} bytes"));
+        }
+        if arg.contains('\0') {
+            return Err(format!("argument {i} contains a NUL byte"));
+        }
+    }
+    if !(MIN_TIMEOUT_SECONDS..=MAX_TIMEOUT_SECONDS).contains(&spec.timeout_seconds) {
+        return Err(format!(
+            "timeout_seconds must be {MIN_TIMEOUT_SECONDS}..={MAX_TIMEOUT_SECONDS}, got {}",
+            spec.timeout_seconds
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the gate once and decides. Never panics; returns within about `timeout_seconds` + 1 s.
+pub async fn run_gate(workspace: &Path, spec: &GateSpec, env: &GateEnv<'_>) -> GateOutcome {
+    let started = Instant::now();
+    let (decision, reason, tool_calls, stderr) = match run_checked(workspace, spec, env).await {
+        Ok(Verdict {
+            decision,
+            tool_calls,
+            reason,
+            stderr,
+        }) => (decision, reason, tool_calls, stderr),
+        Err(reason) => (Decision::FailedOpen, Some(reason), 0, String::new()),
+    };
+    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::debug!(
+        job_id = env.job_id,
+        agent_id = env.agent_id,
+        decision = decision.as_str(),
+        reason = reason.as_deref().unwrap_or(""),
+        tool_calls,
+        duration_ms,
+        stderr = %stderr,
+        "wake gate finished"
+    );
+    GateOutcome {
+        decision,
+        duration_ms,
+        reason,
+        tool_calls,
+    }
+}
+
+struct Verdict {
+    decision: Decision,
+    tool_calls: u32,
+    reason: Option<String>,
+    stderr: String,
+}
+
+impl Verdict {
+    fn failed(reason: String, stderr: String) -> Self {
+        Verdict {
+            decision: Decision::FailedOpen,
+            tool_calls: 0,
+            reason: Some(reason),
+            stderr,
+        }
+    }
+}
+
+/// `Err` is a fail-open reason for anything that went wrong before the gate produced a result.
+async fn run_checked(
+    workspace: &Path,
+    spec: &GateSpec,
+    env: &GateEnv<'_>,
+) -> Result<Verdict, String> {
+    check_spec(spec)?;
+    let (workspace, script) = resolve_script(workspace, &spec.script).await?;
+    let mut child = spawn(&workspace, &script, spec, env).await?;
+    let pgid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(rustix::process::Pid::from_raw);
+
+    let timeout = Duration::from_secs(u64::from(spec.timeout_seconds));
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut stdout = Captured::default();
+    let mut stderr = Captured::default();
+    let stdout_pipe = child.stdout.take();
+    let stderr_pipe = child.stderr.take();
+
+    let mut status: Option<std::io::Result<ExitStatus>> = None;
+    {
+        // Readers run alongside the wait so a chatty gate never blocks on a full pipe. They stop at EOF, which
+        // only comes once every holder of the pipe (including descendants) has closed it.
+        let reads = async {
+            tokio::join!(
+                drain(stdout_pipe, &mut stdout),
+                drain(stderr_pipe, &mut stderr)
+            )
+        };
+        tokio::pin!(reads);
+        let mut reads_done = false;
+        let mut until = deadline;
+        loop {
+            tokio::select! {
+                res = child.wait(), if status.is_none() => {
+                    // The leader is gone; anything it left behind in its group goes too, so a gate cannot park
+                    // a daemon. The pid was reaped an instant ago, far too soon to have been reused.
+                    if let Some(pgid) = pgid {
+                        kill_group(pgid);
+                    }
+                    status = Some(res);
+                    until = until.min(tokio::time::Instant::now() + EXIT_READ_GRACE);
+                }
+                _ = &mut reads, if !reads_done => reads_done = true,
+                _ = tokio::time::sleep_until(until) => break,
+            }
+            if status.is_some() && reads_done {
+                break;
+            }
+        }
+    }
+    let stderr_text = sanitize_stderr(&stderr.kept);
+
+    let status = match status {
+        Some(Ok(status)) => status,
+        Some(Err(e)) => {
+            return Ok(Verdict::failed(
+                format!("waiting for the gate: {e}"),
+                stderr_text,
+            ))
+        }
+        None => {
+            // Killed before reaping: the unreaped leader keeps its pid, so the group id cannot be reused yet.
+            if let Some(pgid) = pgid {
+                kill_group(pgid);
+            }
+            let _ = child.start_kill();
+            // kill_on_drop covers a child that is still not reapable after the grace.
+            let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
+            return Ok(Verdict::failed(
+                format!("timed out after {} s", spec.timeout_seconds),
+                stderr_text,
+            ));
+        }
+    };
+
+    Ok(match status.code() {
+        Some(0) => {
+            let (decision, tool_calls) = parse_reply(&stdout);
+            Verdict {
+                decision,
+                tool_calls,
+                reason: None,
+                stderr: stderr_text,
+            }
+        }
+        Some(SKIP_EXIT_CODE) => Verdict {
+            decision: Decision::Skip,
+            tool_calls: 0,
+            reason: None,
+            stderr: stderr_text,
+        },
+        Some(code) => Verdict::failed(format!("exit status {code}"), stderr_text),
+        None => match status.signal() {
+            Some(sig) => Verdict::failed(format!("killed by signal {sig}"), stderr_text),
+            None => Verdict::failed(format!("abnormal exit ({status})"), stderr_text),
+        },
+    })
+}
+
+/// Returns the canonical workspace and the canonical script path, or a fail-open reason.
+async fn resolve_script(workspace: &Path, script: &str) -> Result<(PathBuf, PathBuf), String> {
+    let workspace = tokio::fs::canonicalize(workspace)
+        .await
+        .map_err(|e| format!("workspace: {e}"))?;
+    let script = match tokio::fs::canonicalize(workspace.join(script)).await {
+        Ok(path) => path,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("not found".to_owned()),
+        Err(e) => return Err(format!("script: {e}")),
+    };
+    // Canonical paths, so a symlink (at any level) that leads out of the workspace is caught here.
+    if !script.starts_with(&workspace) || script == workspace {
+        return Err("outside the workspace".to_owned());
+    }
+    let meta = tokio::fs::metadata(&script)
+        .await
+        .map_err(|e| format!("script: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o100 == 0 {
+        return Err("not executable".to_owned());
+    }
+    // Writable by others means someone besides the owner could swap in their own gate.
+    if mode & 0o022 != 0 {
+        return Err("group- or world-writable".to_owned());
+    }
+    Ok((workspace, script))
+}
+
+async fn spawn(
+    workspace: &Path,
+    script: &Path,
+    spec: &GateSpec,
+    env: &GateEnv<'_>,
+) -> Result<Child, String> {
+    let mut cmd = Command::new(script);
+    cmd.args(&spec.args)
+        .env_clear()
+        .env("PATH", GATE_PATH)
+        .env("HOME", workspace)
+        .env("LANG", "C.UTF-8")
+        .env("GATEWAY_JOB_ID", env.job_id)
+        .env("GATEWAY_JOB_NAME", env.job_name)
+        .env("GATEWAY_AGENT_ID", env.agent_id)
+        .env("GATEWAY_DUE_AT_MS", env.due_at_ms.to_string())
+        .current_dir(workspace)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so the timeout can kill everything the gate started, not just the gate.
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut delays = BUSY_RETRY_DELAYS_MS.iter();
+    loop {
+        match cmd.spawn() {
+            Ok(child) => return Ok(child),
+            Err(e) if is_text_busy(&e) => match delays.next() {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+                None => return Err(format!("spawn failed: {e}")),
+            },
+            Err(e) => return Err(format!("spawn failed: {e}")),
+        }
+    }
+}
+
+fn is_text_busy(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error())
+}
+
+fn kill_group(pgid: rustix::process::Pid) {
+    // kill(-1) would signal every process we may signal; a child can never be pid 1, but be certain.
+    if pgid.as_raw_nonzero().get() <= 1 {
+        return;
+    }
+    // ESRCH (group already empty) is the normal case after a clean exit.
+    let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+}
+
+#[derive(Default)]
+struct Captured {
+    kept: Vec<u8>,
+    total: usize,
+}
+
+impl Captured {
+    fn truncated(&self) -> bool {
+        self.total > self.kept.len()
+    }
+}
+
+/// Reads to EOF, keeping the first [`MAX_OUTPUT`] bytes. Writes into `into` as it goes so a caller that
+/// abandons the read at the deadline still has what arrived.
+async fn drain<R: AsyncRead + Unpin>(pipe: Option<R>, into: &mut Captured) {
+    let Some(mut pipe) = pipe else { return };
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let room = MAX_OUTPUT.saturating_sub(into.kept.len());
+                into.kept.extend_from_slice(&buf[..n.min(room)]);
+                into.total = into.total.saturating_add(n);
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    wake: bool,
+    #[serde(default, rename = "toolCalls")]
+    tool_calls: Option<serde_json::Value>,
+}
+
+/// Decision for an exit-0 gate. Output cut at [`MAX_OUTPUT`] is not parsed at all (wake): a reply is the
+/// whole of stdout, and a cut one is not known to be whole.
+fn parse_reply(stdout: &Captured) -> (Decision, u32) {
+    if stdout.truncated() {
+        return (Decision::Wake, 0);
+    }
+    let Ok(text) = std::str::from_utf8(&stdout.kept) else {
+        return (Decision::Wake, 0);
+    };
+    match serde_json::from_str::<Reply>(text.trim()) {
+        Ok(reply) => {
+            let decision = if reply.wake {
+                Decision::Wake
+            } else {
+                Decision::Skip
+            };
+            (decision, reply.tool_calls.as_ref().map_or(0, clamp_count))
+        }
+        Err(_) => (Decision::Wake, 0),
+    }
+}
+
+fn clamp_count(value: &serde_json::Value) -> u32 {
+    if let Some(n) = value.as_u64() {
+        return u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    match value.as_f64() {
+        // `as` saturates and maps NaN to 0, which is the clamp wanted here.
+        Some(f) if f > 0.0 => f as u32,
+        _ => 0,
+    }
+}
+
+/// Stderr is only for a debug line: control characters become spaces so it cannot forge log lines.
+fn sanitize_stderr(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::with_capacity(text.len().min(MAX_OUTPUT));
+    for c in text.trim().chars() {
+        let c = if c.is_control() { ' ' } else { c };
+        if out.len() + c.len_utf8() > MAX_OUTPUT {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use std::collections::HashSet;
+
+    const ENV: GateEnv<'static> = GateEnv {
+        job_id: "job-1",
+        job_name: "nightly digest",
+        agent_id: "agent-7",
+        due_at_ms: 1_700_000_000_123,
+    };
+
+    fn spec(script: &str, timeout_seconds: u32) -> GateSpec {
+        GateSpec {
+            script: script.to_owned(),
+            args: Vec::new(),
+            timeout_seconds,
+        }
+    }
+
+    fn write_script(dir: &Path, name: &str, body: &str, mode: u32) {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Runs `body` as a 0o755 gate with the given timeout and checks the run stayed bounded.
+    async fn run_body(body: &str, timeout_seconds: u32) -> (GateOutcome, tempfile::TempDir) {
+        let ws = tempfile::tempdir().unwrap();
+        write_script(ws.path(), "gate.sh", body, 0o755);
+        let started = Instant::now();
+        let out = run_gate(ws.path(), &spec("gate.sh", timeout_seconds), &ENV).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(u64::from(timeout_seconds) + 5),
+            "gate run not bounded: {:?}",
+            started.elapsed()
+        );
+        (out, ws)
+    }
+
+    fn assert_failed(out: &GateOutcome, reason_part: &str) {
+        assert_eq!(out.decision, Decision::FailedOpen, "{out:?}");
+        let reason = out.reason.as_deref().unwrap_or("");
+        assert!(
+            reason.contains(reason_part),
+            "reason {reason:?} lacks {reason_part:?}"
+        );
+    }
+
+    fn process_gone(pid: u32) -> bool {
+        // The killed grandchild is reparented; an init that does not reap leaves a zombie, which is dead too.
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X"),
+        }
+    }
+
+    async fn wait_gone(pid: u32) -> bool {
+        for _ in 0..40 {
+            if process_gone(pid) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        process_gone(pid)
+    }
+
+    #[tokio::test]
+    async fn json_skip_with_tool_calls() {
+        let (out, _ws) = run_body(r#"echo '{"wake": false, "toolCalls": 3}'"#, 10).await;
+        assert_eq!(out.decision, Decision::Skip);
+        assert_eq!(out.tool_calls, 3);
+        assert_eq!(out.reason, None);
+    }
+
+    #[tokio::test]
+    async fn json_wake() {
+        let (out, _ws) = run_body(r#"printf '  \n{"wake": true}\n\n'"#, 10).await;
+        assert_eq!(out.decision, Decision::Wake);
+        assert_eq!(out.tool_calls, 0);
+    }
+
+    #[tokio::test]
+    async fn tool_calls_clamped() {
+        let (out, _ws) = run_body(r#"echo '{"wake": true, "toolCalls": 99999999999}'"#, 10).await;
+        assert_eq!((out.decision, out.tool_calls), (Decision::Wake, u32::MAX));
+        let (out, _ws) = run_body(r#"echo '{"wake": false, "toolCalls": -4}'"#, 10).await;
+        assert_eq!((out.decision, out.tool_calls), (Decision::Skip, 0));
+    }
+
+    #[tokio::test]
+    async fn exit_ten_skips() {
+        let (out, _ws) = run_body("echo whatever; exit 10", 10).await;
+        assert_eq!(out.decision, Decision::Skip);
+        assert_eq!(out.tool_calls, 0);
+    }
+
+    #[tokio::test]
+    async fn exit_zero_empty_wakes() {
+        let (out, _ws) = run_body("exit 0", 10).await;
+        assert_eq!(out.decision, Decision::Wake);
+        assert_eq!(out.reason, None);
+    }
+
+    #[tokio::test]
+    async fn exit_zero_garbage_wakes() {
+        let (out, _ws) = run_body("echo 'not json {'; echo '{\"wake\": false}' >&2", 10).await;
+        assert_eq!(out.decision, Decision::Wake);
+        // JSON of the wrong shape is not a reply either.
+        let (out, _ws) = run_body(r#"echo '{"wake": "no"}'"#, 10).await;
+        assert_eq!(out.decision, Decision::Wake);
+    }
+
+    #[tokio::test]
+    async fn exit_one_fails_open() {
+        let (out, _ws) = run_body("echo oops >&2; exit 1", 10).await;
+        assert_failed(&out, "exit status 1");
+        assert_eq!(out.reason.as_deref(), Some("exit status 1"));
+    }
+
+    #[tokio::test]
+    async fn killed_by_signal() {
+        let (out, _ws) = run_body("kill -9 $$", 10).await;
+        assert_eq!(out.reason.as_deref(), Some("killed by signal 9"));
+        assert_eq!(out.decision, Decision::FailedOpen);
+    }
+
+    #[tokio::test]
+    async fn timeout_fails_open() {
+        let (out, _ws) = run_body("sleep 30", 1).await;
+        assert_eq!(out.decision, Decision::FailedOpen);
+        assert_eq!(out.reason.as_deref(), Some("timed out after 1 s"));
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_grandchild() {
+        let (out, ws) = run_body("sleep 30 &\necho $! > child.pid\nsleep 30", 1).await;
+        assert_failed(&out, "timed out after 1 s");
+        let pid: u32 = std::fs::read_to_string(ws.path().join("child.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(wait_gone(pid).await, "grandchild {pid} survived the gate");
+    }
+
+    #[tokio::test]
+    async fn clean_exit_sweeps_background_grandchild() {
+        // The grandchild holds no pipe, so nothing but the group sweep would stop it.
+        let (out, ws) = run_body(
+            "sleep 30 >/dev/null 2>&1 &\necho $! > child.pid\nexit 10",
+            10,
+        )
+        .await;
+        assert_eq!(out.decision, Decision::Skip);
+        let pid: u32 = std::fs::read_to_string(ws.path().join("child.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(wait_gone(pid).await, "grandchild {pid} survived the gate");
+    }
+
+    #[tokio::test]
+    async fn flood_of_output_is_bounded_and_wakes() {
+        // A valid reply followed by 1 MiB on stdout (and on stderr): the kept 4 KiB prefix is not a whole
+        // reply, so by design this wakes rather than reading the leading JSON as a skip.
+        let (out, _ws) = run_body(
+            "echo '{\"wake\": false}'\nhead -c 1048576 /dev/zero | tr '\\0' x\nhead -c 1048576 /dev/zero | tr '\\0' y >&2\nexit 0",
+            20,
+        )
+        .await;
+        assert_eq!(out.decision, Decision::Wake, "{out:?}");
+        assert_eq!(out.reason, None);
+    }
+
+    #[test]
+    fn truncated_reply_is_not_parsed() {
+        let mut kept = br#"{"wake": false}"#.to_vec();
+        kept.resize(MAX_OUTPUT, b' ');
+        let full = Captured {
+            kept: kept.clone(),
+            total: MAX_OUTPUT,
+        };
+        assert_eq!(parse_reply(&full), (Decision::Skip, 0));
+        let cut = Captured {
+            kept,
+            total: MAX_OUTPUT + 1,
+        };
+        assert_eq!(parse_reply(&cut), (Decision::Wake, 0));
+    }
+
+    #[tokio::test]
+    async fn environment_is_scrubbed() {
+        let (out, ws) = run_body(
+            "env > env.txt; pwd > pwd.txt; echo \"$1|$2\" > args.txt",
+            10,
+        )
+        .await;
+        assert_eq!(out.decision, Decision::Wake, "{out:?}");
+        let canon = std::fs::canonicalize(ws.path()).unwrap();
+        let canon = canon.to_str().unwrap();
+
+        let vars: Vec<(String, String)> = std::fs::read_to_string(ws.path().join("env.txt"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("PATH"), Some("/usr/local/bin:/usr/bin:/bin"));
+        assert_eq!(get("HOME"), Some(canon));
+        assert_eq!(get("LANG"), Some("C.UTF-8"));
+        assert_eq!(get("GATEWAY_JOB_ID"), Some("job-1"));
+        assert_eq!(get("GATEWAY_JOB_NAME"), Some("nightly digest"));
+        assert_eq!(get("GATEWAY_AGENT_ID"), Some("agent-7"));
+        assert_eq!(get("GATEWAY_DUE_AT_MS"), Some("1700000000123"));
+
+        // Variables the shell itself sets are not leaks.
+        let allowed: HashSet<&str> = [
+            "PATH",
+            "HOME",
+            "LANG",
+            "GATEWAY_JOB_ID",
+            "GATEWAY_JOB_NAME",
+            "GATEWAY_AGENT_ID",
+            "GATEWAY_DUE_AT_MS",
+            "PWD",
+            "OLDPWD",
+            "SHLVL",
+            "_",
+        ]
+        .into_iter()
+        .collect();
+        for (k, _) in &vars {
+            assert!(allowed.contains(k.as_str()), "leaked variable {k}");
+        }
+        // Without set_var (unsafe in edition 2024): the test process always has something outside the list
+        // (cargo sets CARGO_*), and none of it reached the gate.
+        let outside: Vec<String> = std::env::vars()
+            .map(|(k, _)| k)
+            .filter(|k| !allowed.contains(k.as_str()))
+            .collect();
+        assert!(!outside.is_empty());
+
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join("pwd.txt"))
+                .unwrap()
+                .trim(),
+            canon
+        );
+    }
+
+    #[tokio::test]
+    async fn args_passed_without_shell() {
+        let ws = tempfile::tempdir().unwrap();
+        write_script(
+            ws.path(),
+            "gate.sh",
+            "printf '%s|' \"$@\" > args.txt",
+            0o755,
+        );
+        let mut s = spec("gate.sh", 10);
+        s.args = vec![
+            "a b".to_owned(),
+            "$HOME".to_owned(),
+            "; rm -rf x".to_owned(),
+        ];
+        let out = run_gate(ws.path(), &s, &ENV).await;
+        assert_eq!(out.decision, Decision::Wake, "{out:?}");
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join("args.txt")).unwrap(),
+            "a b|$HOME|; rm -rf x|"
+        );
+    }
+
+    #[tokio::test]
+    async fn group_writable_fails_open() {
+        let ws = tempfile::tempdir().unwrap();
+        write_script(ws.path(), "gate.sh", "exit 10", 0o775);
+        let out = run_gate(ws.path(), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "group- or world-writable");
+        write_script(ws.path(), "gate2.sh", "exit 10", 0o757);
+        let out = run_gate(ws.path(), &spec("gate2.sh", 5), &ENV).await;
+        assert_failed(&out, "group- or world-writable");
+    }
+
+    #[tokio::test]
+    async fn not_executable_fails_open() {
+        let ws = tempfile::tempdir().unwrap();
+        write_script(ws.path(), "gate.sh", "exit 10", 0o644);
+        let out = run_gate(ws.path(), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "not executable");
+    }
+
+    #[tokio::test]
+    async fn symlink_outside_workspace_fails_open() {
+        let ws = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/bin/true", ws.path().join("gate")).unwrap();
+        let out = run_gate(ws.path(), &spec("gate", 5), &ENV).await;
+        assert_failed(&out, "outside the workspace");
+    }
+
+    #[tokio::test]
+    async fn symlink_inside_workspace_is_followed() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::create_dir(ws.path().join("bin")).unwrap();
+        write_script(ws.path(), "bin/real.sh", "exit 10", 0o755);
+        std::os::unix::fs::symlink("bin/real.sh", ws.path().join("gate")).unwrap();
+        let out = run_gate(ws.path(), &spec("gate", 5), &ENV).await;
+        assert_eq!(out.decision, Decision::Skip, "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn missing_and_odd_paths_fail_open() {
+        let ws = tempfile::tempdir().unwrap();
+        let out = run_gate(ws.path(), &spec("nope.sh", 5), &ENV).await;
+        assert_failed(&out, "not found");
+        std::fs::create_dir(ws.path().join("dir")).unwrap();
+        let out = run_gate(ws.path(), &spec("dir", 5), &ENV).await;
+        assert_failed(&out, "not a regular file");
+        let out = run_gate(ws.path(), &spec(".", 5), &ENV).await;
+        assert_failed(&out, "outside the workspace");
+        // Run-time repetition of the configuration checks.
+        let out = run_gate(ws.path(), &spec("../x", 5), &ENV).await;
+        assert_failed(&out, "..");
+        let out = run_gate(ws.path(), &spec("gate.sh", 0), &ENV).await;
+        assert_failed(&out, "timeout_seconds");
+        let out = run_gate(&ws.path().join("gone"), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "workspace");
+    }
+
+    #[tokio::test]
+    async fn not_a_valid_executable_fails_open_with_spawn_error() {
+        let ws = tempfile::tempdir().unwrap();
+        let path = ws.path().join("gate.bin");
+        std::fs::write(&path, b"\x7fELF garbage").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = run_gate(ws.path(), &spec("gate.bin", 5), &ENV).await;
+        assert_failed(&out, "spawn failed");
+    }
+
+    #[tokio::test]
+    async fn script_without_shebang_is_not_run_by_a_shell() {
+        let ws = tempfile::tempdir().unwrap();
+        let path = ws.path().join("gate.sh");
+        std::fs::write(&path, "exit 10\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = run_gate(ws.path(), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "spawn failed");
+    }
+
+    #[tokio::test]
+    async fn escaped_descendant_holding_stdout_does_not_hold_the_decision() {
+        // setsid leaves the group, so the sweep misses it and it keeps stdout open; the decision must come
+        // from the gate's own exit within the read grace, not at the 30 s timeout.
+        let (out, ws) = run_body(
+            "setsid sleep 30 &\necho $! > child.pid\nsleep 0.5\necho '{\"wake\": false}'\nexit 0",
+            30,
+        )
+        .await;
+        let pid: i32 = std::fs::read_to_string(ws.path().join("child.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+        assert_eq!(out.decision, Decision::Skip, "{out:?}");
+        assert!(out.duration_ms < 10_000, "{out:?}");
+    }
+
+    #[test]
+    fn check_spec_limits() {
+        let ok = |s: &GateSpec| check_spec(s).is_ok();
+        assert!(ok(&spec("gate.sh", 1)));
+        assert!(ok(&spec("gates/./gate.sh", 300)));
+        assert!(!ok(&spec("/usr/bin/true", 5)));
+        assert!(!ok(&spec("../x", 5)));
+        assert!(!ok(&spec("a/../../x", 5)));
+        assert!(!ok(&spec("", 5)));
+        assert!(!ok(&spec(&"a".repeat(MAX_SCRIPT_LEN + 1), 5)));
+        assert!(ok(&spec(&"a".repeat(MAX_SCRIPT_LEN), 5)));
+        assert!(!ok(&spec("gate.sh", 0)));
+        assert!(!ok(&spec("gate.sh", 301)));
+
+        let mut s = spec("gate.sh", 5);
+        s.args = vec!["x".to_owned(); MAX_ARGS];
+        assert!(ok(&s));
+        s.args.push("x".to_owned());
+        assert!(!ok(&s));
+        s.args = vec!["y".repeat(MAX_ARG_LEN)];
+        assert!(ok(&s));
+        s.args = vec!["y".repeat(MAX_ARG_LEN + 1)];
+        assert!(!ok(&s));
+        s.args = vec!["a\0b".to_owned()];
+        assert!(!ok(&s));
+    }
+
+    #[test]
+    fn decision_names() {
+        assert_eq!(Decision::Wake.as_str(), "wake");
+        assert_eq!(Decision::Skip.as_str(), "skip");
+        assert_eq!(Decision::FailedOpen.as_str(), "failed_open");
+        assert!(Decision::FailedOpen.runs_turn());
+        assert!(!Decision::Skip.runs_turn());
+    }
+
+    #[test]
+    fn stderr_sanitized_and_bounded() {
+        assert_eq!(sanitize_stderr(b"a\x1b[31mb\nc\r\n"), "a [31mb c");
+        let long = "é".repeat(MAX_OUTPUT);
+        let s = sanitize_stderr(long.as_bytes());
+        assert!(s.len() <= MAX_OUTPUT);
+        assert!(sanitize_stderr(&[0xff, 0xfe])
+            .chars()
+            .all(|c| c == '\u{fffd}'));
+    }
+
+    #[test]
+    fn spec_serde_round_trip() {
+        let s: GateSpec =
+            serde_json::from_str(r#"{"script": "gate.sh", "timeoutSeconds": 5}"#).unwrap();
+        assert_eq!(s, spec("gate.sh", 5));
+        let back: GateSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+    }
+}

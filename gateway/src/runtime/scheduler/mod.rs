@@ -1,0 +1,101 @@
+//! The scheduler: cron jobs that send a message to an agent at set times, per-agent
+//! heartbeats, the wake coalescer, and wake gates.
+//!
+//! All of its state is in the store (`store/scheduler.rs`), so it is the same on every node of
+//! a fleet and survives a kill -9. One timer task per server generation and node sleeps until
+//! the earliest due time (never polling: at most [`MAX_SLEEP`] between two looks at the wall
+//! clock) and is re-armed through [`rearm`] by every change that can move that time, on this
+//! node or, through the fan-out, on another. A due time is fired by whichever node claims it
+//! first (a conditional update), so every due time fires once.
+
+pub mod beat;
+pub mod fire;
+pub mod gate;
+pub mod jobs;
+pub mod schedule;
+pub mod timer;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::runtime::control::Control;
+
+/// The longest the timer sleeps without looking at the wall clock (a clock set forward while
+/// it slept is noticed within this time).
+pub const MAX_SLEEP: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The `fanout` control message that re-arms other nodes' timers.
+pub const ANNOUNCE: &str = "scheduler";
+
+/// Wakes this node's timers (and, on a shared database, every node's) to look at the due times
+/// again.
+pub fn rearm(control: &Control) {
+    control.scheduler_epoch.send_modify(|e| *e = e.wrapping_add(1));
+}
+
+/// Fires and ticks running at once on this node, across server generations, bounded by
+/// `scheduler.maxConcurrentRuns` of the generation that takes a slot.
+#[derive(Default)]
+pub struct FireSlots {
+    running: AtomicUsize,
+}
+
+/// A slot held by one fire or tick; released (and the timer re-armed) when dropped.
+pub struct Slot {
+    control: Arc<Control>,
+}
+
+impl FireSlots {
+    /// A slot when fewer than `max` are taken.
+    pub fn take(control: &Arc<Control>, max: usize) -> Option<Slot> {
+        let slots = &control.fire_slots;
+        let mut now = slots.running.load(Ordering::Relaxed);
+        loop {
+            if now >= max {
+                return None;
+            }
+            match slots.running.compare_exchange_weak(
+                now,
+                now + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(Slot {
+                        control: control.clone(),
+                    })
+                }
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// Slots taken now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.control
+            .fire_slots
+            .running
+            .fetch_sub(1, Ordering::AcqRel);
+        rearm(&self.control);
+    }
+}
+
+/// A short, single-line excerpt of an agent's answer for a run record.
+pub(crate) fn summary_of(text: &str) -> String {
+    const MAX: usize = 200;
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let flat = flat.trim();
+    match flat.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &flat[..i]),
+        None => flat.to_owned(),
+    }
+}

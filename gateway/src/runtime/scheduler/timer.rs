@@ -1,0 +1,123 @@
+//! The timer: one task per server generation and node that sleeps until the earliest due time
+//! of any job or heartbeat, fires what is due while fire slots are free, and sleeps again. It
+//! is re-armed (woken early) by every change that can move the earliest due time.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::scheduler::MissedFires;
+use crate::runtime::engine::Engine;
+use crate::runtime::scheduler::schedule::{self, Trigger};
+use crate::runtime::scheduler::{jobs, FireSlots, MAX_SLEEP};
+use crate::store::now_ms;
+use crate::store::scheduler::ClaimKind;
+
+/// Starts the generation's timer (nothing when `scheduler.enabled` is false). It ends when the
+/// generation stops or its engine is dropped.
+pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
+    if !engine.scheduler.enabled {
+        return;
+    }
+    let weak = Arc::downgrade(engine);
+    let mut epoch = engine.control.scheduler_epoch.subscribe();
+    tokio::spawn(async move {
+        if let Some(engine) = weak.upgrade() {
+            if let Err(e) = engine.sync_heartbeats().await {
+                tracing::warn!(error = %e, "heartbeat schedules not synchronised");
+            }
+        }
+        loop {
+            epoch.mark_unchanged();
+            let wait = match pass(&weak).await {
+                Some(w) => w,
+                None => return,
+            };
+            let (slept_at, wall_at) = (Instant::now(), now_ms());
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+                changed = epoch.changed() => if changed.is_err() { return },
+            }
+            // The sleep is monotonic and due times are wall-clock instants: a clock that was
+            // set while the task slept is seen here, and the next pass reads the due times again.
+            let mono = i64::try_from(slept_at.elapsed().as_millis()).unwrap_or(i64::MAX);
+            let wall = now_ms() - wall_at;
+            if (wall - mono).abs() > 1_000 {
+                tracing::info!(moved_ms = wall - mono, "wall clock moved; schedule re-read");
+            }
+        }
+    });
+}
+
+/// One look at the due times: fires what is due (while slots are free) and answers how long
+/// to sleep; None when the generation is gone.
+async fn pass(weak: &Weak<Engine>) -> Option<Duration> {
+    let engine = weak.upgrade()?;
+    let now = now_ms();
+    let next = match due_pass(&engine, now).await {
+        Ok(next) => next,
+        Err(e) => {
+            tracing::warn!(error = %e, "scheduler pass failed; retrying");
+            Some(now + 1_000)
+        }
+    };
+    let wait = match next {
+        Some(t) => u64::try_from(t - now_ms()).unwrap_or(0),
+        None => u64::MAX,
+    };
+    Some(Duration::from_millis(wait).min(MAX_SLEEP))
+}
+
+/// Fires due jobs and ticks; the earliest due time left (None: nothing scheduled). A due time
+/// that waits for a slot is not returned: the slot's release re-arms the timer.
+async fn due_pass(engine: &Arc<Engine>, now: i64) -> Result<Option<i64>, crate::error::GatewayError> {
+    let max = engine.fire_limit();
+    let free = max.saturating_sub(engine.control.fire_slots.running());
+    if free > 0 {
+        let limit = i64::try_from(free).unwrap_or(i64::MAX);
+        for job in engine.store.cron_due(now, None, limit).await? {
+            let Some(due) = job.next_due_at else { continue };
+            let schedule = match jobs::job_schedule(&job) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(job = %job.job_id, error = %e, "cron job unreadable; disabled");
+                    let _ = engine.store.cron_advance(&job.job_id, due, None, now).await;
+                    continue;
+                }
+            };
+            let policy = match engine.scheduler.missed_fires {
+                MissedFires::Once => schedule::MissedFires::Once,
+                MissedFires::Skip => schedule::MissedFires::Skip,
+            };
+            let tolerance = i64::try_from(engine.scheduler.late_tolerance_ms).unwrap_or(i64::MAX);
+            let plan = schedule::plan(&schedule, job.anchor_at, due, now, policy, tolerance);
+            let Some(trigger) = plan.fire else {
+                engine.store.cron_advance(&job.job_id, due, plan.next, now).await?;
+                continue;
+            };
+            let Some(slot) = FireSlots::take(&engine.control, max) else {
+                break;
+            };
+            let trigger = match trigger {
+                Trigger::Schedule => "schedule",
+                Trigger::CatchUp => "catch_up",
+            };
+            let claim = ClaimKind::Scheduled { due, next: plan.next };
+            if let Some(claimed) = engine.store.cron_claim(&job, claim, trigger, now).await? {
+                super::fire::spawn(engine.clone(), job, claimed, trigger, slot);
+            }
+        }
+    }
+    let beats_next = engine.beat_pass(now, max).await?;
+    let cron_next = engine.store.cron_earliest().await?;
+    let next = [cron_next, beats_next].into_iter().flatten().min();
+    // Due work left behind a full set of slots waits for a slot: its release re-arms the
+    // timer. The one-second bound covers a release by another generation, and a due row this
+    // node could not claim (another node holds it).
+    Ok(match next {
+        Some(t) if t <= now_ms() => Some(now_ms() + 1_000),
+        other => other,
+    })
+}
