@@ -540,6 +540,9 @@ pub struct AgentsConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub operation_models: Option<::std::collections::BTreeMap<String, String>>,
+    /// The agent's own heartbeat settings, over the gateway's scheduler.heartbeat defaults (designed). Replaced whole on update; heartbeat.update changes single members and re-plans the next tick at once.
+    #[serde(rename = "heartbeat", default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<HeartbeatConfig>,
 }
 /// Parameters of `agents.create`.
 ///
@@ -5879,7 +5882,7 @@ pub struct HeartbeatUpdateParams {
     /// The message the agent receives on each tick.
     #[serde(rename = "prompt", default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
-    /// Daily window in which ticks may run; null removes the window (always active).
+    /// Daily window in which scheduled ticks may run, replacing the stored one; a window whose start equals its end (00:00 to 00:00) is always active, which removes the restriction.
     #[serde(rename = "activeHours", default, skip_serializing_if = "Option::is_none")]
     pub active_hours: Option<HeartbeatActiveHours>,
     /// Model (<provider>/<modelId>) for heartbeat turns.

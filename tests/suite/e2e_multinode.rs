@@ -402,3 +402,79 @@ async fn postgres_stopped_and_restarted_under_a_running_gateway() {
     );
     gw.stop().await;
 }
+
+/// Twenty jobs due every second on two nodes sharing one database: every due time fires once
+/// (one run record and one agent turn each), both nodes fire, and when one node stops the other
+/// keeps firing its jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_fire_every_due_time_exactly_once() {
+    let url = crate::pg::database().await;
+    let cfg = format!("{}scheduler:\n  maxConcurrentRuns: 8\n", config());
+    let a = start_on(&url, &cfg).await;
+    let b = start_on(&url, &cfg).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let v = ok(
+            &a,
+            "cron.add",
+            json!({"name": format!("j{i}"), "message": "hello",
+                   "schedule": {"kind": "cron", "expr": "* * * * * *"}}),
+        )
+        .await;
+        ids.push(v["id"].as_str().unwrap().to_owned());
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for id in &ids {
+        ok(&a, "cron.update", json!({"name": id, "enabled": false})).await;
+    }
+    let db = sqlx::PgPool::connect(&url).await.unwrap();
+    // Let the fires already claimed end.
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let running: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM cron_runs WHERE status = 'running'")
+                .fetch_one(&db)
+                .await
+                .unwrap();
+        if running == 0 || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (records, turns, nodes): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM cron_runs WHERE status = 'ok'), \
+         (SELECT COUNT(*) FROM messages m JOIN sessions s ON s.session_key = m.session_key \
+          WHERE s.channel = 'cron' AND m.role = 'user'), \
+         (SELECT COUNT(DISTINCT node) FROM cron_runs)",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert!(
+        records >= 40,
+        "only {records} fires in 5 s of 20 jobs due every second"
+    );
+    assert_eq!(records, turns, "one agent turn per recorded fire");
+    assert_eq!(nodes, 2, "both nodes fired");
+    let errors: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cron_runs WHERE status <> 'ok'")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(errors, 0);
+    // Node A stops: B fires A's jobs on its own.
+    for id in &ids[..2] {
+        ok(&b, "cron.update", json!({"name": id, "enabled": true})).await;
+    }
+    a.stop().await;
+    let before = records;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (after, from_b): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(*) FILTER (WHERE ts > $1) FROM cron_runs WHERE status = 'ok'",
+    )
+    .bind(chrono::Utc::now().timestamp_millis() - 2_500)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert!(after > before && from_b > 0, "{before} -> {after}");
+    b.stop().await;
+}

@@ -319,7 +319,7 @@ async fn implemented_methods_answer_what_their_result_schemas_say() {
         stub["error"],
         json!({"code": -32004, "message": "Not implemented: browser.console"})
     );
-    assert_eq!(code(&gw.call(RPC, "cron.list", json!({})).await), -32004);
+    assert_eq!(code(&gw.call(RPC, "skills.list", json!({})).await), -32004);
     assert_eq!(
         code(&gw.call(ADMIN, "tool.invoke", json!({})).await),
         -32601

@@ -14,6 +14,7 @@ use crate::common::*;
 
 const MALLORY: &str = "mallory-secret-0123456789abcdefghijklmnopqrs";
 const ALICE_ID: &str = "client";
+const ALICE_JOB: &str = "alice-job";
 
 const CONFIG: &str = r#"    - {id: mallory, secret: mallory-secret-0123456789abcdefghijklmnopqrs, scopes: [rpc]}
   rateLimit: {windowMs: 60000, maxRequests: 100000}
@@ -57,6 +58,9 @@ async fn counts(db: &sqlx::SqlitePool) -> Vec<(String, i64)> {
         ("runs of unfinished status", "SELECT COUNT(*) FROM runs WHERE status IN ('queued', 'running')"),
         ("alice's memories", "SELECT COUNT(*) FROM memories WHERE tenant_id = 'client'"),
         ("all memories", "SELECT COUNT(*) FROM memories"),
+        ("alice's cron jobs", "SELECT COUNT(*) FROM cron_jobs WHERE owner = 'client'"),
+        ("alice's cron fires", "SELECT COUNT(*) FROM cron_runs WHERE owner = 'client'"),
+        ("cron fires running", "SELECT COUNT(*) FROM cron_runs WHERE status = 'running'"),
     ] {
         let n: i64 = sqlx::query_scalar(sql).fetch_one(db).await.unwrap();
         out.push((name.to_owned(), n));
@@ -180,6 +184,12 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
     );
     let alice_key = "agent:default:api:client:main";
     let run_id = finished_run(&gw).await;
+    let alice_job = json!({"name": ALICE_JOB, "message": "hello",
+                           "schedule": {"kind": "interval", "everyMs": 3_600_000}});
+    result(
+        &gw.call(RPC, "cron.add", alice_job.clone()).await,
+        "cron.add",
+    );
     let before = counts(&db).await;
     assert_eq!(before[3].1, 1, "alice has one run");
     assert_eq!(before[5].1, 1, "alice has one memory");
@@ -188,6 +198,7 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
         RecordKind::Session => alice_key.to_owned(),
         RecordKind::Run => run_id.clone(),
         RecordKind::Tenant => ALICE_ID.to_owned(),
+        RecordKind::CronJob => ALICE_JOB.to_owned(),
     };
     let mut checked = 0;
     for info in METHODS.iter().filter(|m| !m.internal) {
@@ -216,6 +227,24 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
             info.name
         );
         checked += 1;
+        // The owner's own call may have changed her job: put it back as it was, and let a
+        // fire it started end before anything is counted.
+        if info.name == "cron.remove" {
+            result(
+                &gw.call(RPC, "cron.add", alice_job.clone()).await,
+                "cron.add",
+            );
+        }
+        if info.name == "cron.run" {
+            let deadline = tokio::time::Instant::now() + STEP;
+            while counts(&db).await[9].1 > 0 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "alice's fire never ended"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         if rule.claim && rule.kind == RecordKind::Session {
             // A key that does not exist yet, in alice's namespace, cannot be claimed either.
             let fresh = "agent:default:api:client:not-yet";

@@ -18,6 +18,7 @@ mod e2e_multinode;
 mod e2e_process;
 mod e2e_restart;
 mod e2e_rpc;
+mod e2e_scheduler;
 mod e2e_tenancy;
 mod e2e_transfer;
 mod e2e_webhooks;

@@ -151,7 +151,10 @@ pub fn validate(s: &SchedulerConfig) -> Result<(), ConfigError> {
     for (key, v) in [
         ("scheduler.fireTimeoutMs", s.fire_timeout_ms),
         ("scheduler.maxJobsPerOwner", u64::from(s.max_jobs_per_owner)),
-        ("scheduler.runRetention.perJob", u64::from(s.run_retention.per_job)),
+        (
+            "scheduler.runRetention.perJob",
+            u64::from(s.run_retention.per_job),
+        ),
         (
             "scheduler.runRetention.maxAgeDays",
             u64::from(s.run_retention.max_age_days),

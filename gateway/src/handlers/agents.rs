@@ -41,6 +41,23 @@ impl Rpc {
     }
 }
 
+/// A heartbeat given with an agent's settings runs in a heartbeat session of that agent.
+fn check_heartbeat(id: &str, config: &AgentSettings) -> Result<(), GatewayError> {
+    if let Some(h) = &config.heartbeat {
+        crate::runtime::scheduler::beat::session_for(id, h)
+            .map_err(|e| GatewayError::InvalidParams(format!("config.heartbeat.{e}")))?;
+    }
+    Ok(())
+}
+
+/// Heartbeat ticks follow the agents' settings (best effort: the timer resynchronises at the
+/// next start too).
+async fn resync_heartbeats(engine: &std::sync::Arc<crate::runtime::engine::Engine>) {
+    if let Err(e) = engine.sync_heartbeats().await {
+        tracing::warn!(error = %e, "heartbeat schedules not synchronised");
+    }
+}
+
 impl AgentsApi for Rpc {
     async fn list(
         &self,
@@ -71,11 +88,13 @@ impl AgentsApi for Rpc {
         let engine = self.engine();
         let snap = engine.providers.snapshot();
         let config = p.config.map(AgentSettings::from).unwrap_or_default();
+        check_heartbeat(&p.agent_id, &config)?;
         let default_model = engine.default_chat_model();
         let agent = engine
             .agents
             .create(&p.agent_id, config, &snap, default_model.as_deref())
             .await?;
+        resync_heartbeats(engine).await;
         let dir = workspace_dir(&engine.data_dir, &agent.id);
         if let Err(e) = std::fs::create_dir_all(&dir) {
             tracing::warn!(agent = %agent.id, error = %e, "workspace directory not created");
@@ -95,10 +114,15 @@ impl AgentsApi for Rpc {
     ) -> Result<AgentsUpdateResult, GatewayError> {
         let engine = self.engine();
         let snap = engine.providers.snapshot();
+        let change: AgentSettings = p.config.into();
+        check_heartbeat(&p.agent_id, &change)?;
         let agent = engine
             .agents
-            .update(&p.agent_id, p.config.into(), &snap, p.dry_run)
+            .update(&p.agent_id, change, &snap, p.dry_run)
             .await?;
+        if !p.dry_run {
+            resync_heartbeats(engine).await;
+        }
         Ok(AgentsUpdateResult {
             agent_id: p.agent_id,
             updated: !p.dry_run,

@@ -14,10 +14,20 @@ use crate::rpc::CallContext;
 use crate::runtime::scheduler::jobs::{fire_to_wire, job_to_wire};
 
 impl CronApi for Rpc {
-    async fn add(&self, ctx: &CallContext, p: CronAddParams) -> Result<CronAddResult, GatewayError> {
+    async fn add(
+        &self,
+        ctx: &CallContext,
+        p: CronAddParams,
+    ) -> Result<CronAddResult, GatewayError> {
         let job = self
             .engine()
-            .cron_add(&ctx.client_id, &p.name, &p.message, p.agent_id.as_deref(), &p.schedule)
+            .cron_add(
+                &ctx.client_id,
+                &p.name,
+                &p.message,
+                p.agent_id.as_deref(),
+                &p.schedule,
+            )
             .await?;
         Ok(CronAddResult {
             id: job.job_id.clone(),
@@ -26,16 +36,26 @@ impl CronApi for Rpc {
         })
     }
 
-    async fn list(&self, ctx: &CallContext, _p: CronListParams) -> Result<CronListResult, GatewayError> {
+    async fn list(
+        &self,
+        ctx: &CallContext,
+        _p: CronListParams,
+    ) -> Result<CronListResult, GatewayError> {
         let jobs = self.engine().store.cron_list(ctx.tenant()).await?;
         Ok(CronListResult {
             jobs: jobs.iter().map(job_to_wire).collect::<Result<_, _>>()?,
         })
     }
 
-    async fn remove(&self, ctx: &CallContext, p: CronRemoveParams) -> Result<CronRemoveResult, GatewayError> {
+    async fn remove(
+        &self,
+        ctx: &CallContext,
+        p: CronRemoveParams,
+    ) -> Result<CronRemoveResult, GatewayError> {
         let engine = self.engine();
-        let job = engine.cron_require(ctx.tenant(), &ctx.client_id, &p.name).await?;
+        let job = engine
+            .cron_require(ctx.tenant(), &ctx.client_id, &p.name)
+            .await?;
         engine.cron_remove(&job).await?;
         Ok(CronRemoveResult {
             name: job.name,
@@ -44,7 +64,11 @@ impl CronApi for Rpc {
         })
     }
 
-    async fn run(&self, ctx: &CallContext, p: CronRunParams) -> Result<CronRunResult, GatewayError> {
+    async fn run(
+        &self,
+        ctx: &CallContext,
+        p: CronRunParams,
+    ) -> Result<CronRunResult, GatewayError> {
         let engine = self.engine();
         match p.mode {
             CronRunParamsMode::Force => {
@@ -53,7 +77,9 @@ impl CronApi for Rpc {
                         "name: required with mode force".into(),
                     ));
                 };
-                let job = engine.cron_require(ctx.tenant(), &ctx.client_id, &name).await?;
+                let job = engine
+                    .cron_require(ctx.tenant(), &ctx.client_id, &name)
+                    .await?;
                 let job_name = job.name.clone();
                 engine.cron_force(job).await?;
                 Ok(CronRunResult {
@@ -75,11 +101,19 @@ impl CronApi for Rpc {
         }
     }
 
-    async fn runs(&self, ctx: &CallContext, p: CronRunsParams) -> Result<CronRunsResult, GatewayError> {
+    async fn runs(
+        &self,
+        ctx: &CallContext,
+        p: CronRunsParams,
+    ) -> Result<CronRunsResult, GatewayError> {
         let engine = self.engine();
         // Admin naming a job that exists reads that job's runs (by its id); otherwise the
         // runs recorded under the name (a removed job's too).
-        let key = match engine.store.cron_job(ctx.tenant(), &ctx.client_id, &p.job_name).await {
+        let key = match engine
+            .store
+            .cron_job(ctx.tenant(), &ctx.client_id, &p.job_name)
+            .await
+        {
             Ok(Some(job)) if ctx.tenant().is_any() => job.job_id,
             Ok(_) | Err(GatewayError::Conflict(_)) => p.job_name.clone(),
             Err(e) => return Err(e),
@@ -88,7 +122,15 @@ impl CronApi for Rpc {
             .store
             .cron_runs(ctx.tenant(), &key, p.agent_id.as_deref(), p.limit)
             .await?;
-        if runs.is_empty() && engine.store.cron_job(ctx.tenant(), &ctx.client_id, &p.job_name).await.ok().flatten().is_none() {
+        if runs.is_empty()
+            && engine
+                .store
+                .cron_job(ctx.tenant(), &ctx.client_id, &p.job_name)
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+        {
             return Err(GatewayError::NotFound(format!(
                 "Cron job not found: {}",
                 p.job_name
@@ -99,7 +141,11 @@ impl CronApi for Rpc {
         })
     }
 
-    async fn status(&self, ctx: &CallContext, p: CronStatusParams) -> Result<CronStatusResult, GatewayError> {
+    async fn status(
+        &self,
+        ctx: &CallContext,
+        p: CronStatusParams,
+    ) -> Result<CronStatusResult, GatewayError> {
         let job = self
             .engine()
             .cron_require(ctx.tenant(), &ctx.client_id, &p.name)
@@ -107,9 +153,15 @@ impl CronApi for Rpc {
         job_to_wire(&job)
     }
 
-    async fn update(&self, ctx: &CallContext, p: CronUpdateParams) -> Result<CronUpdateResult, GatewayError> {
+    async fn update(
+        &self,
+        ctx: &CallContext,
+        p: CronUpdateParams,
+    ) -> Result<CronUpdateResult, GatewayError> {
         let engine = self.engine();
-        let job = engine.cron_require(ctx.tenant(), &ctx.client_id, &p.name).await?;
+        let job = engine
+            .cron_require(ctx.tenant(), &ctx.client_id, &p.name)
+            .await?;
         let (updated, job) = engine.cron_update(job, &p).await?;
         Ok(CronUpdateResult {
             id: job.job_id.clone(),

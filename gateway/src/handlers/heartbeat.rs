@@ -12,7 +12,11 @@ use crate::rpc::CallContext;
 use crate::runtime::domain::HeartbeatSettings;
 
 impl HeartbeatApi for Rpc {
-    async fn get(&self, _ctx: &CallContext, p: HeartbeatGetParams) -> Result<HeartbeatGetResult, GatewayError> {
+    async fn get(
+        &self,
+        _ctx: &CallContext,
+        p: HeartbeatGetParams,
+    ) -> Result<HeartbeatGetResult, GatewayError> {
         let engine = self.engine();
         let agent = self.agent_or_default(p.agent_id.as_deref())?;
         Ok(HeartbeatGetResult {
@@ -22,13 +26,21 @@ impl HeartbeatApi for Rpc {
         })
     }
 
-    async fn states(&self, _ctx: &CallContext, _p: HeartbeatStatesParams) -> Result<HeartbeatStatesResult, GatewayError> {
+    async fn states(
+        &self,
+        _ctx: &CallContext,
+        _p: HeartbeatStatesParams,
+    ) -> Result<HeartbeatStatesResult, GatewayError> {
         Ok(HeartbeatStatesResult {
             agents: self.engine().heartbeat_states().await?,
         })
     }
 
-    async fn trigger(&self, _ctx: &CallContext, p: HeartbeatTriggerParams) -> Result<HeartbeatTriggerResult, GatewayError> {
+    async fn trigger(
+        &self,
+        _ctx: &CallContext,
+        p: HeartbeatTriggerParams,
+    ) -> Result<HeartbeatTriggerResult, GatewayError> {
         let agent = self.agent_or_default(p.agent_id.as_deref())?.id.clone();
         let triggered = self
             .engine()
@@ -41,7 +53,11 @@ impl HeartbeatApi for Rpc {
         })
     }
 
-    async fn update(&self, _ctx: &CallContext, p: HeartbeatUpdateParams) -> Result<HeartbeatUpdateResult, GatewayError> {
+    async fn update(
+        &self,
+        _ctx: &CallContext,
+        p: HeartbeatUpdateParams,
+    ) -> Result<HeartbeatUpdateResult, GatewayError> {
         let agent = self.agent_or_default(p.agent_id.as_deref())?.id.clone();
         let change = HeartbeatSettings::from(HeartbeatConfig {
             enabled: p.enabled,

@@ -63,8 +63,7 @@ pub struct AgentSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub operation_models: Option<BTreeMap<String, String>>,
-    /// The agent's own heartbeat settings (over `scheduler.heartbeat`); not part of the
-    /// agents.* wire config: heartbeat.get/update read and write it.
+    /// The agent's own heartbeat settings (over `scheduler.heartbeat`).
     #[serde(rename = "heartbeat", default, skip_serializing_if = "Option::is_none")]
     pub heartbeat: Option<HeartbeatSettings>,
 }
@@ -77,13 +76,21 @@ pub struct HeartbeatSettings {
     #[serde(rename = "enabled", default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Time between ticks in milliseconds.
-    #[serde(rename = "intervalMs", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "intervalMs",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub interval_ms: Option<i64>,
     /// The message of each tick.
     #[serde(rename = "prompt", default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
     /// The daily window in which scheduled ticks may run.
-    #[serde(rename = "activeHours", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "activeHours",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub active_hours: Option<ActiveHoursSettings>,
     /// Model for heartbeat turns.
     #[serde(rename = "model", default, skip_serializing_if = "Option::is_none")]
@@ -95,16 +102,28 @@ pub struct HeartbeatSettings {
     #[serde(rename = "showOk", default, skip_serializing_if = "Option::is_none")]
     pub show_ok: Option<bool>,
     /// Publish alerts.
-    #[serde(rename = "showAlerts", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "showAlerts",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub show_alerts: Option<bool>,
     /// Allow delivery to a direct-message conversation.
     #[serde(rename = "allowDm", default, skip_serializing_if = "Option::is_none")]
     pub allow_dm: Option<bool>,
     /// Reduced context for heartbeat turns.
-    #[serde(rename = "lightContext", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "lightContext",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub light_context: Option<bool>,
     /// Characters besides HEARTBEAT_OK a reply may have and still be an acknowledgement.
-    #[serde(rename = "ackMaxChars", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "ackMaxChars",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub ack_max_chars: Option<i64>,
     /// Text put before every delivered message.
     #[serde(
@@ -152,10 +171,18 @@ pub struct HeartbeatSettings {
     )]
     pub target_channel_id: Option<String>,
     /// Delivery target: chat id.
-    #[serde(rename = "targetChatId", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "targetChatId",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub target_chat_id: Option<String>,
     /// Delivery target: whether the chat is a direct message.
-    #[serde(rename = "targetIsDm", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "targetIsDm",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub target_is_dm: Option<bool>,
 }
 
@@ -328,6 +355,8 @@ pub const CATALOGUE_TYPES: &[(&str, &str)] = &[
     ("ScriptToolCall", "ScriptedToolCall"),
     ("ScriptFailure", "ScriptedError"),
     ("ScriptUsage", "ScriptedUsage"),
+    ("HeartbeatSettings", "HeartbeatConfig"),
+    ("ActiveHoursSettings", "HeartbeatActiveHours"),
 ];
 
 /// Members of a domain type whose catalogue namesake was renamed: (our definition, our
@@ -362,6 +391,7 @@ impl From<wire::AgentsConfig> for AgentSettings {
             tools,
             fallback_models,
             operation_models,
+            heartbeat,
         } = w;
         Self {
             name,
@@ -373,7 +403,7 @@ impl From<wire::AgentsConfig> for AgentSettings {
             tools,
             fallback_models,
             operation_models,
-            heartbeat: None,
+            heartbeat: heartbeat.map(HeartbeatSettings::from),
         }
     }
 }
@@ -390,7 +420,7 @@ impl From<AgentSettings> for wire::AgentsConfig {
             tools,
             fallback_models,
             operation_models,
-            heartbeat: _,
+            heartbeat,
         } = d;
         Self {
             name,
@@ -402,6 +432,7 @@ impl From<AgentSettings> for wire::AgentsConfig {
             tools,
             fallback_models,
             operation_models,
+            heartbeat: heartbeat.map(wire::HeartbeatConfig::from),
         }
     }
 }
@@ -616,6 +647,83 @@ impl From<ScriptUsage> for wire::ScriptedUsage {
     }
 }
 
+/// Every member of the two heartbeat types, in one list: the conversions below are written
+/// once and cannot miss a member (a member added on either side fails to compile).
+macro_rules! heartbeat_members {
+    ($from:ident, $to:ident, $w:ident, $hours:expr) => {{
+        let $from {
+            enabled,
+            interval_ms,
+            prompt,
+            active_hours,
+            model,
+            session,
+            show_ok,
+            show_alerts,
+            allow_dm,
+            light_context,
+            ack_max_chars,
+            response_prefix,
+            skip_heartbeat_only_delivery,
+            alert_threshold,
+            alert_cooldown_ms,
+            stale_ms,
+            target_channel_type,
+            target_channel_id,
+            target_chat_id,
+            target_is_dm,
+        } = $w;
+        $to {
+            enabled,
+            interval_ms,
+            prompt,
+            active_hours: active_hours.map($hours),
+            model,
+            session,
+            show_ok,
+            show_alerts,
+            allow_dm,
+            light_context,
+            ack_max_chars,
+            response_prefix,
+            skip_heartbeat_only_delivery,
+            alert_threshold,
+            alert_cooldown_ms,
+            stale_ms,
+            target_channel_type,
+            target_channel_id,
+            target_chat_id,
+            target_is_dm,
+        }
+    }};
+}
+
+impl From<wire::HeartbeatConfig> for HeartbeatSettings {
+    fn from(w: wire::HeartbeatConfig) -> Self {
+        use wire::HeartbeatConfig as W;
+        heartbeat_members!(W, HeartbeatSettings, w, |h: wire::HeartbeatActiveHours| {
+            ActiveHoursSettings {
+                start: h.start,
+                end: h.end,
+                tz: h.tz,
+            }
+        })
+    }
+}
+
+impl From<HeartbeatSettings> for wire::HeartbeatConfig {
+    fn from(d: HeartbeatSettings) -> Self {
+        use wire::HeartbeatConfig as W;
+        heartbeat_members!(HeartbeatSettings, W, d, |h: ActiveHoursSettings| {
+            wire::HeartbeatActiveHours {
+                start: h.start,
+                end: h.end,
+                tz: h.tz,
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -725,6 +833,8 @@ agents:
             tools: Some(vec!["clock".into()]),
             fallback_models: Some(vec!["demo/other".into()]),
             operation_models: Some(BTreeMap::from([("summarize".into(), "demo/echo".into())])),
+            // Added later, optional and skipped when absent: the stored format is unchanged.
+            heartbeat: None,
         }
     }
 
@@ -832,82 +942,5 @@ agents:
             crate::runtime::providers_registry::seed_hash(a),
             AGENT_SEED_HASH
         );
-    }
-}
-
-/// Every member of the two heartbeat types, in one list: the conversions below are written
-/// once and cannot miss a member (a member added on either side fails to compile).
-macro_rules! heartbeat_members {
-    ($from:ident, $to:ident, $w:ident, $hours:expr) => {{
-        let $from {
-            enabled,
-            interval_ms,
-            prompt,
-            active_hours,
-            model,
-            session,
-            show_ok,
-            show_alerts,
-            allow_dm,
-            light_context,
-            ack_max_chars,
-            response_prefix,
-            skip_heartbeat_only_delivery,
-            alert_threshold,
-            alert_cooldown_ms,
-            stale_ms,
-            target_channel_type,
-            target_channel_id,
-            target_chat_id,
-            target_is_dm,
-        } = $w;
-        $to {
-            enabled,
-            interval_ms,
-            prompt,
-            active_hours: active_hours.map($hours),
-            model,
-            session,
-            show_ok,
-            show_alerts,
-            allow_dm,
-            light_context,
-            ack_max_chars,
-            response_prefix,
-            skip_heartbeat_only_delivery,
-            alert_threshold,
-            alert_cooldown_ms,
-            stale_ms,
-            target_channel_type,
-            target_channel_id,
-            target_chat_id,
-            target_is_dm,
-        }
-    }};
-}
-
-impl From<wire::HeartbeatConfig> for HeartbeatSettings {
-    fn from(w: wire::HeartbeatConfig) -> Self {
-        use wire::HeartbeatConfig as W;
-        heartbeat_members!(W, HeartbeatSettings, w, |h: wire::HeartbeatActiveHours| {
-            ActiveHoursSettings {
-                start: h.start,
-                end: h.end,
-                tz: h.tz,
-            }
-        })
-    }
-}
-
-impl From<HeartbeatSettings> for wire::HeartbeatConfig {
-    fn from(d: HeartbeatSettings) -> Self {
-        use wire::HeartbeatConfig as W;
-        heartbeat_members!(HeartbeatSettings, W, d, |h: ActiveHoursSettings| {
-            wire::HeartbeatActiveHours {
-                start: h.start,
-                end: h.end,
-                tz: h.tz,
-            }
-        })
     }
 }

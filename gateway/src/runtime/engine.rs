@@ -174,7 +174,9 @@ impl Engine {
                     "runs left unfinished by the previous process are marked orphaned"
                 );
             }
-            let released = store.scheduler_release_dead(now, store.live_since()).await?;
+            let released = store
+                .scheduler_release_dead(now, store.live_since())
+                .await?;
             if released > 0 {
                 tracing::warn!(
                     released,
@@ -307,17 +309,6 @@ async fn seed(
             &format!("agents.{id}"),
         )?;
         if let Some(h) = &cfg.heartbeat {
-            // The agents.* wire config has no heartbeat: it is judged as heartbeat.update's.
-            let mut params = serde_json::to_value(wire::HeartbeatConfig::from(h.clone()))
-                .map_err(|e| GatewayError::Internal(e.to_string()))?;
-            if let Some(o) = params.as_object_mut() {
-                o.insert("agentId".into(), serde_json::Value::from(id.as_str()));
-            }
-            check_entry::<crate::rpc::generated::types::HeartbeatUpdateParams>(
-                MethodId::HeartbeatUpdate,
-                params,
-                &format!("agents.{id}.heartbeat"),
-            )?;
             crate::runtime::scheduler::beat::session_for(id, h)
                 .map_err(|e| GatewayError::InvalidParams(format!("agents.{id}.heartbeat.{e}")))?;
         }

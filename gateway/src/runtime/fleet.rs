@@ -83,7 +83,10 @@ async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Durati
         match store.scheduler_release_dead(now, store.live_since()).await {
             Ok(0) => {}
             Ok(n) => {
-                tracing::warn!(released = n, "cron fires of a node that stopped are released");
+                tracing::warn!(
+                    released = n,
+                    "cron fires of a node that stopped are released"
+                );
                 crate::runtime::scheduler::rearm(&engine.control);
             }
             Err(e) => tracing::warn!(error = %e, "scheduler sweep failed"),

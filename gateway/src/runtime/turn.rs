@@ -290,7 +290,11 @@ impl Engine {
             // The key was authorized for its owner; a row stored under it for another owner
             // (written before ownership rules existed) is never continued.
             let reach = Tenant::owner(&s.tenant_id);
-            let exists = match self.store.lookup(RecordKind::Session, &s.key, &reach).await? {
+            let exists = match self
+                .store
+                .lookup(RecordKind::Session, &s.key, &reach)
+                .await?
+            {
                 Lookup::Exists(owner) if owner.as_deref() == Some(s.tenant_id.as_str()) => true,
                 Lookup::Exists(_) => {
                     return Err(GatewayError::NotFound(format!(

@@ -43,6 +43,8 @@ both!(
     usage_batches_and_figures,
     runs_claims_and_sweeps,
     webhook_deliveries,
+    cron_claims_finish_and_release,
+    heartbeat_coalescer,
 );
 
 fn all() -> Tenant {
@@ -492,4 +494,277 @@ async fn webhook_deliveries(s: Store) {
     let mut got = [x.unwrap(), y.unwrap()];
     got.sort_by_key(|d| *d == Delivery::Repeat);
     assert_eq!(got, [Delivery::First, Delivery::Repeat]);
+}
+
+fn job(id: &str, owner: &str, name: &str, due: i64) -> super::scheduler::JobRow {
+    super::scheduler::JobRow {
+        job_id: id.into(),
+        owner: owner.into(),
+        name: name.into(),
+        agent_id: "bot".into(),
+        message: "m".into(),
+        kind: "interval".into(),
+        schedule: r#"{"kind":"interval","everyMs":1000}"#.into(),
+        anchor_at: 0,
+        enabled: true,
+        next_due_at: Some(due),
+        created_at: 1,
+        updated_at: 1,
+        ..Default::default()
+    }
+}
+
+async fn cron_claims_finish_and_release(s: Store) {
+    use super::scheduler::{ClaimKind, FireOutcome};
+    let a = s.clone().for_node("node-a".into());
+    let b = s.clone().for_node("node-b".into());
+    a.cron_insert(&job("job_1", "alice", "daily", 1000), 10)
+        .await
+        .unwrap();
+    // Names are unique per owner, not across owners; the owner's job count is bounded.
+    let dup = a
+        .cron_insert(&job("job_2", "alice", "daily", 1000), 10)
+        .await;
+    assert!(
+        matches!(dup, Err(crate::error::GatewayError::Conflict(_))),
+        "{dup:?}"
+    );
+    a.cron_insert(&job("job_3", "bob", "daily", 5000), 10)
+        .await
+        .unwrap();
+    let full = a.cron_insert(&job("job_4", "bob", "other", 5000), 1).await;
+    assert!(
+        matches!(full, Err(crate::error::GatewayError::Conflict(_))),
+        "{full:?}"
+    );
+    assert_eq!(s.cron_earliest().await.unwrap(), Some(1000));
+    assert_eq!(s.cron_list(&only("alice")).await.unwrap().len(), 1);
+    assert_eq!(s.cron_list(&all()).await.unwrap().len(), 2);
+    // Admin names a job by name (several owners: -32002 unless one is the admin's) or id.
+    let several = s.cron_job(&all(), "root", "daily").await;
+    assert!(matches!(
+        several,
+        Err(crate::error::GatewayError::Conflict(_))
+    ));
+    assert_eq!(
+        s.cron_job(&all(), "bob", "daily")
+            .await
+            .unwrap()
+            .unwrap()
+            .job_id,
+        "job_3"
+    );
+    assert_eq!(
+        s.cron_job(&all(), "root", "job_1")
+            .await
+            .unwrap()
+            .unwrap()
+            .owner,
+        "alice"
+    );
+    assert!(s
+        .cron_job(&only("bob"), "bob", "job_1")
+        .await
+        .unwrap()
+        .is_none());
+
+    // Two nodes claim the same due time: exactly one wins.
+    let j = s
+        .cron_job(&only("alice"), "alice", "daily")
+        .await
+        .unwrap()
+        .unwrap();
+    let claim = ClaimKind::Scheduled {
+        due: 1000,
+        next: Some(2000),
+    };
+    let (ra, rb) = tokio::join!(
+        a.cron_claim(&j, claim, "schedule", 1001),
+        b.cron_claim(&j, claim, "schedule", 1001)
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert!(ra.is_some() != rb.is_some(), "{ra:?} {rb:?}");
+    let won = ra.or(rb).unwrap();
+    assert_eq!(won.due_at, 1000);
+    // Firing: neither a second scheduled claim nor a force.
+    assert!(a
+        .cron_claim(&j, ClaimKind::Manual, "force", 1002)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        s.cron_due(5000, None, 10).await.unwrap().len(),
+        1,
+        "only bob's is claimable"
+    );
+    // A stale finish (an older fencing token) does not release the job; the right one does.
+    let stale = super::scheduler::Claimed {
+        fire_seq: won.fire_seq - 1,
+        ..won
+    };
+    let ok = FireOutcome {
+        status: "ok",
+        duration_ms: 5,
+        ..Default::default()
+    };
+    a.cron_finish("job_1", stale, &ok, 200).await.unwrap();
+    assert!(s
+        .cron_job(&only("alice"), "alice", "daily")
+        .await
+        .unwrap()
+        .unwrap()
+        .running_since
+        .is_some());
+    a.cron_finish("job_1", won, &ok, 200).await.unwrap();
+    let after = s
+        .cron_job(&only("alice"), "alice", "daily")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((after.running_since, after.next_due_at), (None, Some(2000)));
+    assert_eq!(after.last_status.as_deref(), Some("ok"));
+    // The same due time never fires twice, even through a forced record of that instant.
+    let again = ClaimKind::Scheduled {
+        due: 1000,
+        next: Some(2000),
+    };
+    assert!(a
+        .cron_claim(&after, again, "schedule", 1003)
+        .await
+        .unwrap()
+        .is_none());
+
+    // A node that stops mid-fire: its claim is released and its record ends as an error.
+    let c = a
+        .cron_claim(
+            &after,
+            ClaimKind::Scheduled {
+                due: 2000,
+                next: Some(3000),
+            },
+            "schedule",
+            2001,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.due_at, 2000);
+    assert_eq!(
+        b.scheduler_release_dead(2500, None).await.unwrap(),
+        1,
+        "on one node, only b is alive"
+    );
+    let fires = s.cron_fires_of("job_1").await.unwrap();
+    assert_eq!(fires.len(), 2);
+    assert_eq!(fires[1].status, "error");
+    assert_eq!(fires[1].error.as_deref(), Some(super::scheduler::STOPPED));
+    assert_eq!(fires[1].duration_ms, Some(499));
+    // Finished fires are listed newest first; retention keeps the newest per job.
+    let listed = s
+        .cron_runs(&only("alice"), "daily", None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.iter().map(|f| f.due_at).collect::<Vec<_>>(),
+        [2000, 1000]
+    );
+    assert!(s
+        .cron_runs(&only("bob"), "daily", None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let j = s
+        .cron_job(&only("alice"), "alice", "daily")
+        .await
+        .unwrap()
+        .unwrap();
+    let c = a
+        .cron_claim(&j, ClaimKind::Manual, "force", 2600)
+        .await
+        .unwrap()
+        .unwrap();
+    a.cron_finish("job_1", c, &ok, 2).await.unwrap();
+    assert_eq!(
+        s.cron_fires_of("job_1").await.unwrap().len(),
+        2,
+        "kept the newest 2"
+    );
+    // Removing the job keeps its runs.
+    assert!(a.cron_delete("job_1").await.unwrap());
+    assert_eq!(
+        s.cron_runs(&only("alice"), "daily", None, 10)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(s.cron_prune(10_000).await.unwrap(), 2);
+}
+
+async fn heartbeat_coalescer(s: Store) {
+    let a = s.clone().for_node("node-a".into());
+    // Wake, wake again (folded), claim, wake while running (queued), wake (folded).
+    assert!(a.beat_wake("bot", "one", false, 100).await.unwrap());
+    assert!(!a.beat_wake("bot", "two", false, 101).await.unwrap());
+    a.beat_event("bot", "webhook:x", "event 1", 102)
+        .await
+        .unwrap();
+    let row = a.beat("bot").await.unwrap().unwrap();
+    assert_eq!(row.due(), Some(100));
+    let claim = a.beat_claim(&row, None, 110).await.unwrap().unwrap();
+    assert_eq!(claim.sources, ["one"]);
+    assert_eq!(
+        claim.events,
+        [("webhook:x".to_owned(), "event 1".to_owned())]
+    );
+    // The row as read before the claim can no longer be claimed.
+    assert!(a.beat_claim(&row, None, 111).await.unwrap().is_none());
+    assert!(a.beat_wake("bot", "three", false, 112).await.unwrap());
+    assert!(!a.beat_wake("bot", "four", false, 113).await.unwrap());
+    let running = a.beat("bot").await.unwrap().unwrap();
+    assert_eq!(running.due(), None, "not claimable while running");
+    let failed = super::scheduler::BeatFinish {
+        consecutive_errors: 1,
+        backoff_until: Some(10_000),
+        last_error_kind: Some("transient".into()),
+        ..Default::default()
+    };
+    a.beat_finish("bot", claim.tick_seq, &failed, 120)
+        .await
+        .unwrap();
+    let row = a.beat("bot").await.unwrap().unwrap();
+    assert_eq!(
+        row.due(),
+        Some(10_000),
+        "the queued wake waits out the backoff"
+    );
+    // A trigger bypasses the backoff, but one is queued already.
+    assert!(!a.beat_wake("bot", "trigger", true, 130).await.unwrap());
+    // Events are bounded per agent.
+    for i in 0..(super::scheduler::MAX_EVENTS + 5) {
+        a.beat_event("bot", "s", &format!("e{i}"), 200 + i)
+            .await
+            .unwrap();
+    }
+    let claim = a
+        .beat_claim(&row, Some(50_000), 20_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claim.events.len() as i64, super::scheduler::MAX_EVENTS);
+    assert_eq!(claim.events[0].1, "e5");
+    // Scheduled ticks: a schedule change clears a permanent stop.
+    a.beat_schedule("bot", Some(60_000), true, 20_001)
+        .await
+        .unwrap();
+    let row = a.beat("bot").await.unwrap().unwrap();
+    assert_eq!(row.next_due_at, Some(60_000));
+    assert!(row.running_since.is_some());
+    assert_eq!(s.scheduler_release_dead(30_000, None).await.unwrap(), 0);
+    let row = a.beat("bot").await.unwrap().unwrap();
+    assert!(
+        row.running_since.is_none(),
+        "a dead node's tick is released"
+    );
+    assert_eq!(row.due(), Some(60_000));
 }

@@ -557,7 +557,7 @@ impl Store {
             tx.commit().await?;
             // Retention: the newest `keep_per_job` finished records of the job.
             sqlx::query(
-                "DELETE FROM cron_runs WHERE job_id = $1 AND status <> 'running' AND id < \
+                "DELETE FROM cron_runs WHERE job_id = $1 AND status <> 'running' AND id <= \
                  (SELECT id FROM cron_runs WHERE job_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $2)",
             )
             .bind(job_id)
@@ -800,7 +800,7 @@ impl Store {
             let mut tx = p.begin().await?;
             let won: Option<(i64, Option<String>)> = sqlx::query_as(
                 "UPDATE heartbeat_state SET running_since = $1, running_node = $2, \
-                 tick_seq = tick_seq + 1, wake_at = NULL, wake_sources = NULL, bypass_backoff = 0, \
+                 tick_seq = tick_seq + 1, wake_at = NULL, bypass_backoff = 0, \
                  next_due_at = $3, updated_at = $1 \
                  WHERE agent_id = $4 AND running_since IS NULL AND tick_seq = $5 \
                  AND (next_due_at = $6 OR (next_due_at IS NULL AND $6 IS NULL)) \
@@ -817,6 +817,11 @@ impl Store {
             let Some((tick_seq, sources)) = won else {
                 return Ok(None);
             };
+            // RETURNING gives the values after the update: the sources are cleared second.
+            sqlx::query("UPDATE heartbeat_state SET wake_sources = NULL WHERE agent_id = $1")
+                .bind(&seen.agent_id)
+                .execute(&mut *tx)
+                .await?;
             let events: Vec<(i64, String, String)> = sqlx::query_as(
                 "SELECT id, source, text FROM heartbeat_events WHERE agent_id = $1 ORDER BY id",
             )
@@ -850,7 +855,8 @@ impl Store {
         f: &BeatFinish,
         now: i64,
     ) -> Result<(), GatewayError> {
-        on_pool!(self.pool(), |p| sqlx::query(
+        on_pool!(self.pool(), |p| {
+            sqlx::query(
             "UPDATE heartbeat_state SET running_since = NULL, running_node = NULL, last_run_at = $1, \
              consecutive_errors = $2, backoff_until = $3, last_alert_at = $4, last_error_kind = $5, \
              last_error = $6, updated_at = $1, \
@@ -868,7 +874,8 @@ impl Store {
         .bind(tick_seq)
         .execute(p)
         .await
-        .map(drop))?;
+        .map(drop)
+        })?;
         Ok(())
     }
 }

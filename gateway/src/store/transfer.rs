@@ -1102,6 +1102,31 @@ mod tests {
             .await
             .unwrap();
         s.agent_set_suspended("bot", true).await.unwrap();
+        let job = crate::store::scheduler::JobRow {
+            job_id: "job_1".into(),
+            owner: "alice".into(),
+            name: "daily".into(),
+            agent_id: "bot".into(),
+            message: "report\u{0}".into(),
+            kind: "interval".into(),
+            schedule: r#"{"kind":"interval","everyMs":1000}"#.into(),
+            enabled: true,
+            next_due_at: Some(1000),
+            created_at: 1,
+            updated_at: 1,
+            ..Default::default()
+        };
+        s.cron_insert(&job, 10).await.unwrap();
+        let claim = crate::store::scheduler::ClaimKind::Scheduled {
+            due: 1000,
+            next: Some(2000),
+        };
+        s.cron_claim(&job, claim, "schedule", 1001)
+            .await
+            .unwrap()
+            .unwrap();
+        s.beat_event("bot", "webhook:x", "event", 5).await.unwrap();
+        s.beat_wake("bot", "trigger", true, 6).await.unwrap();
         for (key, tenant) in [("b", "alice"), ("B", "bob"), ("a:z", "alice")] {
             s.session_ensure(&NewSession {
                 key,
@@ -1219,8 +1244,9 @@ mod tests {
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(
             TABLES.iter().map(|t| rows(t.name)).collect::<Vec<_>>(),
-            [2, 1, 3, 4, 1, 2, 1, 3, 1],
-            "providers agents sessions messages notes memories runs usage deliveries"
+            [2, 1, 3, 4, 1, 2, 1, 3, 1, 1, 1, 1, 1],
+            "providers agents sessions messages notes memories runs usage deliveries \
+             cron_jobs cron_runs heartbeat_state heartbeat_events"
         );
         assert_eq!(lines.len() as u64, summary.total_rows() + 2);
         assert!(lines[1].starts_with(r#"{"t":"providers","r":{"id":"p-B","kind":"openai""#));
@@ -1574,11 +1600,11 @@ mod tests {
         for (header, says) in [
             (
                 r#"{"format":"agent-gateway-store","version":1,"schema":4}"#,
-                "schema version 4 and this build is at version 5: migrate first",
+                "schema version 4 and this build is at version 6: migrate first",
             ),
             (
-                r#"{"format":"agent-gateway-store","version":1,"schema":6}"#,
-                "schema version 6, newer than this build's 5",
+                r#"{"format":"agent-gateway-store","version":1,"schema":7}"#,
+                "schema version 7, newer than this build's 6",
             ),
             (
                 r#"{"format":"agent-gateway-store","version":2,"schema":5}"#,

@@ -418,6 +418,10 @@ export interface AgentsConfig {
    * Model (<provider>/<modelId>) per operation other than chat - summarize (session.compact) and embed (memory search); an operation not listed uses the default. Replaced whole on update.
    */
   "operationModels"?: Record<string, string>;
+  /**
+   * The agent's own heartbeat settings, over the gateway's scheduler.heartbeat defaults (designed). Replaced whole on update; heartbeat.update changes single members and re-plans the next tick at once.
+   */
+  "heartbeat"?: HeartbeatConfig;
 }
 
 /**
@@ -3910,9 +3914,9 @@ export interface HeartbeatUpdateParams {
    */
   "prompt"?: string;
   /**
-   * Daily window in which ticks may run; null removes the window (always active).
+   * Daily window in which scheduled ticks may run, replacing the stored one; a window whose start equals its end (00:00 to 00:00) is always active, which removes the restriction.
    */
-  "activeHours"?: HeartbeatActiveHours | null;
+  "activeHours"?: HeartbeatActiveHours;
   /**
    * Model (<provider>/<modelId>) for heartbeat turns.
    */

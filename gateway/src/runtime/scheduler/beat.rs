@@ -15,6 +15,7 @@ use serde_json::json;
 use crate::auth::Principal;
 use crate::config::scheduler::HEARTBEAT_PROMPT;
 use crate::error::GatewayError;
+use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types as wire;
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::domain::HeartbeatSettings;
@@ -24,7 +25,6 @@ use crate::runtime::runs::RunSpec;
 use crate::runtime::scheduler::schedule::ActiveHours;
 use crate::runtime::scheduler::{FireSlots, Slot};
 use crate::runtime::sessions::SessionIdent;
-use crate::rpc::generated::methods::Scope;
 use crate::scopes::Scopes;
 use crate::store::now_ms;
 use crate::store::scheduler::{BeatClaim, BeatFinish, BeatRow};
@@ -46,7 +46,10 @@ const FIRST_BACKOFF_MS: i64 = 30_000;
 
 /// The settings in force for one agent: its own over `scheduler.heartbeat`, over the built-in
 /// defaults. Every member the catalogue calls always present is set.
-pub fn effective(defaults: &HeartbeatSettings, own: Option<&HeartbeatSettings>) -> HeartbeatSettings {
+pub fn effective(
+    defaults: &HeartbeatSettings,
+    own: Option<&HeartbeatSettings>,
+) -> HeartbeatSettings {
     let builtin = HeartbeatSettings {
         enabled: Some(false),
         interval_ms: Some(1_800_000),
@@ -75,7 +78,10 @@ pub fn over(base: HeartbeatSettings, top: HeartbeatSettings) -> HeartbeatSetting
     let wire_base = wire::HeartbeatConfig::from(base);
     let wire_top = wire::HeartbeatConfig::from(top);
     let mut b = serde_json::to_value(wire_base).unwrap_or_default();
-    if let (Some(b), serde_json::Value::Object(t)) = (b.as_object_mut(), serde_json::to_value(wire_top).unwrap_or_default()) {
+    if let (Some(b), serde_json::Value::Object(t)) = (
+        b.as_object_mut(),
+        serde_json::to_value(wire_top).unwrap_or_default(),
+    ) {
         for (k, v) in t {
             b.insert(k, v);
         }
@@ -87,7 +93,10 @@ pub fn over(base: HeartbeatSettings, top: HeartbeatSettings) -> HeartbeatSetting
 
 /// The heartbeat session of `agent` the settings name (a key `agent:<agent>:heartbeat:system:
 /// <name>`), or the agent's main one.
-pub fn session_for(agent: &str, settings: &HeartbeatSettings) -> Result<SessionIdent, GatewayError> {
+pub fn session_for(
+    agent: &str,
+    settings: &HeartbeatSettings,
+) -> Result<SessionIdent, GatewayError> {
     let Some(key) = settings.session.as_deref() else {
         return Ok(SessionIdent::new(agent, CHANNEL, TENANT, "main"));
     };
@@ -181,7 +190,11 @@ impl Engine {
                         .beat_schedule(&agent.id, next_tick(&settings, now), false, now)
                         .await?
                 }
-                (false, true) => self.store.beat_schedule(&agent.id, None, false, now).await?,
+                (false, true) => {
+                    self.store
+                        .beat_schedule(&agent.id, None, false, now)
+                        .await?
+                }
                 _ => {}
             }
         }
@@ -254,13 +267,24 @@ impl Engine {
     }
 
     /// An event for the agent's next tick, without waking it (webhook `next-heartbeat`).
-    pub async fn heartbeat_event(&self, agent_id: &str, source: &str, text: &str) -> Result<(), GatewayError> {
-        self.store.beat_event(agent_id, source, text, now_ms()).await
+    pub async fn heartbeat_event(
+        &self,
+        agent_id: &str,
+        source: &str,
+        text: &str,
+    ) -> Result<(), GatewayError> {
+        self.store
+            .beat_event(agent_id, source, text, now_ms())
+            .await
     }
 
     /// Claims and starts the due ticks (while slots are free); the earliest due time of the
     /// others.
-    pub(super) async fn beat_pass(self: &Arc<Self>, now: i64, max: usize) -> Result<Option<i64>, GatewayError> {
+    pub(super) async fn beat_pass(
+        self: &Arc<Self>,
+        now: i64,
+        max: usize,
+    ) -> Result<Option<i64>, GatewayError> {
         let mut earliest: Option<i64> = None;
         for row in self.store.beats().await? {
             let Some(due) = row.due() else { continue };
@@ -277,7 +301,11 @@ impl Engine {
             };
             let settings = self.heartbeat_of(&agent);
             let scheduled = row.next_due_at.is_some_and(|n| n <= now);
-            let next = if scheduled || (row.next_due_at.is_none() && settings.enabled == Some(true) && row.last_error_kind.as_deref() != Some("permanent")) {
+            let next = if scheduled
+                || (row.next_due_at.is_none()
+                    && settings.enabled == Some(true)
+                    && row.last_error_kind.as_deref() != Some("permanent"))
+            {
                 next_tick(&settings, now)
             } else {
                 row.next_due_at
@@ -371,7 +399,8 @@ fn spawn_tick(
             Err((permanent, error)) => {
                 let n = row.consecutive_errors + 1;
                 finish.consecutive_errors = n;
-                finish.last_error_kind = Some(if permanent { "permanent" } else { "transient" }.into());
+                finish.last_error_kind =
+                    Some(if permanent { "permanent" } else { "transient" }.into());
                 finish.last_error = Some(error.clone());
                 finish.stop_schedule = permanent;
                 if !permanent {
@@ -427,7 +456,10 @@ async fn tick(
         delivery: None,
     };
     let started = engine.start_run(spec).await.map_err(|e| {
-        let permanent = matches!(e, GatewayError::NotFound(_) | GatewayError::Conflict(_) | GatewayError::InvalidParams(_));
+        let permanent = matches!(
+            e,
+            GatewayError::NotFound(_) | GatewayError::Conflict(_) | GatewayError::InvalidParams(_)
+        );
         (permanent, e.to_string())
     })?;
     let (row, turn) = started
@@ -438,10 +470,20 @@ async fn tick(
         Some(t) if t.finish != FinishReason::Error => Ok((row.run_id, t.response)),
         Some(t) => {
             let permanent = t.failure.is_some_and(|f| {
-                matches!(f.kind, ErrorKind::Auth | ErrorKind::NotFound | ErrorKind::MissingKey | ErrorKind::InvalidRequest)
+                matches!(
+                    f.kind,
+                    ErrorKind::Auth
+                        | ErrorKind::NotFound
+                        | ErrorKind::MissingKey
+                        | ErrorKind::InvalidRequest
+                )
             });
             let what = match t.failure {
-                Some(f) => format!("the model call failed: {:?}{}", f.kind, f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()),
+                Some(f) => format!(
+                    "the model call failed: {:?}{}",
+                    f.kind,
+                    f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
+                ),
                 None => "the turn ended with finishReason error".into(),
             };
             Err((permanent, what))

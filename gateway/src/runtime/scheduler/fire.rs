@@ -8,13 +8,13 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::auth::Principal;
+use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::engine::Engine;
 use crate::runtime::runs::RunSpec;
 use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv, GateSpec};
 use crate::runtime::scheduler::{summary_of, Slot};
 use crate::runtime::sessions::SessionIdent;
-use crate::rpc::generated::methods::Scope;
 use crate::scopes::Scopes;
 use crate::store::now_ms;
 use crate::store::scheduler::{Claimed, FireOutcome, JobRow};
@@ -29,7 +29,13 @@ pub fn session_of(job: &JobRow) -> SessionIdent {
 }
 
 /// Runs the claimed fire on its own task, holding `slot` until it is recorded.
-pub fn spawn(engine: Arc<Engine>, job: JobRow, claimed: Claimed, trigger: &'static str, slot: Slot) {
+pub fn spawn(
+    engine: Arc<Engine>,
+    job: JobRow,
+    claimed: Claimed,
+    trigger: &'static str,
+    slot: Slot,
+) {
     tokio::spawn(async move {
         let _slot = slot;
         fire(&engine, &job, claimed, trigger).await;
@@ -71,7 +77,12 @@ async fn fire(engine: &Arc<Engine>, job: &JobRow, claimed: Claimed, trigger: &st
 }
 
 /// The gate, then the turn.
-async fn run(engine: &Arc<Engine>, job: &JobRow, claimed: &Claimed, session: SessionIdent) -> FireOutcome {
+async fn run(
+    engine: &Arc<Engine>,
+    job: &JobRow,
+    claimed: &Claimed,
+    session: SessionIdent,
+) -> FireOutcome {
     let mut gate_record = None;
     if let Some(spec) = job
         .wake_gate
@@ -165,7 +176,11 @@ async fn turn(engine: &Arc<Engine>, job: &JobRow, session: SessionIdent) -> Fire
             out.status = "error";
             out.tool_calls = Some(i64::from(t.tool_calls));
             out.error = Some(match t.failure {
-                Some(f) => format!("the model call failed: {:?}{}", f.kind, f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()),
+                Some(f) => format!(
+                    "the model call failed: {:?}{}",
+                    f.kind,
+                    f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
+                ),
                 None => "the turn ended with finishReason error".into(),
             });
         }

@@ -72,7 +72,10 @@ pub fn schedule_of_config(s: &ScheduleConfig) -> Result<wire::CronSchedule, Gate
 /// The stored schedule of a job.
 pub fn stored_schedule(j: &JobRow) -> Result<wire::CronSchedule, GatewayError> {
     serde_json::from_str(&j.schedule).map_err(|e| {
-        GatewayError::Internal(format!("cron job {}: stored schedule unreadable: {e}", j.job_id))
+        GatewayError::Internal(format!(
+            "cron job {}: stored schedule unreadable: {e}",
+            j.job_id
+        ))
     })
 }
 
@@ -148,10 +151,7 @@ pub fn fire_to_wire(f: &FireRow) -> wire::CronRun {
         root_run_id: f.root_run_id.clone(),
         due_at_ms: f.due_at,
         trigger,
-        gate: f
-            .gate
-            .as_deref()
-            .and_then(|g| serde_json::from_str(g).ok()),
+        gate: f.gate.as_deref().and_then(|g| serde_json::from_str(g).ok()),
     }
 }
 
@@ -396,7 +396,10 @@ fn agent_for(agents: &Agents, id: Option<&str>) -> Result<String, GatewayError> 
 }
 
 /// Judges every job of the configuration file (check-config and restarts run it).
-pub fn check_config_jobs(agents: &Agents, jobs: &BTreeMap<String, JobConfig>) -> Result<(), GatewayError> {
+pub fn check_config_jobs(
+    agents: &Agents,
+    jobs: &BTreeMap<String, JobConfig>,
+) -> Result<(), GatewayError> {
     for (name, cfg) in jobs {
         config_job(agents, name, cfg, now_ms())?;
     }
@@ -404,56 +407,66 @@ pub fn check_config_jobs(agents: &Agents, jobs: &BTreeMap<String, JobConfig>) ->
 }
 
 /// The row a configuration-file job is stored as.
-fn config_job(agents: &Agents, name: &str, cfg: &JobConfig, now: i64) -> Result<JobRow, GatewayError> {
+fn config_job(
+    agents: &Agents,
+    name: &str,
+    cfg: &JobConfig,
+    now: i64,
+) -> Result<JobRow, GatewayError> {
     config_job_row(agents, name, cfg, now)
         .map_err(|e| GatewayError::InvalidParams(format!("scheduler.jobs.{name}.{e}")))
 }
 
 /// [`config_job`], its errors naming the member without the `scheduler.jobs.<name>.` prefix.
-fn config_job_row(agents: &Agents, name: &str, cfg: &JobConfig, now: i64) -> Result<JobRow, String> {
-        if name.is_empty() || name.len() > 200 || is_job_id(name) {
-            return Err("name: 1-200 characters, not of the form job_<32 hex>".into());
+fn config_job_row(
+    agents: &Agents,
+    name: &str,
+    cfg: &JobConfig,
+    now: i64,
+) -> Result<JobRow, String> {
+    if name.is_empty() || name.len() > 200 || is_job_id(name) {
+        return Err("name: 1-200 characters, not of the form job_<32 hex>".into());
+    }
+    if cfg.message.is_empty() {
+        return Err("message: must not be empty".into());
+    }
+    let agent_id =
+        agent_for(agents, cfg.agent_id.as_deref()).map_err(|e| format!("agentId: {e}"))?;
+    let schedule = schedule_of_config(&cfg.schedule).map_err(|e| e.to_string())?;
+    let parsed = parse(&schedule, 0).map_err(|e| e.to_string())?;
+    let gate = match &cfg.wake_gate {
+        Some(g) => {
+            let spec = GateSpec {
+                script: g.script.clone(),
+                args: g.args.clone(),
+                timeout_seconds: g.timeout_seconds,
+            };
+            super::gate::check_spec(&spec).map_err(|e| format!("wakeGate: {e}"))?;
+            Some(to_json(&spec).map_err(|e| e.to_string())?)
         }
-        if cfg.message.is_empty() {
-            return Err("message: must not be empty".into());
-        }
-        let agent_id =
-            agent_for(agents, cfg.agent_id.as_deref()).map_err(|e| format!("agentId: {e}"))?;
-        let schedule = schedule_of_config(&cfg.schedule).map_err(|e| e.to_string())?;
-        let parsed = parse(&schedule, 0).map_err(|e| e.to_string())?;
-        let gate = match &cfg.wake_gate {
-            Some(g) => {
-                let spec = GateSpec {
-                    script: g.script.clone(),
-                    args: g.args.clone(),
-                    timeout_seconds: g.timeout_seconds,
-                };
-                super::gate::check_spec(&spec).map_err(|e| format!("wakeGate: {e}"))?;
-                Some(to_json(&spec).map_err(|e| e.to_string())?)
-            }
-            None => None,
-        };
-        let schedule_json = to_json(&schedule).map_err(|e| e.to_string())?;
-        let hash_of = serde_json::json!({"agent": agent_id, "message": cfg.message,
+        None => None,
+    };
+    let schedule_json = to_json(&schedule).map_err(|e| e.to_string())?;
+    let hash_of = serde_json::json!({"agent": agent_id, "message": cfg.message,
             "schedule": schedule_json, "enabled": cfg.enabled, "gate": gate});
-        let seed_hash = crate::runtime::providers_registry::seed_hash(&hash_of.to_string());
-        Ok(JobRow {
-            job_id: format!("job_{}", uuid::Uuid::new_v4().simple()),
-            owner: CONFIG_OWNER.to_owned(),
-            name: name.to_owned(),
-            agent_id,
-            message: cfg.message.clone(),
-            kind: schedule.kind.as_str().to_owned(),
-            schedule: schedule_json,
-            anchor_at: now,
-            enabled: cfg.enabled,
-            wake_gate: gate,
-            next_due_at: first_due(&parsed, now),
-            seed_hash: Some(seed_hash),
-            created_at: now,
-            updated_at: now,
-            ..JobRow::default()
-        })
+    let seed_hash = crate::runtime::providers_registry::seed_hash(&hash_of.to_string());
+    Ok(JobRow {
+        job_id: format!("job_{}", uuid::Uuid::new_v4().simple()),
+        owner: CONFIG_OWNER.to_owned(),
+        name: name.to_owned(),
+        agent_id,
+        message: cfg.message.clone(),
+        kind: schedule.kind.as_str().to_owned(),
+        schedule: schedule_json,
+        anchor_at: now,
+        enabled: cfg.enabled,
+        wake_gate: gate,
+        next_due_at: first_due(&parsed, now),
+        seed_hash: Some(seed_hash),
+        created_at: now,
+        updated_at: now,
+        ..JobRow::default()
+    })
 }
 
 #[cfg(test)]

@@ -30,7 +30,9 @@ pub const ANNOUNCE: &str = "scheduler";
 /// Wakes this node's timers (and, on a shared database, every node's) to look at the due times
 /// again.
 pub fn rearm(control: &Control) {
-    control.scheduler_epoch.send_modify(|e| *e = e.wrapping_add(1));
+    control
+        .scheduler_epoch
+        .send_modify(|e| *e = e.wrapping_add(1));
 }
 
 /// Fires and ticks running at once on this node, across server generations, bounded by

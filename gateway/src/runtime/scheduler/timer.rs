@@ -72,7 +72,10 @@ async fn pass(weak: &Weak<Engine>) -> Option<Duration> {
 
 /// Fires due jobs and ticks; the earliest due time left (None: nothing scheduled). A due time
 /// that waits for a slot is not returned: the slot's release re-arms the timer.
-async fn due_pass(engine: &Arc<Engine>, now: i64) -> Result<Option<i64>, crate::error::GatewayError> {
+async fn due_pass(
+    engine: &Arc<Engine>,
+    now: i64,
+) -> Result<Option<i64>, crate::error::GatewayError> {
     let max = engine.fire_limit();
     let free = max.saturating_sub(engine.control.fire_slots.running());
     if free > 0 {
@@ -94,7 +97,10 @@ async fn due_pass(engine: &Arc<Engine>, now: i64) -> Result<Option<i64>, crate::
             let tolerance = i64::try_from(engine.scheduler.late_tolerance_ms).unwrap_or(i64::MAX);
             let plan = schedule::plan(&schedule, job.anchor_at, due, now, policy, tolerance);
             let Some(trigger) = plan.fire else {
-                engine.store.cron_advance(&job.job_id, due, plan.next, now).await?;
+                engine
+                    .store
+                    .cron_advance(&job.job_id, due, plan.next, now)
+                    .await?;
                 continue;
             };
             let Some(slot) = FireSlots::take(&engine.control, max) else {
@@ -104,7 +110,10 @@ async fn due_pass(engine: &Arc<Engine>, now: i64) -> Result<Option<i64>, crate::
                 Trigger::Schedule => "schedule",
                 Trigger::CatchUp => "catch_up",
             };
-            let claim = ClaimKind::Scheduled { due, next: plan.next };
+            let claim = ClaimKind::Scheduled {
+                due,
+                next: plan.next,
+            };
             if let Some(claimed) = engine.store.cron_claim(&job, claim, trigger, now).await? {
                 super::fire::spawn(engine.clone(), job, claimed, trigger, slot);
             }

@@ -245,6 +245,7 @@ AgentsConfig = TypedDict("AgentsConfig", {
     "tools": "NotRequired[List[str]]",
     "fallbackModels": "NotRequired[List[str]]",
     "operationModels": "NotRequired[Dict[str, str]]",
+    "heartbeat": "NotRequired[HeartbeatConfig]",
 }, total=False)
 
 # Parameters of `agents.create`.
@@ -1539,7 +1540,7 @@ HeartbeatUpdateParams = TypedDict("HeartbeatUpdateParams", {
     "enabled": "NotRequired[bool]",
     "intervalMs": "NotRequired[int]",
     "prompt": "NotRequired[str]",
-    "activeHours": "NotRequired[Optional[HeartbeatActiveHours]]",
+    "activeHours": "NotRequired[HeartbeatActiveHours]",
     "model": "NotRequired[str]",
     "session": "NotRequired[str]",
     "showOk": "NotRequired[bool]",

@@ -1,0 +1,716 @@
+//! The scheduler from outside: cron jobs firing real agent turns on the scripted provider,
+//! the cron.* answers and their codes, wake gates, the heartbeat coalescer, heartbeats, and a
+//! second tenant trying to reach the first one's jobs. No test waits for a wall-clock minute:
+//! interval jobs of one second and six-field expressions stand in for real schedules.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const MALLORY: &str = "mallory-secret-0123456789abcdefghijklmnopqrs";
+
+fn config(extra_scheduler: &str) -> String {
+    format!(
+        r#"    - {{id: mallory, secret: {MALLORY}, scopes: [rpc]}}
+  rateLimit: {{windowMs: 60000, maxRequests: 100000}}
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "slow"
+        steps:
+          - reply: "slow done"
+            delayMs: 1500
+      - match: "Heartbeat"
+        steps:
+          - reply: "HEARTBEAT_OK"
+            delayMs: 2000
+      - match: "report"
+        steps:
+          - reply: "Report: all tickets closed."
+agents:
+  default: {{model: script/m1, maxSteps: 2}}
+scheduler:
+  maxConcurrentRuns: 8
+{extra_scheduler}"#
+    )
+}
+
+fn result(v: &Value) -> &Value {
+    assert!(v.get("error").is_none(), "{v}");
+    &v["result"]
+}
+
+fn code(v: &Value) -> i64 {
+    v["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no error: {v}"))
+}
+
+/// Waits until `cron.runs` of `name` (as `token`) lists at least `want` runs.
+async fn runs(gw: &Gateway, token: &str, name: &str, want: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let v = gw.call(token, "cron.runs", json!({"jobName": name})).await;
+        let runs = v["result"]["runs"].as_array().cloned().unwrap_or_default();
+        if runs.len() >= want || tokio::time::Instant::now() > deadline {
+            return runs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+#[tokio::test]
+async fn an_interval_job_fires_real_turns_in_its_own_session() {
+    let gw = start(&config("")).await;
+    let add = gw
+        .call(
+            RPC,
+            "cron.add",
+            json!({"name": "standup", "message": "report please",
+                   "schedule": {"kind": "interval", "everyMs": 1000}}),
+        )
+        .await;
+    let r = result(&add);
+    assert_eq!(r["created"], true);
+    let id = r["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("job_"), "{id}");
+    assert_eq!(r["job"]["owner"], "client");
+    assert_eq!(r["job"]["agentId"], "default");
+    let first = r["job"]["nextRunAtMs"].as_i64().unwrap();
+    assert!(
+        first > now_ms() - 100 && first <= now_ms() + 1000,
+        "{first}"
+    );
+
+    let fired = runs(&gw, RPC, "standup", 3).await;
+    assert!(fired.len() >= 3, "{fired:?}");
+    let ts: Vec<i64> = fired.iter().map(|r| r["ts"].as_i64().unwrap()).collect();
+    assert!(ts.windows(2).all(|w| w[0] >= w[1]), "newest first: {ts:?}");
+    let dues: Vec<i64> = fired
+        .iter()
+        .map(|r| r["dueAtMs"].as_i64().unwrap())
+        .collect();
+    let mut unique = dues.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), dues.len(), "one fire per due time: {dues:?}");
+    for r in &fired {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["jobId"], id.as_str());
+        assert_eq!(r["summary"], "Report: all tickets closed.");
+        assert!(r["rootRunId"].as_str().unwrap().starts_with("run_"));
+        assert!(
+            r["trigger"] == "schedule" || r["trigger"] == "catch_up",
+            "{r}"
+        );
+    }
+    // The turns are in the job's session, which belongs to its owner.
+    let key = format!("agent:default:cron:client:{id}");
+    let h = gw
+        .call(RPC, "session.history", json!({"session_key": key}))
+        .await;
+    let msgs = result(&h)["messages"].as_array().unwrap().clone();
+    assert!(msgs.len() >= 6, "{msgs:?}");
+    assert_eq!(msgs[0]["content"], "report please");
+    // The run of a fire is a run of the owner.
+    let run = fired[0]["rootRunId"].as_str().unwrap();
+    let st = gw
+        .call(RPC, "session.run_status", json!({"run_id": run}))
+        .await;
+    assert_eq!(result(&st)["status"], "completed", "{st}");
+
+    let list = gw.call(RPC, "cron.list", json!({})).await;
+    let job = &result(&list)["jobs"][0];
+    assert_eq!(job["name"], "standup");
+    assert_eq!(job["lastStatus"], "ok");
+    assert!(job["lastRunAtMs"].as_i64().unwrap() > 0);
+    assert!(job["nextRunAtMs"].as_i64().unwrap() > now_ms() - 1500);
+
+    // Paused: no fire after the pause (a fire already running may still end).
+    let upd = gw
+        .call(
+            RPC,
+            "cron.update",
+            json!({"name": "standup", "enabled": false}),
+        )
+        .await;
+    assert_eq!(result(&upd)["updated"], true);
+    assert_eq!(result(&upd)["job"]["nextRunAtMs"], Value::Null);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = runs(&gw, RPC, "standup", 0).await.len();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(runs(&gw, RPC, "standup", 0).await.len(), before);
+    // The same values again change nothing.
+    let again = gw
+        .call(
+            RPC,
+            "cron.update",
+            json!({"name": "standup", "enabled": false}),
+        )
+        .await;
+    assert_eq!(result(&again)["updated"], false);
+
+    // Removed: gone from the list and status, its runs stay readable by name.
+    let rm = gw
+        .call(RPC, "cron.remove", json!({"name": "standup"}))
+        .await;
+    assert_eq!(
+        result(&rm).clone(),
+        json!({"name": "standup", "id": id, "removed": true})
+    );
+    let st = gw
+        .call(RPC, "cron.status", json!({"name": "standup"}))
+        .await;
+    assert_eq!(code(&st), -32001);
+    assert_eq!(runs(&gw, RPC, "standup", 0).await.len(), before);
+    let list = gw.call(RPC, "cron.list", json!({})).await;
+    assert_eq!(result(&list)["jobs"], json!([]));
+
+    // Scheduler events were published.
+    let activity: Value = reqwest::Client::new()
+        .get(gw.url("/api/activity?limit=100"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let text = activity.to_string();
+    assert!(text.contains("scheduler:job_started"), "{text}");
+    assert!(text.contains("scheduler:job_completed"), "{text}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn bad_schedules_names_and_agents_get_exact_codes() {
+    let gw = start(&config("  maxJobsPerOwner: 3\n")).await;
+    let add = |name: &str, schedule: Value| json!({"name": name, "message": "report", "schedule": schedule});
+    let cases = [
+        (
+            json!({"kind": "cron", "expr": "61 * * * *"}),
+            "schedule.expr",
+        ),
+        (
+            json!({"kind": "cron", "expr": "0 0 30 2 *"}),
+            "schedule.expr",
+        ),
+        (
+            json!({"kind": "cron", "expr": "0 0 0 1 1 * 2030"}),
+            "schedule.expr",
+        ),
+        (
+            json!({"kind": "cron", "expr": "0 9 * * *", "tz": "Mars/Base"}),
+            "schedule.tz",
+        ),
+        (
+            json!({"kind": "interval", "everyMs": 1000, "expr": "* * * * *"}),
+            "schedule.expr",
+        ),
+        (
+            json!({"kind": "interval", "everyMs": 1000, "tz": "UTC"}),
+            "schedule.tz",
+        ),
+        (
+            json!({"kind": "once", "at": "2020-01-01T00:00:00Z"}),
+            "schedule.at",
+        ),
+        (
+            json!({"kind": "once", "at": "2099-01-01T00:00:00+01:00", "tz": "Europe/Paris"}),
+            "schedule.tz",
+        ),
+        (json!({"kind": "cron"}), "schedule.expr"),
+    ];
+    for (schedule, member) in cases {
+        let v = gw.call(RPC, "cron.add", add("x", schedule.clone())).await;
+        assert_eq!(code(&v), -32602, "{schedule}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(member),
+            "{schedule}: {v}"
+        );
+    }
+    // everyMs at its limits and past them.
+    for (every, ok) in [
+        (999, false),
+        (1000, true),
+        (31_536_000_000_i64, true),
+        (31_536_000_001, false),
+    ] {
+        let v = gw
+            .call(
+                RPC,
+                "cron.add",
+                add(
+                    &format!("e{every}"),
+                    json!({"kind": "interval", "everyMs": every}),
+                ),
+            )
+            .await;
+        assert_eq!(v.get("error").is_none(), ok, "{every}: {v}");
+        if ok {
+            gw.call(RPC, "cron.remove", json!({"name": format!("e{every}")}))
+                .await;
+        }
+    }
+    let ok = gw
+        .call(
+            RPC,
+            "cron.add",
+            add(
+                "daily",
+                json!({"kind": "cron", "expr": "0 9 * * 1-5", "tz": "Europe/Paris"}),
+            ),
+        )
+        .await;
+    let job = &result(&ok)["job"];
+    assert_eq!(job["tz"], "Europe/Paris");
+    assert_eq!(job["scheduleKind"], "cron");
+    let dup = gw
+        .call(
+            RPC,
+            "cron.add",
+            add("daily", json!({"kind": "interval", "everyMs": 60000})),
+        )
+        .await;
+    assert_eq!(code(&dup), -32002);
+    let v = gw
+        .call(
+            RPC,
+            "cron.add",
+            json!({"name": "x", "message": "m", "agentId": "nobody",
+                                      "schedule": {"kind": "interval", "everyMs": 60000}}),
+        )
+        .await;
+    assert_eq!(code(&v), -32001);
+    let v = gw
+        .call(
+            RPC,
+            "cron.add",
+            add(
+                "job_0123456789abcdef0123456789abcdef",
+                json!({"kind": "interval", "everyMs": 60000}),
+            ),
+        )
+        .await;
+    assert_eq!(code(&v), -32602);
+    // The owner's job count at its limit (3) and past it.
+    for n in ["b", "c"] {
+        let v = gw
+            .call(
+                RPC,
+                "cron.add",
+                add(n, json!({"kind": "interval", "everyMs": 60000})),
+            )
+            .await;
+        result(&v);
+    }
+    let v = gw
+        .call(
+            RPC,
+            "cron.add",
+            add("d", json!({"kind": "interval", "everyMs": 60000})),
+        )
+        .await;
+    assert_eq!(code(&v), -32002, "{v}");
+    // Another owner has its own namespace: the same name is free for it.
+    let v = gw
+        .call(
+            MALLORY,
+            "cron.add",
+            add("daily", json!({"kind": "interval", "everyMs": 60000})),
+        )
+        .await;
+    result(&v);
+    // cron.run force needs a name; unknown names are -32001.
+    let v = gw.call(RPC, "cron.run", json!({})).await;
+    assert_eq!(code(&v), -32602);
+    let v = gw.call(RPC, "cron.run", json!({"name": "nope"})).await;
+    assert_eq!(code(&v), -32001);
+    let v = gw.call(RPC, "cron.runs", json!({"jobName": "nope"})).await;
+    assert_eq!(code(&v), -32001);
+    let v = gw
+        .call(
+            RPC,
+            "cron.update",
+            json!({"name": "daily", "schedule": {"kind": "cron", "expr": "bad"}}),
+        )
+        .await;
+    assert_eq!(code(&v), -32602);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn force_fires_now_once_and_due_fires_only_overdue_jobs() {
+    let gw = start(&config("")).await;
+    let v = gw
+        .call(
+            RPC,
+            "cron.add",
+            json!({"name": "slow", "message": "slow job",
+                                      "schedule": {"kind": "interval", "everyMs": 3600000}}),
+        )
+        .await;
+    result(&v);
+    let v = gw
+        .call(RPC, "cron.run", json!({"name": "slow", "mode": "force"}))
+        .await;
+    assert_eq!(
+        result(&v).clone(),
+        json!({"triggered": true, "mode": "force", "jobName": "slow"})
+    );
+    // Never two fires of one job at once.
+    let v = gw.call(RPC, "cron.run", json!({"name": "slow"})).await;
+    assert_eq!(code(&v), -32002, "{v}");
+    let fired = runs(&gw, RPC, "slow", 1).await;
+    assert_eq!(fired.len(), 1);
+    assert_eq!(fired[0]["trigger"], "force");
+    assert_eq!(fired[0]["status"], "ok");
+    assert!(fired[0]["durationMs"].as_i64().unwrap() >= 1500);
+    // The schedule did not move: the job is not overdue, so due mode starts nothing.
+    let st = gw.call(RPC, "cron.status", json!({"name": "slow"})).await;
+    assert!(result(&st)["nextRunAtMs"].as_i64().unwrap() > now_ms() + 3_000_000);
+    let v = gw.call(RPC, "cron.run", json!({"mode": "due"})).await;
+    assert_eq!(
+        result(&v).clone(),
+        json!({"triggered": true, "mode": "due", "jobNames": []})
+    );
+    // A disabled job fires on force.
+    gw.call(
+        RPC,
+        "cron.update",
+        json!({"name": "slow", "enabled": false}),
+    )
+    .await;
+    let v = gw.call(RPC, "cron.run", json!({"name": "slow"})).await;
+    result(&v);
+    assert_eq!(runs(&gw, RPC, "slow", 2).await.len(), 2);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_six_field_expression_fires_every_second() {
+    let gw = start(&config("")).await;
+    let v = gw
+        .call(
+            RPC,
+            "cron.add",
+            json!({"name": "tick", "message": "report",
+                                      "schedule": {"kind": "cron", "expr": "*/1 * * * * *"}}),
+        )
+        .await;
+    result(&v);
+    let fired = runs(&gw, RPC, "tick", 2).await;
+    assert!(fired.len() >= 2, "{fired:?}");
+    for r in &fired {
+        assert_eq!(r["dueAtMs"].as_i64().unwrap() % 1000, 0, "{r}");
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_tenant_cannot_see_or_change_the_first_tenants_jobs() {
+    let gw = start(&config("")).await;
+    let v = gw
+        .call(
+            RPC,
+            "cron.add",
+            json!({"name": "secret", "message": "report",
+                                      "schedule": {"kind": "interval", "everyMs": 1000}}),
+        )
+        .await;
+    let id = result(&v)["id"].as_str().unwrap().to_owned();
+    runs(&gw, RPC, "secret", 1).await;
+    for (method, params) in [
+        ("cron.status", json!({"name": "secret"})),
+        ("cron.update", json!({"name": "secret", "message": "pwned"})),
+        ("cron.remove", json!({"name": "secret"})),
+        ("cron.run", json!({"name": "secret"})),
+        ("cron.runs", json!({"jobName": "secret"})),
+        ("cron.status", json!({"name": id})),
+        ("cron.runs", json!({"jobName": id})),
+    ] {
+        let v = gw.call(MALLORY, method, params.clone()).await;
+        assert_eq!(code(&v), -32001, "{method} {params}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Cron job not found"),
+            "{v}"
+        );
+    }
+    let v = gw.call(MALLORY, "cron.list", json!({})).await;
+    assert_eq!(result(&v)["jobs"], json!([]));
+    let v = gw.call(MALLORY, "cron.run", json!({"mode": "due"})).await;
+    assert_eq!(result(&v)["jobNames"], json!([]));
+    let key = format!("agent:default:cron:client:{id}");
+    let v = gw
+        .call(MALLORY, "session.history", json!({"session_key": key}))
+        .await;
+    assert_eq!(code(&v), -32001);
+    // The owner's job is untouched; admin sees it with its owner.
+    let v = gw.call(RPC, "cron.status", json!({"name": "secret"})).await;
+    assert_eq!(result(&v)["message"], "report");
+    let v = gw.call(ADMIN, "cron.list", json!({})).await;
+    assert_eq!(result(&v)["jobs"][0]["owner"], "client");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn wake_gates_skip_without_a_model_call_and_fail_open() {
+    let gw = start(&config(
+        r#"  jobs:
+    quiet:
+      message: report
+      enabled: false
+      schedule: {kind: interval, everyMs: 3600000}
+      wakeGate: {script: gates/skip.sh}
+    hanging:
+      message: report
+      enabled: false
+      schedule: {kind: interval, everyMs: 3600000}
+      wakeGate: {script: gates/hang.sh, timeoutSeconds: 1}
+    loose:
+      message: report
+      enabled: false
+      schedule: {kind: interval, everyMs: 3600000}
+      wakeGate: {script: gates/loose.sh}
+"#,
+    ))
+    .await;
+    use std::os::unix::fs::PermissionsExt;
+    let gates = gw.dir.path().join("data/workspaces/default/gates");
+    std::fs::create_dir_all(&gates).unwrap();
+    for (name, body, mode) in [
+        (
+            "skip.sh",
+            "#!/bin/sh\necho '{\"wake\": false, \"toolCalls\": 2}'\n",
+            0o755,
+        ),
+        ("hang.sh", "#!/bin/sh\nsleep 30\n", 0o755),
+        ("loose.sh", "#!/bin/sh\nexit 10\n", 0o775),
+    ] {
+        let p = gates.join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    // File jobs belong to the operator: a client does not see them.
+    let v = gw.call(RPC, "cron.list", json!({})).await;
+    assert_eq!(result(&v)["jobs"], json!([]));
+    let v = gw.call(ADMIN, "cron.list", json!({})).await;
+    let jobs = result(&v)["jobs"].as_array().unwrap().clone();
+    assert_eq!(jobs.len(), 3);
+    assert!(jobs.iter().all(|j| j["owner"] == "cron:config"), "{jobs:?}");
+    assert_eq!(jobs[0]["wakeGate"]["timeoutSeconds"], 1);
+
+    for name in ["quiet", "hanging", "loose"] {
+        let v = gw.call(ADMIN, "cron.run", json!({"name": name})).await;
+        result(&v);
+    }
+    let quiet = runs(&gw, ADMIN, "quiet", 1).await;
+    assert_eq!(quiet[0]["status"], "skipped", "{quiet:?}");
+    assert_eq!(quiet[0]["summary"], "wake-gate: skipped");
+    assert_eq!(quiet[0]["estTurnsSaved"], 1);
+    assert_eq!(quiet[0]["toolCalls"], 2);
+    assert_eq!(quiet[0]["gate"]["decision"], "skip");
+    assert!(quiet[0].get("rootRunId").is_none(), "{quiet:?}");
+    // No model call: the job's session was never written.
+    let key = format!(
+        "agent:default:cron:cron%3Aconfig:{}",
+        quiet[0]["jobId"].as_str().unwrap()
+    );
+    let h = gw
+        .call(ADMIN, "session.history", json!({"session_key": key}))
+        .await;
+    assert_eq!(code(&h), -32001, "{h}");
+
+    let hanging = runs(&gw, ADMIN, "hanging", 1).await;
+    assert_eq!(hanging[0]["status"], "ok", "{hanging:?}");
+    assert_eq!(hanging[0]["gate"]["decision"], "failed_open");
+    assert!(
+        hanging[0]["gate"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("timed out"),
+        "{hanging:?}"
+    );
+    let loose = runs(&gw, ADMIN, "loose", 1).await;
+    assert_eq!(loose[0]["status"], "ok", "{loose:?}");
+    assert_eq!(loose[0]["gate"]["decision"], "failed_open");
+    assert!(
+        loose[0]["gate"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("writable"),
+        "{loose:?}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_thousand_concurrent_wakes_give_one_run_in_flight_and_one_queued() {
+    let gw = start(&config("")).await;
+    let client = reqwest::Client::new();
+    let url = gw.url("/rpc");
+    let calls = (0..1000).map(|i| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let body = json!({"jsonrpc": "2.0", "id": i, "method": "scheduler.wake",
+                              "params": {"source": "burst"}});
+            let r = client
+                .post(url)
+                .bearer_auth(RPC)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let v: Value = r.json().await.unwrap();
+            v["result"]["woke"]
+                .as_bool()
+                .unwrap_or_else(|| panic!("{v}"))
+        }
+    });
+    let started = std::time::Instant::now();
+    let woke = futures_util::future::join_all(calls).await;
+    let burst = started.elapsed();
+    let queued = woke.iter().filter(|w| **w).count();
+    // The tick takes 2 s: a burst shorter than that can queue one run and one more at most.
+    if burst < Duration::from_millis(1900) {
+        assert!((1..=2).contains(&queued), "{queued} wakes queued a run");
+    }
+    // Quiet again: the heartbeat session holds at most two ticks of this burst.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+        let s = &result(&v)["agents"][0];
+        if s["tickStartedAtMs"].is_null() || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+    assert!(result(&v)["agents"][0]["tickStartedAtMs"].is_null(), "{v}");
+    let h = gw
+        .call(
+            ADMIN,
+            "session.history",
+            json!({"session_key": "agent:default:heartbeat:system:main"}),
+        )
+        .await;
+    let ticks = result(&h)["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .count();
+    assert!(
+        (1..=queued.max(1)).contains(&ticks),
+        "{ticks} ticks for {queued} queued wakes"
+    );
+    assert!(
+        ticks <= 2 || burst >= Duration::from_millis(1900),
+        "{ticks}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn heartbeats_are_configured_triggered_and_seen_in_their_state() {
+    let gw = start(&config("")).await;
+    let v = gw.call(ADMIN, "heartbeat.get", json!({})).await;
+    let r = result(&v);
+    assert_eq!(r["agentId"], "default");
+    assert_eq!(r["perAgent"], json!({}));
+    assert_eq!(r["effective"]["enabled"], false);
+    assert_eq!(r["effective"]["intervalMs"], 1_800_000);
+    let v = gw
+        .call(
+            ADMIN,
+            "heartbeat.update",
+            json!({"enabled": true, "intervalMs": 10000,
+              "activeHours": {"start": "00:00", "end": "00:00"}}),
+        )
+        .await;
+    let r = result(&v);
+    assert_eq!(r["updated"], true);
+    assert_eq!(r["config"], json!({"enabled": true, "intervalMs": 10000}));
+    let v = gw
+        .call(ADMIN, "heartbeat.update", json!({"enabled": true}))
+        .await;
+    assert_eq!(result(&v)["updated"], false);
+    let v = gw
+        .call(
+            ADMIN,
+            "heartbeat.update",
+            json!({"session": "agent:other:heartbeat:system:x"}),
+        )
+        .await;
+    assert_eq!(code(&v), -32602);
+    let v = gw
+        .call(
+            ADMIN,
+            "heartbeat.update",
+            json!({"activeHours": {"start": "09:00", "end": "17:00", "tz": "Mars/Base"}}),
+        )
+        .await;
+    assert_eq!(code(&v), -32602);
+    let v = gw
+        .call(ADMIN, "heartbeat.get", json!({"agentId": "nobody"}))
+        .await;
+    assert_eq!(code(&v), -32001);
+    let v = gw.call(RPC, "heartbeat.states", json!({})).await;
+    assert_eq!(code(&v), -32603, "admin only: {v}");
+
+    let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+    let s = &result(&v)["agents"][0];
+    assert_eq!(s["enabled"], true);
+    assert_eq!(s["intervalMs"], 10000);
+    let next = s["nextDueMs"].as_i64().unwrap();
+    assert!(next > now_ms() && next <= now_ms() + 10_000, "{s}");
+
+    // A next-heartbeat event waits for the tick that trigger starts now.
+    let v = gw
+        .call(ADMIN, "heartbeat.trigger", json!({"agentId": "default"}))
+        .await;
+    assert_eq!(
+        result(&v).clone(),
+        json!({"agentId": "default", "triggered": true})
+    );
+    let deadline = tokio::time::Instant::now() + STEP;
+    let mut last = Value::Null;
+    while tokio::time::Instant::now() < deadline {
+        let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+        last = result(&v)["agents"][0].clone();
+        if last["lastRunMs"].is_i64() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(last["lastRunMs"].is_i64(), "{last}");
+    assert_eq!(last["consecutiveErrors"], 0);
+    assert_eq!(last["lastErrorKind"], Value::Null);
+    let h = gw
+        .call(
+            ADMIN,
+            "session.history",
+            json!({"session_key": "agent:default:heartbeat:system:main"}),
+        )
+        .await;
+    let msgs = result(&h)["messages"].as_array().unwrap().clone();
+    assert!(
+        msgs[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Wake sources: trigger"),
+        "{msgs:?}"
+    );
+    gw.stop().await;
+}
