@@ -268,7 +268,7 @@ pub trait HeartbeatApi: Send + Sync {
     > + Send;
     /// `heartbeat.trigger` (scope `admin`): Runs one agent's heartbeat now, outside its schedule.
     ///
-    /// A wake that also ignores any error backoff: it ignores activeHours and does not move the next scheduled tick, and it runs even when scheduled heartbeats are disabled (as wakes do). While a tick runs, the trigger queues exactly one more; when one is already queued it is not triggered (reason already_pending: the queued tick will run). An unknown agentId is -32001. The tick runs in the background; see heartbeat.states.
+    /// A wake that also ignores any error backoff: it ignores activeHours and does not move the next scheduled tick, and it runs even when scheduled heartbeats are disabled (as wakes do). While a tick runs, the trigger queues exactly one more; when one is already queued it is not triggered (reason already_pending), but the queued tick no longer waits for a backoff. An unknown agentId is -32001. The tick runs in the background; see heartbeat.states.
     fn trigger(
         &self,
         ctx: &crate::rpc::CallContext,

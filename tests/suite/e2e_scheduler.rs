@@ -714,3 +714,128 @@ async fn heartbeats_are_configured_triggered_and_seen_in_their_state() {
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn failing_heartbeats_back_off_and_alert_once_per_cooldown() {
+    let gw = start(
+        r#"  rateLimit: {windowMs: 60000, maxRequests: 100000}
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    maxRetries: 0
+    script:
+      - match: "Heartbeat"
+        steps:
+          - error: {status: 503, message: down}
+agents:
+  default:
+    model: script/m1
+    heartbeat: {alertThreshold: 2, alertCooldownMs: 3600000}
+"#,
+    )
+    .await;
+    let tick = |n: i64| {
+        let gw = &gw;
+        async move {
+            let v = gw.call(ADMIN, "heartbeat.trigger", json!({})).await;
+            assert_eq!(result(&v)["triggered"], true, "{v}");
+            let deadline = tokio::time::Instant::now() + STEP;
+            loop {
+                let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+                let s = result(&v)["agents"][0].clone();
+                if s["consecutiveErrors"] == n || tokio::time::Instant::now() > deadline {
+                    return s;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let s = tick(1).await;
+    assert_eq!(s["consecutiveErrors"], 1, "{s}");
+    assert_eq!(s["lastErrorKind"], "transient");
+    let backoff = s["backoffUntilMs"].as_i64().unwrap();
+    assert!(backoff > now_ms() + 20_000, "{s}");
+    assert_eq!(s["lastAlertMs"], Value::Null);
+    // A wake waits out the backoff; a trigger does not, and lets the queued wake run now.
+    let v = gw
+        .call(RPC, "scheduler.wake", json!({"source": "ops"}))
+        .await;
+    assert_eq!(result(&v)["woke"], true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+    assert_eq!(
+        result(&v)["agents"][0]["consecutiveErrors"],
+        1,
+        "the wake waits"
+    );
+    let v = gw.call(ADMIN, "heartbeat.trigger", json!({})).await;
+    assert_eq!(
+        result(&v).clone(),
+        json!({"agentId": "default", "triggered": false, "reason": "already_pending"})
+    );
+    let deadline = tokio::time::Instant::now() + STEP;
+    let mut s = Value::Null;
+    while tokio::time::Instant::now() < deadline {
+        let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+        s = result(&v)["agents"][0].clone();
+        if s["consecutiveErrors"] == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s["consecutiveErrors"], 2, "{s}");
+    gw.stop().await;
+
+    // The threshold (2) reached by triggers: one alert, then none within the cooldown.
+    let gw2 = start(
+        r#"providers:
+  script:
+    type: scripted
+    models: [m1]
+    maxRetries: 0
+    script:
+      - match: "Heartbeat"
+        steps:
+          - error: {status: 503, message: down}
+agents:
+  default:
+    model: script/m1
+    heartbeat: {alertThreshold: 2, alertCooldownMs: 3600000}
+"#,
+    )
+    .await;
+    for n in 1..=3 {
+        let v = gw2.call(ADMIN, "heartbeat.trigger", json!({})).await;
+        assert_eq!(result(&v)["triggered"], true, "{v}");
+        let deadline = tokio::time::Instant::now() + STEP;
+        loop {
+            let v = gw2.call(ADMIN, "heartbeat.states", json!({})).await;
+            if result(&v)["agents"][0]["consecutiveErrors"] == n
+                || tokio::time::Instant::now() > deadline
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let v = gw2.call(ADMIN, "heartbeat.states", json!({})).await;
+    let s = &result(&v)["agents"][0];
+    assert_eq!(s["consecutiveErrors"], 3, "{s}");
+    assert!(s["lastAlertMs"].is_i64(), "{s}");
+    let activity: Value = reqwest::Client::new()
+        .get(gw2.url("/api/activity?limit=100"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let alerts = activity
+        .to_string()
+        .matches("scheduler:heartbeat_alert")
+        .count();
+    assert_eq!(alerts, 1, "{activity}");
+    gw2.stop().await;
+}

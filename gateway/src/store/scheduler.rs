@@ -781,6 +781,13 @@ impl Store {
             .await?
             .rows_affected()
                 > 0;
+            if !queued && bypass_backoff {
+                // A trigger folded into a queued wake lets that wake run now.
+                sqlx::query("UPDATE heartbeat_state SET bypass_backoff = 1 WHERE agent_id = $1")
+                    .bind(agent_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
             queued
         }))

@@ -260,7 +260,8 @@ impl Engine {
             .store
             .beat_wake(agent_id, source, bypass_backoff, now)
             .await?;
-        if queued {
+        // A folded trigger may have let the queued wake run now: the timer looks again.
+        if queued || bypass_backoff {
             self.scheduler_changed().await;
         }
         Ok(queued)
