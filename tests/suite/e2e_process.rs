@@ -566,3 +566,94 @@ webhooks:
     signal(&b, "-TERM");
     assert!(wait_exit(&mut b).success());
 }
+
+/// One JSON-RPC call as `token`; the whole response.
+async fn rpc(port: u16, token: &str, method: &str, params: Value) -> Value {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/rpc"))
+        .bearer_auth(token)
+        .json(&body)
+        .timeout(STEP)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+const CRON_SCRIPT: &str = r#"providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "slow"
+        steps:
+          - reply: "done"
+            delayMs: 1500
+agents:
+  default: {model: script/m1, maxSteps: 2}
+scheduler:
+  lateToleranceMs: 1000
+"#;
+
+/// kill -9 in the middle of a fire: the fire is recorded as an error (never re-run), the job
+/// is kept, the due times missed while the gateway was down give one catch-up fire, and no due
+/// time fires twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, port) = spawn_configured(dir.path(), CRON_SCRIPT).await;
+    let v = rpc(
+        port,
+        RPC,
+        "cron.add",
+        serde_json::json!({"name": "slow", "message": "slow job",
+                           "schedule": {"kind": "interval", "everyMs": 2000}}),
+    )
+    .await;
+    let id = v["result"]["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
+    // Wait for a fire to start (the job's last run is set when a fire is claimed; a running
+    // fire is not listed in cron.runs yet).
+    let deadline = Instant::now() + STEP;
+    loop {
+        let st = rpc(port, RPC, "cron.status", serde_json::json!({"name": "slow"})).await;
+        if st["result"]["lastRunAtMs"].is_i64() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no fire started: {st}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(&child, "-9");
+    wait_exit(&mut child);
+    // Down for more than two due times.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let config = dir.path().join("gateway.yaml");
+    let mut child = spawn(dir.path(), Some(&config), port);
+    wait_healthy(port).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let runs = loop {
+        let v = rpc(port, RPC, "cron.runs", serde_json::json!({"jobName": "slow"})).await;
+        let runs = v["result"]["runs"].as_array().cloned().unwrap_or_default();
+        if runs.len() >= 3 || Instant::now() > deadline {
+            break runs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    signal(&child, "-TERM");
+    wait_exit(&mut child);
+    // Oldest first from here.
+    let runs: Vec<&Value> = runs.iter().rev().collect();
+    assert!(runs.len() >= 3, "{runs:?}");
+    assert_eq!(runs[0]["status"], "error", "{runs:?}");
+    assert_eq!(runs[0]["error"], "the gateway stopped during the fire");
+    assert_eq!(runs[0]["jobId"], id.as_str());
+    assert_eq!(runs[1]["trigger"], "catch_up", "{runs:?}");
+    assert_eq!(runs[1]["status"], "ok");
+    assert_eq!(runs[2]["trigger"], "schedule", "{runs:?}");
+    let dues: Vec<i64> = runs.iter().map(|r| r["dueAtMs"].as_i64().unwrap()).collect();
+    assert!(dues.windows(2).all(|w| w[0] < w[1]), "each due time once: {dues:?}");
+    // One catch-up for the missed due times, then back on the job's grid.
+    assert_eq!((dues[2] - dues[0]) % 2000, 0, "{dues:?}");
+}

@@ -839,3 +839,26 @@ agents:
     assert_eq!(alerts, 1, "{activity}");
     gw2.stop().await;
 }
+
+#[tokio::test]
+async fn jobs_fire_on_across_an_in_process_restart_and_never_twice() {
+    let gw = start(&config("")).await;
+    let v = gw
+        .call(RPC, "cron.add", json!({"name": "steady", "message": "report",
+                                      "schedule": {"kind": "interval", "everyMs": 1000}}))
+        .await;
+    result(&v);
+    let before = runs(&gw, RPC, "steady", 2).await.len();
+    assert!(before >= 2);
+    let r = gw.call(ADMIN, "gateway.restart", json!({})).await;
+    result(&r);
+    // The next generation's timer fires on; the old one stopped with its generation.
+    let after = runs(&gw, RPC, "steady", before + 3).await;
+    assert!(after.len() >= before + 3, "{after:?}");
+    let mut dues: Vec<i64> = after.iter().map(|r| r["dueAtMs"].as_i64().unwrap()).collect();
+    dues.sort_unstable();
+    dues.dedup();
+    assert_eq!(dues.len(), after.len(), "a due time fired twice: {after:?}");
+    assert!(after.iter().all(|r| r["status"] == "ok"), "{after:?}");
+    gw.stop().await;
+}
