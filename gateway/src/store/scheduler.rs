@@ -283,13 +283,15 @@ impl Store {
         }
     }
 
-    /// Writes a job's settings and schedule (not its fire state: a fire running keeps its
-    /// claim and is finished by its own fencing token).
-    pub async fn cron_save(&self, j: &JobRow) -> Result<(), GatewayError> {
+    /// Writes a job's settings, and its next due time when `replan` (a new schedule, or enabled
+    /// again); never its fire state: a fire running keeps its claim and is finished by its own
+    /// fencing token, and a due time a fire claimed meanwhile is not written back.
+    pub async fn cron_save(&self, j: &JobRow, replan: bool) -> Result<(), GatewayError> {
         on_pool!(self.pool(), |p| sqlx::query(
             "UPDATE cron_jobs SET agent_id = $1, message = $2, kind = $3, schedule = $4, \
-             anchor_at = $5, enabled = $6, wake_gate = $7, next_due_at = $8, seed_hash = $9, \
-             updated_at = $10 WHERE job_id = $11",
+             anchor_at = CASE WHEN $12 = 1 THEN $5 ELSE anchor_at END, enabled = $6, \
+             wake_gate = $7, next_due_at = CASE WHEN $12 = 1 THEN $8 ELSE next_due_at END, \
+             seed_hash = $9, updated_at = $10 WHERE job_id = $11",
         )
         .bind(&j.agent_id)
         .bind(text(&j.message))
@@ -302,6 +304,7 @@ impl Store {
         .bind(&j.seed_hash)
         .bind(j.updated_at)
         .bind(&j.job_id)
+        .bind(i64::from(replan))
         .execute(p)
         .await
         .map(drop))?;

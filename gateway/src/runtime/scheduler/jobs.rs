@@ -279,7 +279,7 @@ impl Engine {
             return Ok((false, job));
         }
         job.updated_at = now;
-        self.store.cron_save(&job).await?;
+        self.store.cron_save(&job, replan).await?;
         self.scheduler_changed().await;
         Ok((true, job))
     }
@@ -372,7 +372,7 @@ impl Engine {
                         created_at: old.created_at,
                         ..row
                     };
-                    self.store.cron_save(&job).await?;
+                    self.store.cron_save(&job, true).await?;
                 }
                 Some(_) => {}
             }
