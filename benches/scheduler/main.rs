@@ -14,9 +14,8 @@ use tokio_tungstenite::tungstenite::Message;
 const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
 const TOKEN: &str = "bench-secret-0123456789abcdefghijklmnopqrstuv";
 
-type Ws = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -68,7 +67,9 @@ async fn connect(port: u16) -> Ws {
 async fn call(ws: &mut Ws, method: &str, params: Value) -> (Value, Duration) {
     let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
     let t = Instant::now();
-    ws.send(Message::Text(req.to_string().into())).await.unwrap();
+    ws.send(Message::Text(req.to_string().into()))
+        .await
+        .unwrap();
     loop {
         if let Message::Text(text) = ws.next().await.unwrap().unwrap() {
             let v: Value = serde_json::from_str(&text).unwrap();
@@ -154,8 +155,14 @@ async fn lateness(slots: u32) -> (f64, f64, f64) {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let jobs: usize = std::env::var("JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
-    let idle_secs: u64 = std::env::var("IDLE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let jobs: usize = std::env::var("JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let idle_secs: u64 = std::env::var("IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut child = spawn(dir.path(), port, 4);
@@ -166,7 +173,11 @@ async fn main() {
     let (rss0, db0) = (rss_kib(pid), db_bytes(dir.path()));
 
     // 60 % cron, 40 % interval, all due between 1 and 24 hours from now.
-    let hour = chrono::Utc::now().format("%H").to_string().parse::<u32>().unwrap();
+    let hour = chrono::Utc::now()
+        .format("%H")
+        .to_string()
+        .parse::<u32>()
+        .unwrap();
     let mut adds = Vec::with_capacity(jobs);
     for i in 0..jobs {
         let schedule = if i % 5 < 3 {
@@ -187,8 +198,16 @@ async fn main() {
     let (rss1, db1) = (rss_kib(pid), db_bytes(dir.path()));
     let tail = adds.len().saturating_sub(1000);
     let (mut first, mut last) = (ms(&adds[..1000.min(adds.len())]), ms(&adds[tail..]));
-    println!("cron.add, first 1000 jobs: p50 {:.3} ms  p99 {:.3} ms", pct(&mut first, 0.5), pct(&mut first, 0.99));
-    println!("cron.add, last 1000 (to {jobs}): p50 {:.3} ms  p99 {:.3} ms", pct(&mut last, 0.5), pct(&mut last, 0.99));
+    println!(
+        "cron.add, first 1000 jobs: p50 {:.3} ms  p99 {:.3} ms",
+        pct(&mut first, 0.5),
+        pct(&mut first, 0.99)
+    );
+    println!(
+        "cron.add, last 1000 (to {jobs}): p50 {:.3} ms  p99 {:.3} ms",
+        pct(&mut last, 0.5),
+        pct(&mut last, 0.99)
+    );
     println!(
         "memory per job: {:.0} bytes RSS, {:.0} bytes database (RSS {} -> {} KiB)",
         (rss1.saturating_sub(rss0) * 1024) as f64 / jobs as f64,
@@ -209,7 +228,11 @@ async fn main() {
         removes.push(took);
     }
     let mut rm = ms(&removes);
-    println!("cron.remove at {jobs} jobs: p50 {:.3} ms  p99 {:.3} ms", pct(&mut rm, 0.5), pct(&mut rm, 0.99));
+    println!(
+        "cron.remove at {jobs} jobs: p50 {:.3} ms  p99 {:.3} ms",
+        pct(&mut rm, 0.5),
+        pct(&mut rm, 0.99)
+    );
     child.kill().ok();
     child.wait().ok();
 

@@ -613,12 +613,21 @@ async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
                            "schedule": {"kind": "interval", "everyMs": 2000}}),
     )
     .await;
-    let id = v["result"]["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
+    let id = v["result"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_owned();
     // Wait for a fire to start (the job's last run is set when a fire is claimed; a running
     // fire is not listed in cron.runs yet).
     let deadline = Instant::now() + STEP;
     loop {
-        let st = rpc(port, RPC, "cron.status", serde_json::json!({"name": "slow"})).await;
+        let st = rpc(
+            port,
+            RPC,
+            "cron.status",
+            serde_json::json!({"name": "slow"}),
+        )
+        .await;
         if st["result"]["lastRunAtMs"].is_i64() {
             break;
         }
@@ -634,7 +643,13 @@ async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
     wait_healthy(port).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let runs = loop {
-        let v = rpc(port, RPC, "cron.runs", serde_json::json!({"jobName": "slow"})).await;
+        let v = rpc(
+            port,
+            RPC,
+            "cron.runs",
+            serde_json::json!({"jobName": "slow"}),
+        )
+        .await;
         let runs = v["result"]["runs"].as_array().cloned().unwrap_or_default();
         if runs.len() >= 3 || Instant::now() > deadline {
             break runs;
@@ -652,8 +667,14 @@ async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
     assert_eq!(runs[1]["trigger"], "catch_up", "{runs:?}");
     assert_eq!(runs[1]["status"], "ok");
     assert_eq!(runs[2]["trigger"], "schedule", "{runs:?}");
-    let dues: Vec<i64> = runs.iter().map(|r| r["dueAtMs"].as_i64().unwrap()).collect();
-    assert!(dues.windows(2).all(|w| w[0] < w[1]), "each due time once: {dues:?}");
+    let dues: Vec<i64> = runs
+        .iter()
+        .map(|r| r["dueAtMs"].as_i64().unwrap())
+        .collect();
+    assert!(
+        dues.windows(2).all(|w| w[0] < w[1]),
+        "each due time once: {dues:?}"
+    );
     // One catch-up for the missed due times, then back on the job's grid.
     assert_eq!((dues[2] - dues[0]) % 2000, 0, "{dues:?}");
 }

@@ -174,16 +174,7 @@ async fn an_interval_job_fires_real_turns_in_its_own_session() {
     assert_eq!(result(&list)["jobs"], json!([]));
 
     // Scheduler events were published.
-    let activity: Value = reqwest::Client::new()
-        .get(gw.url("/api/activity?limit=100"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let text = activity.to_string();
+    let text = activity(&gw).await;
     assert!(text.contains("scheduler:job_started"), "{text}");
     assert!(text.contains("scheduler:job_completed"), "{text}");
     gw.stop().await;
@@ -715,10 +706,7 @@ async fn heartbeats_are_configured_triggered_and_seen_in_their_state() {
     gw.stop().await;
 }
 
-#[tokio::test]
-async fn failing_heartbeats_back_off_and_alert_once_per_cooldown() {
-    let gw = start(
-        r#"  rateLimit: {windowMs: 60000, maxRequests: 100000}
+const FAILING: &str = r#"  rateLimit: {windowMs: 60000, maxRequests: 100000}
 providers:
   script:
     type: scripted
@@ -732,26 +720,41 @@ agents:
   default:
     model: script/m1
     heartbeat: {alertThreshold: 2, alertCooldownMs: 3600000}
-"#,
-    )
-    .await;
-    let tick = |n: i64| {
-        let gw = &gw;
-        async move {
-            let v = gw.call(ADMIN, "heartbeat.trigger", json!({})).await;
-            assert_eq!(result(&v)["triggered"], true, "{v}");
-            let deadline = tokio::time::Instant::now() + STEP;
-            loop {
-                let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
-                let s = result(&v)["agents"][0].clone();
-                if s["consecutiveErrors"] == n || tokio::time::Instant::now() > deadline {
-                    return s;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+"#;
+
+/// The default agent's heartbeat state once its failed ticks reach `n` (or after a step).
+async fn state_after_errors(gw: &Gateway, n: i64) -> Value {
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
+        let s = result(&v)["agents"][0].clone();
+        if s["consecutiveErrors"] == n || tokio::time::Instant::now() > deadline {
+            return s;
         }
-    };
-    let s = tick(1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The events `/api/activity` shows admin.
+async fn activity(gw: &Gateway) -> String {
+    let v: Value = reqwest::Client::new()
+        .get(gw.url("/api/activity?limit=100"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v.to_string()
+}
+
+#[tokio::test]
+async fn failing_heartbeats_back_off_and_alert_once_per_cooldown() {
+    let gw = start(FAILING).await;
+    let v = gw.call(ADMIN, "heartbeat.trigger", json!({})).await;
+    assert_eq!(result(&v)["triggered"], true, "{v}");
+    let s = state_after_errors(&gw, 1).await;
     assert_eq!(s["consecutiveErrors"], 1, "{s}");
     assert_eq!(s["lastErrorKind"], "transient");
     let backoff = s["backoffUntilMs"].as_i64().unwrap();
@@ -763,9 +766,8 @@ agents:
         .await;
     assert_eq!(result(&v)["woke"], true);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
     assert_eq!(
-        result(&v)["agents"][0]["consecutiveErrors"],
+        state_after_errors(&gw, 1).await["consecutiveErrors"],
         1,
         "the wake waits"
     );
@@ -774,78 +776,31 @@ agents:
         result(&v).clone(),
         json!({"agentId": "default", "triggered": false, "reason": "already_pending"})
     );
-    let deadline = tokio::time::Instant::now() + STEP;
-    let mut s = Value::Null;
-    while tokio::time::Instant::now() < deadline {
-        let v = gw.call(ADMIN, "heartbeat.states", json!({})).await;
-        s = result(&v)["agents"][0].clone();
-        if s["consecutiveErrors"] == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let s = state_after_errors(&gw, 2).await;
     assert_eq!(s["consecutiveErrors"], 2, "{s}");
-    gw.stop().await;
-
-    // The threshold (2) reached by triggers: one alert, then none within the cooldown.
-    let gw2 = start(
-        r#"providers:
-  script:
-    type: scripted
-    models: [m1]
-    maxRetries: 0
-    script:
-      - match: "Heartbeat"
-        steps:
-          - error: {status: 503, message: down}
-agents:
-  default:
-    model: script/m1
-    heartbeat: {alertThreshold: 2, alertCooldownMs: 3600000}
-"#,
-    )
-    .await;
-    for n in 1..=3 {
-        let v = gw2.call(ADMIN, "heartbeat.trigger", json!({})).await;
-        assert_eq!(result(&v)["triggered"], true, "{v}");
-        let deadline = tokio::time::Instant::now() + STEP;
-        loop {
-            let v = gw2.call(ADMIN, "heartbeat.states", json!({})).await;
-            if result(&v)["agents"][0]["consecutiveErrors"] == n
-                || tokio::time::Instant::now() > deadline
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    let v = gw2.call(ADMIN, "heartbeat.states", json!({})).await;
-    let s = &result(&v)["agents"][0];
-    assert_eq!(s["consecutiveErrors"], 3, "{s}");
+    // The threshold (2) is reached: one alert; a third failure within the cooldown raises none.
     assert!(s["lastAlertMs"].is_i64(), "{s}");
-    let activity: Value = reqwest::Client::new()
-        .get(gw2.url("/api/activity?limit=100"))
-        .bearer_auth(ADMIN)
-        .send()
+    let v = gw.call(ADMIN, "heartbeat.trigger", json!({})).await;
+    assert_eq!(result(&v)["triggered"], true, "{v}");
+    assert_eq!(state_after_errors(&gw, 3).await["consecutiveErrors"], 3);
+    let alerts = activity(&gw)
         .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let alerts = activity
-        .to_string()
         .matches("scheduler:heartbeat_alert")
         .count();
-    assert_eq!(alerts, 1, "{activity}");
-    gw2.stop().await;
+    assert_eq!(alerts, 1);
+    gw.stop().await;
 }
 
 #[tokio::test]
 async fn jobs_fire_on_across_an_in_process_restart_and_never_twice() {
     let gw = start(&config("")).await;
     let v = gw
-        .call(RPC, "cron.add", json!({"name": "steady", "message": "report",
-                                      "schedule": {"kind": "interval", "everyMs": 1000}}))
+        .call(
+            RPC,
+            "cron.add",
+            json!({"name": "steady", "message": "report",
+                                      "schedule": {"kind": "interval", "everyMs": 1000}}),
+        )
         .await;
     result(&v);
     let before = runs(&gw, RPC, "steady", 2).await.len();
@@ -855,7 +810,10 @@ async fn jobs_fire_on_across_an_in_process_restart_and_never_twice() {
     // The next generation's timer fires on; the old one stopped with its generation.
     let after = runs(&gw, RPC, "steady", before + 3).await;
     assert!(after.len() >= before + 3, "{after:?}");
-    let mut dues: Vec<i64> = after.iter().map(|r| r["dueAtMs"].as_i64().unwrap()).collect();
+    let mut dues: Vec<i64> = after
+        .iter()
+        .map(|r| r["dueAtMs"].as_i64().unwrap())
+        .collect();
     dues.sort_unstable();
     dues.dedup();
     assert_eq!(dues.len(), after.len(), "a due time fired twice: {after:?}");

@@ -172,13 +172,7 @@ impl Engine {
     /// unless a permanent error stopped it; a disabled one loses its tick.
     pub async fn sync_heartbeats(&self) -> Result<(), GatewayError> {
         let now = now_ms();
-        let rows: std::collections::BTreeMap<String, BeatRow> = self
-            .store
-            .beats()
-            .await?
-            .into_iter()
-            .map(|r| (r.agent_id.clone(), r))
-            .collect();
+        let rows = self.beats_by_agent().await?;
         for agent in self.agents.all() {
             let settings = self.heartbeat_of(&agent);
             let row = rows.get(&agent.id);
@@ -323,15 +317,22 @@ impl Engine {
         Ok(earliest)
     }
 
-    /// heartbeat.states.
-    pub async fn heartbeat_states(&self) -> Result<Vec<wire::HeartbeatState>, GatewayError> {
-        let rows: std::collections::BTreeMap<String, BeatRow> = self
+    /// Every heartbeat row, by agent.
+    async fn beats_by_agent(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, BeatRow>, GatewayError> {
+        Ok(self
             .store
             .beats()
             .await?
             .into_iter()
             .map(|r| (r.agent_id.clone(), r))
-            .collect();
+            .collect())
+    }
+
+    /// heartbeat.states.
+    pub async fn heartbeat_states(&self) -> Result<Vec<wire::HeartbeatState>, GatewayError> {
+        let rows = self.beats_by_agent().await?;
         Ok(self
             .agents
             .all()
@@ -479,15 +480,7 @@ async fn tick(
                         | ErrorKind::InvalidRequest
                 )
             });
-            let what = match t.failure {
-                Some(f) => format!(
-                    "the model call failed: {:?}{}",
-                    f.kind,
-                    f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
-                ),
-                None => "the turn ended with finishReason error".into(),
-            };
-            Err((permanent, what))
+            Err((permanent, super::failure_text(&t)))
         }
         None => Err((false, row.error.unwrap_or_else(|| "the turn failed".into()))),
     }

@@ -175,14 +175,7 @@ async fn turn(engine: &Arc<Engine>, job: &JobRow, session: SessionIdent) -> Fire
         Some(t) => {
             out.status = "error";
             out.tool_calls = Some(i64::from(t.tool_calls));
-            out.error = Some(match t.failure {
-                Some(f) => format!(
-                    "the model call failed: {:?}{}",
-                    f.kind,
-                    f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
-                ),
-                None => "the turn ended with finishReason error".into(),
-            });
+            out.error = Some(super::failure_text(&t));
         }
         None => {
             out.status = "error";

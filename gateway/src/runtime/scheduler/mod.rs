@@ -88,6 +88,18 @@ impl Drop for Slot {
     }
 }
 
+/// Why a scheduled turn that ended with `finishReason: error` failed, for run records.
+pub(crate) fn failure_text(t: &crate::runtime::turn::TurnOutcome) -> String {
+    match t.failure {
+        Some(f) => format!(
+            "the model call failed: {:?}{}",
+            f.kind,
+            f.status.map(|s| format!(" (HTTP {s})")).unwrap_or_default()
+        ),
+        None => "the turn ended with finishReason error".into(),
+    }
+}
+
 /// A short, single-line excerpt of an agent's answer for a run record.
 pub(crate) fn summary_of(text: &str) -> String {
     const MAX: usize = 200;
