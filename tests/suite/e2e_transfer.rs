@@ -327,7 +327,10 @@ async fn migrate_applies_pending_migrations_and_check_reports_them() {
     let url = format!("sqlite://{}", work.path().join("db/fresh.db").display());
     let (code, out, err) = cli(&["migrate", "--database-url", &url, "--check"]).await;
     assert_eq!(code, 1, "{out}{err}");
-    assert!(err.contains("6 migrations pending: 1, 2, 3, 4, 5, 6"), "{err}");
+    assert!(
+        err.contains("6 migrations pending: 1, 2, 3, 4, 5, 6"),
+        "{err}"
+    );
     assert!(
         !work.path().join("db/fresh.db").exists(),
         "--check applies nothing"
