@@ -28,8 +28,13 @@ pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
                 tracing::warn!(error = %e, "heartbeat schedules not synchronised");
             }
         }
+        let mut pruned_at: Option<Instant> = None;
         loop {
             epoch.mark_unchanged();
+            if pruned_at.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+                pruned_at = Some(Instant::now());
+                prune(&weak).await;
+            }
             let wait = match pass(&weak).await {
                 Some(w) => w,
                 None => return,
@@ -49,6 +54,30 @@ pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
             }
         }
     });
+}
+
+/// How often finished fires older than `runRetention.maxAgeDays` are deleted.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Deletes old run records (removed jobs' too); once per fleet and hour on a shared database.
+async fn prune(weak: &Weak<Engine>) {
+    let Some(engine) = weak.upgrade() else { return };
+    let now = now_ms();
+    let ttl = i64::try_from(PRUNE_EVERY.as_millis()).unwrap_or(i64::MAX);
+    let others_turn = engine.store.is_shared()
+        && matches!(
+            engine.store.lease_claim("scheduler_prune", now, ttl).await,
+            Ok(false)
+        );
+    if others_turn {
+        return;
+    }
+    let age = i64::from(engine.scheduler.run_retention.max_age_days) * 24 * 3600 * 1000;
+    match engine.store.cron_prune(now - age).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(removed = n, "old cron run records removed"),
+        Err(e) => tracing::warn!(error = %e, "cron run records not pruned"),
+    }
 }
 
 /// One look at the due times: fires what is due (while slots are free) and answers how long
