@@ -326,6 +326,7 @@ impl Engine {
         let mut started = Vec::new();
         for job in self.store.cron_due(now, tenant.only(), limit).await? {
             let Some(due) = job.next_due_at else { continue };
+            let now = now_ms();
             let Some(slot) = super::FireSlots::take(&self.control, self.fire_limit()) else {
                 break;
             };

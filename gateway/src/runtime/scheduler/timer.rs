@@ -111,6 +111,8 @@ async fn due_pass(
         let limit = i64::try_from(free).unwrap_or(i64::MAX);
         for job in engine.store.cron_due(now, None, limit).await? {
             let Some(due) = job.next_due_at else { continue };
+            // Each claim at its own instant: the run record's ts is when this fire started.
+            let now = now_ms();
             let schedule = match jobs::job_schedule(&job) {
                 Ok(s) => s,
                 Err(e) => {
