@@ -450,76 +450,99 @@ impl Store {
         trigger: &str,
         now: i64,
     ) -> Result<Option<Claimed>, GatewayError> {
+        let mut won = self.cron_claims(&[(job, claim, trigger)], now).await?;
+        Ok(won.pop().flatten())
+    }
+
+    /// Claims fires for this node in one transaction (the fires due in one timer pass cost one
+    /// commit): for each `(job, claim, trigger)`, the claim when it was won. A due time that
+    /// already has a record (never expected) moves the job on without a fire.
+    pub async fn cron_claims(
+        &self,
+        claims: &[(&JobRow, ClaimKind, &str)],
+        now: i64,
+    ) -> Result<Vec<Option<Claimed>>, GatewayError> {
         let node = self.node();
-        let result = on_pool!(self.pool(), |p| {
+        let mut out = Vec::with_capacity(claims.len());
+        on_pool!(self.pool(), |p| {
             let mut tx = p.begin().await?;
-            let seq: Option<i64> = match claim {
-                ClaimKind::Scheduled { due, next } => {
-                    sqlx::query_scalar(
-                        "UPDATE cron_jobs SET next_due_at = $1, fire_seq = fire_seq + 1, \
-                         running_since = $2, running_node = $3, last_run_at = $2, updated_at = $2, \
-                         enabled = CASE WHEN $1 IS NULL THEN 0 ELSE enabled END \
-                         WHERE job_id = $4 AND next_due_at = $5 AND enabled = 1 \
-                         AND running_since IS NULL RETURNING fire_seq",
-                    )
-                    .bind(next)
-                    .bind(now)
-                    .bind(node)
-                    .bind(&job.job_id)
-                    .bind(due)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                }
-                ClaimKind::Manual => {
-                    sqlx::query_scalar(
-                        "UPDATE cron_jobs SET fire_seq = fire_seq + 1, running_since = $1, \
-                         running_node = $2, last_run_at = $1, updated_at = $1 \
-                         WHERE job_id = $3 AND running_since IS NULL RETURNING fire_seq",
-                    )
-                    .bind(now)
-                    .bind(node)
-                    .bind(&job.job_id)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                }
-            };
-            let Some(fire_seq) = seq else {
-                return Ok(None);
-            };
-            let due_at = match claim {
-                ClaimKind::Scheduled { due, .. } => due,
-                ClaimKind::Manual => now,
-            };
-            let inserted: Result<i64, sqlx::Error> = sqlx::query_scalar(
-                "INSERT INTO cron_runs (job_id, owner, job_name, agent_id, due_at, ts, \
-                 fire_trigger, status, node) VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8) \
-                 RETURNING id",
-            )
-            .bind(&job.job_id)
-            .bind(&job.owner)
-            .bind(text(&job.name))
-            .bind(&job.agent_id)
-            .bind(due_at)
-            .bind(now)
-            .bind(trigger)
-            .bind(node)
-            .fetch_one(&mut *tx)
-            .await;
-            match inserted {
-                Ok(record) => {
-                    tx.commit().await?;
-                    Ok::<_, sqlx::Error>(Some(Claimed {
+            for (job, claim, trigger) in claims {
+                let seq: Option<i64> = match *claim {
+                    ClaimKind::Scheduled { due, next } => {
+                        sqlx::query_scalar(
+                            "UPDATE cron_jobs SET next_due_at = $1, fire_seq = fire_seq + 1, \
+                             running_since = $2, running_node = $3, last_run_at = $2, \
+                             updated_at = $2, enabled = CASE WHEN $1 IS NULL THEN 0 ELSE enabled END \
+                             WHERE job_id = $4 AND next_due_at = $5 AND enabled = 1 \
+                             AND running_since IS NULL RETURNING fire_seq",
+                        )
+                        .bind(next)
+                        .bind(now)
+                        .bind(node)
+                        .bind(&job.job_id)
+                        .bind(due)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                    }
+                    ClaimKind::Manual => {
+                        sqlx::query_scalar(
+                            "UPDATE cron_jobs SET fire_seq = fire_seq + 1, running_since = $1, \
+                             running_node = $2, last_run_at = $1, updated_at = $1 \
+                             WHERE job_id = $3 AND running_since IS NULL RETURNING fire_seq",
+                        )
+                        .bind(now)
+                        .bind(node)
+                        .bind(&job.job_id)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                    }
+                };
+                let Some(fire_seq) = seq else {
+                    out.push(None);
+                    continue;
+                };
+                let due_at = match *claim {
+                    ClaimKind::Scheduled { due, .. } => due,
+                    ClaimKind::Manual => now,
+                };
+                let record: Option<i64> = sqlx::query_scalar(
+                    "INSERT INTO cron_runs (job_id, owner, job_name, agent_id, due_at, ts, \
+                     fire_trigger, status, node) VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8) \
+                     ON CONFLICT (job_id, due_at) DO NOTHING RETURNING id",
+                )
+                .bind(&job.job_id)
+                .bind(&job.owner)
+                .bind(text(&job.name))
+                .bind(&job.agent_id)
+                .bind(due_at)
+                .bind(now)
+                .bind(*trigger)
+                .bind(node)
+                .fetch_optional(&mut *tx)
+                .await?;
+                match record {
+                    Some(record) => out.push(Some(Claimed {
                         fire_seq,
                         record,
                         due_at,
-                    }))
+                    })),
+                    None => {
+                        // This due time has a record already: never a second fire of it.
+                        sqlx::query(
+                            "UPDATE cron_jobs SET running_since = NULL, running_node = NULL \
+                             WHERE job_id = $1 AND fire_seq = $2",
+                        )
+                        .bind(&job.job_id)
+                        .bind(fire_seq)
+                        .execute(&mut *tx)
+                        .await?;
+                        out.push(None);
+                    }
                 }
-                // This due time has a record already: never a second fire of it.
-                Err(e) if is_unique_violation(&e) => Ok(None),
-                Err(e) => Err(e),
             }
+            tx.commit().await?;
         });
-        Ok(result?)
+        Ok(out)
     }
 
     /// Records a fire's outcome and releases the job (when the claim is still this fire's).

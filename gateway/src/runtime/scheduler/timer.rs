@@ -109,10 +109,9 @@ async fn due_pass(
     let free = max.saturating_sub(engine.control.fire_slots.running());
     if free > 0 {
         let limit = i64::try_from(free).unwrap_or(i64::MAX);
+        let mut batch = Vec::new();
         for job in engine.store.cron_due(now, None, limit).await? {
             let Some(due) = job.next_due_at else { continue };
-            // Each claim at its own instant: the run record's ts is when this fire started.
-            let now = now_ms();
             let schedule = match jobs::job_schedule(&job) {
                 Ok(s) => s,
                 Err(e) => {
@@ -145,8 +144,17 @@ async fn due_pass(
                 due,
                 next: plan.next,
             };
-            if let Some(claimed) = engine.store.cron_claim(&job, claim, trigger, now).await? {
-                super::fire::spawn(engine.clone(), job, claimed, trigger, slot);
+            batch.push((job, claim, trigger, slot));
+        }
+        // Every fire of the pass claimed in one transaction: one commit, however many are due
+        // in the same instant; a fire's record takes the instant of its claim.
+        if !batch.is_empty() {
+            let claims: Vec<_> = batch.iter().map(|(j, c, t, _)| (j, *c, *t)).collect();
+            let won = engine.store.cron_claims(&claims, now_ms()).await?;
+            for ((job, _, trigger, slot), claimed) in batch.into_iter().zip(won) {
+                if let Some(claimed) = claimed {
+                    super::fire::spawn(engine.clone(), job, claimed, trigger, slot);
+                }
             }
         }
     }
