@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 use crate::runtime::domain::HeartbeatSettings;
+use crate::runtime::scheduler::gate::GateSpec;
 
 /// The message of a heartbeat tick when none is configured.
 pub const HEARTBEAT_PROMPT: &str =
@@ -99,7 +100,7 @@ pub struct JobConfig {
     pub enabled: bool,
     /// A check run before each fire that may skip the model turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wake_gate: Option<WakeGateConfig>,
+    pub wake_gate: Option<GateSpec>,
 }
 
 fn yes() -> bool {
@@ -110,8 +111,7 @@ fn yes() -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ScheduleConfig {
-    /// cron | interval | once.
-    pub kind: String,
+    pub kind: ScheduleKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,22 +122,13 @@ pub struct ScheduleConfig {
     pub at: Option<String>,
 }
 
-/// `scheduler.jobs.<name>.wakeGate`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct WakeGateConfig {
-    /// Executable inside the agent's workspace (relative path, no `..`).
-    pub script: String,
-    /// Arguments (at most 16; no shell is involved).
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Time the gate may take (1-300); a gate that times out fails open.
-    #[serde(default = "ten")]
-    pub timeout_seconds: u32,
-}
-
-fn ten() -> u32 {
-    10
+/// `scheduler.jobs.<name>.schedule.kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    Cron,
+    Interval,
+    Once,
 }
 
 /// Rules serde cannot express (schedules, agents and gate paths are checked when the engine

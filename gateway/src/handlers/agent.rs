@@ -23,17 +23,7 @@ use crate::scopes::Scopes;
 impl Rpc {
     /// The named agent, or the default agent.
     pub(crate) fn agent_or_default(&self, id: Option<&str>) -> Result<Arc<Agent>, GatewayError> {
-        let engine = self.engine();
-        match id {
-            Some(id) => engine.agents.require(id),
-            None => {
-                let id = engine
-                    .agents
-                    .default_id()
-                    .ok_or_else(|| GatewayError::Unavailable("No agent is configured".into()))?;
-                engine.agents.require(&id)
-            }
-        }
+        self.engine().agents.require_or_default(id)
     }
 
     /// The stored session a key object names: in the caller's tenant unless it names one (the

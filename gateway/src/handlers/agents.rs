@@ -44,7 +44,7 @@ impl Rpc {
 /// A heartbeat given with an agent's settings runs in a heartbeat session of that agent.
 fn check_heartbeat(id: &str, config: &AgentSettings) -> Result<(), GatewayError> {
     if let Some(h) = &config.heartbeat {
-        crate::runtime::scheduler::beat::session_for(id, h)
+        crate::runtime::scheduler::beat::check(id, h)
             .map_err(|e| GatewayError::InvalidParams(format!("config.heartbeat.{e}")))?;
     }
     Ok(())

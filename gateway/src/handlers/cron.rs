@@ -12,6 +12,7 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::CallContext;
 use crate::runtime::scheduler::jobs::{fire_to_wire, job_to_wire};
+use crate::store::now_ms;
 
 impl CronApi for Rpc {
     async fn add(
@@ -90,7 +91,8 @@ impl CronApi for Rpc {
                 })
             }
             CronRunParamsMode::Due => {
-                let started = engine.cron_due_now(ctx.tenant()).await?;
+                let owner = ctx.tenant().only();
+                let started = engine.fire_due(now_ms(), owner, Some("due")).await?;
                 Ok(CronRunResult {
                     triggered: true,
                     mode: CronRunResultMode::Due,
@@ -108,29 +110,25 @@ impl CronApi for Rpc {
     ) -> Result<CronRunsResult, GatewayError> {
         let engine = self.engine();
         // Admin naming a job that exists reads that job's runs (by its id); otherwise the
-        // runs recorded under the name (a removed job's too).
-        let key = match engine
+        // runs recorded under the name (a removed job's too; admin: every owner's).
+        let job = match engine
             .store
             .cron_job(ctx.tenant(), &ctx.client_id, &p.job_name)
             .await
         {
-            Ok(Some(job)) if ctx.tenant().is_any() => job.job_id,
-            Ok(_) | Err(GatewayError::Conflict(_)) => p.job_name.clone(),
+            Ok(job) => job,
+            Err(GatewayError::Conflict(_)) => None,
             Err(e) => return Err(e),
+        };
+        let key = match &job {
+            Some(job) if ctx.tenant().is_any() => job.job_id.as_str(),
+            _ => p.job_name.as_str(),
         };
         let runs = engine
             .store
-            .cron_runs(ctx.tenant(), &key, p.agent_id.as_deref(), p.limit)
+            .cron_runs(ctx.tenant(), key, p.agent_id.as_deref(), p.limit)
             .await?;
-        if runs.is_empty()
-            && engine
-                .store
-                .cron_job(ctx.tenant(), &ctx.client_id, &p.job_name)
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-        {
+        if runs.is_empty() && job.is_none() {
             return Err(GatewayError::NotFound(format!(
                 "Cron job not found: {}",
                 p.job_name

@@ -232,6 +232,19 @@ impl Agents {
         self.read().values().cloned().collect()
     }
 
+    /// The agent `id`, or the default agent when None; -32003 when no agent is configured.
+    pub fn require_or_default(&self, id: Option<&str>) -> Result<Arc<Agent>, GatewayError> {
+        match id {
+            Some(id) => self.require(id),
+            None => {
+                let id = self
+                    .default_id()
+                    .ok_or_else(|| GatewayError::Unavailable("No agent is configured".into()))?;
+                self.require(&id)
+            }
+        }
+    }
+
     /// The configured default when it exists, else `default`, else the first id.
     pub fn default_id(&self) -> Option<String> {
         let map = self.read();

@@ -186,6 +186,41 @@ pub struct HeartbeatSettings {
     pub target_is_dm: Option<bool>,
 }
 
+impl HeartbeatSettings {
+    /// `top`'s members where set, else `self`'s. The destructuring names every member, so a
+    /// member added to the struct and not here is a compile error.
+    pub fn overlaid(self, top: Self) -> Self {
+        macro_rules! overlay {
+            ($($m:ident),*) => {{
+                let Self { $($m),* } = top;
+                Self { $($m: $m.or(self.$m)),* }
+            }};
+        }
+        overlay!(
+            enabled,
+            interval_ms,
+            prompt,
+            active_hours,
+            model,
+            session,
+            show_ok,
+            show_alerts,
+            allow_dm,
+            light_context,
+            ack_max_chars,
+            response_prefix,
+            skip_heartbeat_only_delivery,
+            alert_threshold,
+            alert_cooldown_ms,
+            stale_ms,
+            target_channel_type,
+            target_channel_id,
+            target_chat_id,
+            target_is_dm
+        )
+    }
+}
+
 /// A daily window (`HH:MM` to `HH:MM` or `24:00`) in a time zone.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

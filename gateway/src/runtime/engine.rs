@@ -94,11 +94,7 @@ fn spawn_media_sweeper(
                 let Some(store) = store.upgrade() else { return };
                 let now = crate::store::now_ms();
                 let ttl = i64::try_from(every.as_millis()).unwrap_or(i64::MAX) / 2;
-                // Another node's turn only when the lease says so; a lease error sweeps anyway
-                // (sweeping twice is harmless, never sweeping is not).
-                let others_turn = db.is_shared()
-                    && matches!(db.lease_claim("media_sweep", now, ttl).await, Ok(false));
-                if !others_turn {
+                if db.takes_turn("media_sweep", now, ttl).await {
                     match store.sweep(now).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(removed = n, "expired media files swept"),
@@ -309,7 +305,7 @@ async fn seed(
             &format!("agents.{id}"),
         )?;
         if let Some(h) = &cfg.heartbeat {
-            crate::runtime::scheduler::beat::session_for(id, h)
+            crate::runtime::scheduler::beat::check(id, h)
                 .map_err(|e| GatewayError::InvalidParams(format!("agents.{id}.heartbeat.{e}")))?;
         }
         agent_registry

@@ -88,6 +88,13 @@ impl Store {
         .rows_affected()))
     }
 
+    /// Whether this node does the once-per-fleet work `name` now: always on a database of its
+    /// own; on a shared one when it holds the lease. A lease error answers yes (doing the work
+    /// twice is harmless, never doing it is not).
+    pub async fn takes_turn(&self, name: &str, now: i64, ttl_ms: i64) -> bool {
+        !self.is_shared() || !matches!(self.lease_claim(name, now, ttl_ms).await, Ok(false))
+    }
+
     /// Takes the lease `name` for this node until `now + ttl_ms` when it is free, expired, or
     /// already this node's; whether this node holds it now. One node of the fleet wins.
     pub async fn lease_claim(

@@ -619,7 +619,8 @@ impl Store {
         }))
     }
 
-    /// Every run record of one job, oldest first (tests and the bench read lateness from it).
+    /// Every run record of one job, oldest first.
+    #[cfg(test)]
     pub async fn cron_fires_of(&self, job_id: &str) -> Result<Vec<FireRow>, GatewayError> {
         Ok(on_pool!(self.pool(), |p| {
             let rows = sqlx::query("SELECT * FROM cron_runs WHERE job_id = $1 ORDER BY id")

@@ -66,29 +66,11 @@ pub fn effective(
         stale_ms: Some(0),
         ..HeartbeatSettings::default()
     };
-    let mut out = over(builtin, defaults.clone());
-    if let Some(own) = own {
-        out = over(out, own.clone());
+    let out = builtin.overlaid(defaults.clone());
+    match own {
+        Some(own) => out.overlaid(own.clone()),
+        None => out,
     }
-    out
-}
-
-/// `top`'s members where set, else `base`'s.
-pub fn over(base: HeartbeatSettings, top: HeartbeatSettings) -> HeartbeatSettings {
-    let wire_base = wire::HeartbeatConfig::from(base);
-    let wire_top = wire::HeartbeatConfig::from(top);
-    let mut b = serde_json::to_value(wire_base).unwrap_or_default();
-    if let (Some(b), serde_json::Value::Object(t)) = (
-        b.as_object_mut(),
-        serde_json::to_value(wire_top).unwrap_or_default(),
-    ) {
-        for (k, v) in t {
-            b.insert(k, v);
-        }
-    }
-    serde_json::from_value::<wire::HeartbeatConfig>(b)
-        .map(HeartbeatSettings::from)
-        .unwrap_or_default()
 }
 
 /// The heartbeat session of `agent` the settings name (a key `agent:<agent>:heartbeat:system:
@@ -109,6 +91,18 @@ pub fn session_for(
              (agent:{agent}:heartbeat:system:<name>), not {key}"
         ))),
     }
+}
+
+/// What heartbeat settings must pass beyond their schema, wherever they are written (the
+/// file, agents.create/update, heartbeat.update): the session is a heartbeat session of the
+/// agent, and the active hours' zone exists.
+pub fn check(agent: &str, settings: &HeartbeatSettings) -> Result<(), GatewayError> {
+    session_for(agent, settings)?;
+    if let Some(h) = &settings.active_hours {
+        ActiveHours::parse(&h.start, &h.end, h.tz.as_deref())
+            .map_err(|e| GatewayError::InvalidParams(format!("{}: {}", e.member, e.why)))?;
+    }
+    Ok(())
 }
 
 /// The next scheduled tick after `after` (None: scheduled ticks are off), moved into the
@@ -205,7 +199,7 @@ impl Engine {
     ) -> Result<(bool, HeartbeatSettings), GatewayError> {
         let agent = self.agents.require(agent_id)?;
         let own = agent.config.heartbeat.clone().unwrap_or_default();
-        let mut merged = over(own.clone(), change);
+        let mut merged = own.clone().overlaid(change);
         if merged
             .active_hours
             .as_ref()
@@ -213,11 +207,7 @@ impl Engine {
         {
             merged.active_hours = None;
         }
-        if let Some(h) = &merged.active_hours {
-            ActiveHours::parse(&h.start, &h.end, h.tz.as_deref())
-                .map_err(|e| GatewayError::InvalidParams(format!("{}: {}", e.member, e.why)))?;
-        }
-        session_for(&agent.id, &merged)?;
+        check(&agent.id, &merged)?;
         if merged == own {
             return Ok((false, own));
         }
@@ -227,7 +217,6 @@ impl Engine {
         };
         let snap = self.providers.snapshot();
         self.agents.update(&agent.id, change, &snap, false).await?;
-        self.store.announce("agents").await;
         let now = now_ms();
         let settings = effective(&self.scheduler.heartbeat, Some(&merged));
         self.store
@@ -431,7 +420,6 @@ fn spawn_tick(
         {
             tracing::error!(agent = %agent.id, error = %e, "heartbeat outcome not recorded");
         }
-        engine.scheduler_changed().await;
     });
 }
 

@@ -73,7 +73,8 @@ async fn fire(engine: &Arc<Engine>, job: &JobRow, claimed: Claimed, trigger: &st
                "rootRunId": outcome.root_run_id, "error": outcome.error,
                "gate": outcome.gate.as_deref().and_then(|g| serde_json::from_str::<serde_json::Value>(g).ok())}),
     );
-    engine.scheduler_changed().await;
+    // Releasing the slot (when the task ends) re-arms this node's timer for the job's next
+    // due time; other nodes need not hear of it.
 }
 
 /// The gate, then the turn.

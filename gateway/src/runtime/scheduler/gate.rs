@@ -47,17 +47,23 @@ const BUSY_RETRY_DELAYS_MS: [u64; 4] = [10, 25, 50, 100];
 /// Read chunk for draining pipes.
 const READ_CHUNK: usize = 8192;
 
-/// A cron job's wake gate, as declared in the operator's configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// A cron job's wake gate, as declared in the operator's configuration
+/// (`scheduler.jobs.<name>.wakeGate`) and stored with the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GateSpec {
     /// Path of the script, relative to the agent's workspace.
     pub script: String,
     /// Arguments passed verbatim (no shell).
     #[serde(default)]
     pub args: Vec<String>,
-    /// Wall-clock limit for one run, `1..=300`.
+    /// Wall-clock limit for one run, `1..=300`; a gate that times out fails open.
+    #[serde(default = "default_timeout")]
     pub timeout_seconds: u32,
+}
+
+fn default_timeout() -> u32 {
+    10
 }
 
 /// What the gate is told about the fire, through `GATEWAY_*` environment variables.
@@ -88,11 +94,6 @@ impl Decision {
             Decision::Skip => "skip",
             Decision::FailedOpen => "failed_open",
         }
-    }
-
-    /// Whether the model turn should run.
-    pub fn runs_turn(self) -> bool {
-        !matches!(self, Decision::Skip)
     }
 }
 
@@ -884,8 +885,6 @@ mod tests {
         assert_eq!(Decision::Wake.as_str(), "wake");
         assert_eq!(Decision::Skip.as_str(), "skip");
         assert_eq!(Decision::FailedOpen.as_str(), "failed_open");
-        assert!(Decision::FailedOpen.runs_turn());
-        assert!(!Decision::Skip.runs_turn());
     }
 
     #[test]

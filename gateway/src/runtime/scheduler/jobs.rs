@@ -4,13 +4,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::config::scheduler::{JobConfig, ScheduleConfig};
+use crate::config::scheduler::{JobConfig, MissedFires, ScheduleConfig, ScheduleKind};
 use crate::error::GatewayError;
 use crate::rpc::generated::types as wire;
 use crate::runtime::agents::Agents;
 use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::gate::GateSpec;
-use crate::runtime::scheduler::schedule::{Invalid, Kind, Schedule, ScheduleSpec};
+use crate::runtime::scheduler::schedule::{self, Invalid, Kind, Schedule, ScheduleSpec, Trigger};
+use crate::runtime::scheduler::FireSlots;
 use crate::store::now_ms;
 use crate::store::scheduler::{ClaimKind, FireRow, JobRow, CONFIG_OWNER};
 use crate::tenancy::Tenant;
@@ -49,24 +50,19 @@ pub fn parse(s: &wire::CronSchedule, now: i64) -> Result<Schedule, GatewayError>
 }
 
 /// A schedule written in the configuration file, in its wire form.
-pub fn schedule_of_config(s: &ScheduleConfig) -> Result<wire::CronSchedule, GatewayError> {
-    let kind = match s.kind.as_str() {
-        "cron" => wire::CronScheduleKind::Cron,
-        "interval" => wire::CronScheduleKind::Interval,
-        "once" => wire::CronScheduleKind::Once,
-        other => {
-            return Err(GatewayError::InvalidParams(format!(
-                "schedule.kind: {other:?} is not one of cron, interval, once"
-            )))
-        }
+pub fn schedule_of_config(s: &ScheduleConfig) -> wire::CronSchedule {
+    let kind = match s.kind {
+        ScheduleKind::Cron => wire::CronScheduleKind::Cron,
+        ScheduleKind::Interval => wire::CronScheduleKind::Interval,
+        ScheduleKind::Once => wire::CronScheduleKind::Once,
     };
-    Ok(wire::CronSchedule {
+    wire::CronSchedule {
         kind,
         expr: s.expr.clone(),
         tz: s.tz.clone(),
         every_ms: s.every_ms,
         at: s.at.clone(),
-    })
+    }
 }
 
 /// The stored schedule of a job.
@@ -167,11 +163,6 @@ impl Engine {
         self.store.announce(super::ANNOUNCE).await;
     }
 
-    /// The agent a job names (the default agent when none).
-    fn job_agent(&self, id: Option<&str>) -> Result<String, GatewayError> {
-        agent_for(&self.agents, id)
-    }
-
     /// cron.add: a new job of `owner`.
     pub async fn cron_add(
         &self,
@@ -186,7 +177,7 @@ impl Engine {
                 "name: job_<32 hex> is the form of job ids; choose another name".into(),
             ));
         }
-        let agent_id = self.job_agent(agent_id)?;
+        let agent_id = self.agents.require_or_default(agent_id)?.id.clone();
         let now = now_ms();
         let parsed = parse(schedule, now)?;
         let row = JobRow {
@@ -236,7 +227,7 @@ impl Engine {
             job.message = m.clone();
         }
         if let Some(a) = &p.agent_id {
-            job.agent_id = self.job_agent(Some(a))?;
+            job.agent_id = self.agents.require(a)?.id.clone();
         }
         let mut replan = false;
         if let Some(s) = &p.schedule {
@@ -294,7 +285,7 @@ impl Engine {
     /// cron.run force: fires `job` now on this node, whatever its schedule. -32002 when it is
     /// firing already or every fire slot is taken.
     pub async fn cron_force(self: &Arc<Self>, job: JobRow) -> Result<(), GatewayError> {
-        let Some(slot) = super::FireSlots::take(&self.control, self.fire_limit()) else {
+        let Some(slot) = FireSlots::take(&self.control, self.fire_limit()) else {
             return Err(GatewayError::Busy(format!(
                 "Every scheduler slot is taken (scheduler.maxConcurrentRuns {}); try again",
                 self.scheduler.max_concurrent_runs
@@ -315,31 +306,71 @@ impl Engine {
         Ok(())
     }
 
-    /// cron.run due: fires the overdue jobs `tenant` reaches (as the timer would, without
-    /// waiting for it); the names of those started.
-    pub async fn cron_due_now(
+    /// Fires the jobs due at `now` (of `owner` only, when given) while fire slots are free,
+    /// all claimed in one transaction; the names of the fires started. The timer passes no
+    /// trigger and the catch-up policy decides; cron.run due passes `due` and fires every
+    /// overdue job it reaches, whatever the policy.
+    pub async fn fire_due(
         self: &Arc<Self>,
-        tenant: &Tenant,
+        now: i64,
+        owner: Option<&str>,
+        trigger: Option<&'static str>,
     ) -> Result<Vec<String>, GatewayError> {
-        let now = now_ms();
-        let limit = i64::try_from(self.fire_limit()).unwrap_or(i64::MAX);
-        let mut started = Vec::new();
-        for job in self.store.cron_due(now, tenant.only(), limit).await? {
+        let max = self.fire_limit();
+        let free = max.saturating_sub(self.control.fire_slots.running());
+        if free == 0 {
+            return Ok(Vec::new());
+        }
+        let policy = match self.scheduler.missed_fires {
+            MissedFires::Once => schedule::MissedFires::Once,
+            MissedFires::Skip => schedule::MissedFires::Skip,
+        };
+        let tolerance = i64::try_from(self.scheduler.late_tolerance_ms).unwrap_or(i64::MAX);
+        let limit = i64::try_from(free).unwrap_or(i64::MAX);
+        let mut batch = Vec::new();
+        for job in self.store.cron_due(now, owner, limit).await? {
             let Some(due) = job.next_due_at else { continue };
-            let now = now_ms();
-            let Some(slot) = super::FireSlots::take(&self.control, self.fire_limit()) else {
+            let schedule = match job_schedule(&job) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(job = %job.job_id, error = %e, "cron job unreadable; disabled");
+                    self.store.cron_advance(&job.job_id, due, None, now).await?;
+                    continue;
+                }
+            };
+            let plan = schedule::plan(&schedule, job.anchor_at, due, now, policy, tolerance);
+            let fire = match (trigger, plan.fire) {
+                (Some(t), _) => t,
+                (None, Some(Trigger::Schedule)) => "schedule",
+                (None, Some(Trigger::CatchUp)) => "catch_up",
+                (None, None) => {
+                    self.store
+                        .cron_advance(&job.job_id, due, plan.next, now)
+                        .await?;
+                    continue;
+                }
+            };
+            let Some(slot) = FireSlots::take(&self.control, max) else {
                 break;
             };
-            let schedule = job_schedule(&job)?;
-            let next = schedule.next_after(now, job.anchor_at);
-            let claim = ClaimKind::Scheduled { due, next };
-            if let Some(claimed) = self.store.cron_claim(&job, claim, "due", now).await? {
-                started.push(job.name.clone());
-                super::fire::spawn(self.clone(), job, claimed, "due", slot);
-            }
+            let claim = ClaimKind::Scheduled {
+                due,
+                next: plan.next,
+            };
+            batch.push((job, claim, fire, slot));
         }
-        if !started.is_empty() {
-            self.scheduler_changed().await;
+        // One commit however many fires are due in the same instant; each record takes the
+        // instant of the claim.
+        let mut started = Vec::new();
+        if !batch.is_empty() {
+            let claims: Vec<_> = batch.iter().map(|(j, c, t, _)| (j, *c, *t)).collect();
+            let won = self.store.cron_claims(&claims, now_ms()).await?;
+            for ((job, _, fire, slot), claimed) in batch.into_iter().zip(won) {
+                if let Some(claimed) = claimed {
+                    started.push(job.name.clone());
+                    super::fire::spawn(self.clone(), job, claimed, fire, slot);
+                }
+            }
         }
         Ok(started)
     }
@@ -386,16 +417,6 @@ impl Engine {
     }
 }
 
-/// The agent a job names (the default agent when none).
-fn agent_for(agents: &Agents, id: Option<&str>) -> Result<String, GatewayError> {
-    match id {
-        Some(id) => Ok(agents.require(id)?.id.clone()),
-        None => agents
-            .default_id()
-            .ok_or_else(|| GatewayError::NotFound("Agent not found: no agent".into())),
-    }
-}
-
 /// Judges every job of the configuration file (check-config and restarts run it).
 pub fn check_config_jobs(
     agents: &Agents,
@@ -431,19 +452,17 @@ fn config_job_row(
     if cfg.message.is_empty() {
         return Err("message: must not be empty".into());
     }
-    let agent_id =
-        agent_for(agents, cfg.agent_id.as_deref()).map_err(|e| format!("agentId: {e}"))?;
-    let schedule = schedule_of_config(&cfg.schedule).map_err(|e| e.to_string())?;
+    let agent_id = agents
+        .require_or_default(cfg.agent_id.as_deref())
+        .map_err(|e| format!("agentId: {e}"))?
+        .id
+        .clone();
+    let schedule = schedule_of_config(&cfg.schedule);
     let parsed = parse(&schedule, 0).map_err(|e| e.to_string())?;
     let gate = match &cfg.wake_gate {
-        Some(g) => {
-            let spec = GateSpec {
-                script: g.script.clone(),
-                args: g.args.clone(),
-                timeout_seconds: g.timeout_seconds,
-            };
-            super::gate::check_spec(&spec).map_err(|e| format!("wakeGate: {e}"))?;
-            Some(to_json(&spec).map_err(|e| e.to_string())?)
+        Some(spec) => {
+            super::gate::check_spec(spec).map_err(|e| format!("wakeGate: {e}"))?;
+            Some(to_json(spec).map_err(|e| e.to_string())?)
         }
         None => None,
     };

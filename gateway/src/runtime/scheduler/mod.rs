@@ -100,16 +100,19 @@ pub(crate) fn failure_text(t: &crate::runtime::turn::TurnOutcome) -> String {
     }
 }
 
+/// At most `max` characters of `text`, with `…` where it was cut.
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
 /// A short, single-line excerpt of an agent's answer for a run record.
 pub(crate) fn summary_of(text: &str) -> String {
-    const MAX: usize = 200;
     let flat: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    let flat = flat.trim();
-    match flat.char_indices().nth(MAX) {
-        Some((i, _)) => format!("{}…", &flat[..i]),
-        None => flat.to_owned(),
-    }
+    clip(flat.trim(), 200)
 }

@@ -193,14 +193,7 @@ fn parse_zone(name: Option<&str>, member: &'static str) -> Result<Tz, Invalid> {
 
 /// Keeps an echoed client string short enough for an error message.
 fn clip(text: &str) -> String {
-    const MAX_CHARS: usize = 64;
-    if text.chars().count() <= MAX_CHARS {
-        text.to_string()
-    } else {
-        let mut clipped: String = text.chars().take(MAX_CHARS).collect();
-        clipped.push('…');
-        clipped
-    }
+    super::clip(text, 64)
 }
 
 fn parse_cron(spec: &ScheduleSpec<'_>, now_ms: i64) -> Result<Schedule, Invalid> {
@@ -633,12 +626,6 @@ impl ActiveHours {
         })
     }
 
-    /// Whether the wall clock at `at_ms` lies inside the window.
-    #[must_use]
-    pub fn contains(&self, at_ms: i64) -> bool {
-        self.contains_time_of_day(time_of_day(wall_of(self.zone, at_ms)))
-    }
-
     fn contains_time_of_day(&self, time_of_day_ms: i64) -> bool {
         let (start, end) = (self.start_ms, self.end_ms);
         if start == end {
@@ -680,10 +667,6 @@ impl ActiveHours {
         }
         from
     }
-}
-
-fn wall_of(zone: Zone, at_ms: i64) -> i64 {
-    at_ms.saturating_add(zone.offset_ms(at_ms))
 }
 
 fn time_of_day(wall_ms: i64) -> i64 {
@@ -1436,8 +1419,8 @@ mod tests {
         );
         let early = local("Europe/Paris", 2026, 6, 2, 6, 0);
         assert_eq!(h.next_open(early), local("Europe/Paris", 2026, 6, 2, 9, 0));
-        assert!(h.contains(inside));
-        assert!(!h.contains(evening));
+        assert_eq!(h.next_open(inside), inside, "inside the window");
+        assert_ne!(h.next_open(evening), evening, "outside the window");
     }
 
     #[test]
@@ -1560,7 +1543,7 @@ mod tests {
             .format("%H:%M")
             .to_string();
         if opens == NOW {
-            assert!(h.contains(NOW));
+            assert_eq!(h.next_open(NOW), NOW);
         } else {
             assert_eq!(wall, "09:00");
         }

@@ -7,12 +7,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::scheduler::MissedFires;
 use crate::runtime::engine::Engine;
-use crate::runtime::scheduler::schedule::{self, Trigger};
-use crate::runtime::scheduler::{jobs, FireSlots, MAX_SLEEP};
+use crate::runtime::scheduler::MAX_SLEEP;
 use crate::store::now_ms;
-use crate::store::scheduler::ClaimKind;
 
 /// Starts the generation's timer (nothing when `scheduler.enabled` is false). It ends when the
 /// generation stops or its engine is dropped.
@@ -64,12 +61,7 @@ async fn prune(weak: &Weak<Engine>) {
     let Some(engine) = weak.upgrade() else { return };
     let now = now_ms();
     let ttl = i64::try_from(PRUNE_EVERY.as_millis()).unwrap_or(i64::MAX);
-    let others_turn = engine.store.is_shared()
-        && matches!(
-            engine.store.lease_claim("scheduler_prune", now, ttl).await,
-            Ok(false)
-        );
-    if others_turn {
+    if !engine.store.takes_turn("scheduler_prune", now, ttl).await {
         return;
     }
     let age = i64::from(engine.scheduler.run_retention.max_age_days) * 24 * 3600 * 1000;
@@ -99,65 +91,14 @@ async fn pass(weak: &Weak<Engine>) -> Option<Duration> {
     Some(Duration::from_millis(wait).min(MAX_SLEEP))
 }
 
-/// Fires due jobs and ticks; the earliest due time left (None: nothing scheduled). A due time
-/// that waits for a slot is not returned: the slot's release re-arms the timer.
+/// Fires due jobs and ticks; the earliest due time left (None: nothing scheduled). Due work
+/// that waits for a slot answers a second from now; a slot's release re-arms the timer sooner.
 async fn due_pass(
     engine: &Arc<Engine>,
     now: i64,
 ) -> Result<Option<i64>, crate::error::GatewayError> {
     let max = engine.fire_limit();
-    let free = max.saturating_sub(engine.control.fire_slots.running());
-    if free > 0 {
-        let limit = i64::try_from(free).unwrap_or(i64::MAX);
-        let mut batch = Vec::new();
-        for job in engine.store.cron_due(now, None, limit).await? {
-            let Some(due) = job.next_due_at else { continue };
-            let schedule = match jobs::job_schedule(&job) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(job = %job.job_id, error = %e, "cron job unreadable; disabled");
-                    let _ = engine.store.cron_advance(&job.job_id, due, None, now).await;
-                    continue;
-                }
-            };
-            let policy = match engine.scheduler.missed_fires {
-                MissedFires::Once => schedule::MissedFires::Once,
-                MissedFires::Skip => schedule::MissedFires::Skip,
-            };
-            let tolerance = i64::try_from(engine.scheduler.late_tolerance_ms).unwrap_or(i64::MAX);
-            let plan = schedule::plan(&schedule, job.anchor_at, due, now, policy, tolerance);
-            let Some(trigger) = plan.fire else {
-                engine
-                    .store
-                    .cron_advance(&job.job_id, due, plan.next, now)
-                    .await?;
-                continue;
-            };
-            let Some(slot) = FireSlots::take(&engine.control, max) else {
-                break;
-            };
-            let trigger = match trigger {
-                Trigger::Schedule => "schedule",
-                Trigger::CatchUp => "catch_up",
-            };
-            let claim = ClaimKind::Scheduled {
-                due,
-                next: plan.next,
-            };
-            batch.push((job, claim, trigger, slot));
-        }
-        // Every fire of the pass claimed in one transaction: one commit, however many are due
-        // in the same instant; a fire's record takes the instant of its claim.
-        if !batch.is_empty() {
-            let claims: Vec<_> = batch.iter().map(|(j, c, t, _)| (j, *c, *t)).collect();
-            let won = engine.store.cron_claims(&claims, now_ms()).await?;
-            for ((job, _, trigger, slot), claimed) in batch.into_iter().zip(won) {
-                if let Some(claimed) = claimed {
-                    super::fire::spawn(engine.clone(), job, claimed, trigger, slot);
-                }
-            }
-        }
-    }
+    engine.fire_due(now, None, None).await?;
     let beats_next = engine.beat_pass(now, max).await?;
     let cron_next = engine.store.cron_earliest().await?;
     let next = [cron_next, beats_next].into_iter().flatten().min();
