@@ -42,6 +42,15 @@ pub fn config_yaml(dir: &std::path::Path, extra: &str) -> String {
     )
 }
 
+/// A port free on 127.0.0.1 now (for a process that binds it itself).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub async fn start(extra: &str) -> Gateway {
     // The whole suite on PostgreSQL, on demand: every gateway without a store of its own gets a
     // fresh database on the suite's throwaway server.

@@ -194,14 +194,6 @@ async fn the_ws_byte_cap_is_four_bytes_per_character_then_1009() {
     gw.stop().await;
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The gateway binary as a child on a free port, healthy.
 async fn spawn_gateway(dir: &Path, extra: &str) -> (Child, u16) {
     let port = free_port();

@@ -11,14 +11,6 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The test configuration on a fixed free port, spawned and healthy.
 async fn spawn_configured(dir: &Path, extra: &str) -> (Child, u16) {
     let port = free_port();

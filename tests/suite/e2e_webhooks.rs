@@ -654,14 +654,6 @@ async fn the_replay_guard_survives_a_restart_and_ignores_the_unsigned_timestamp(
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn spawn_child(
     dir: &std::path::Path,
     config: &std::path::Path,

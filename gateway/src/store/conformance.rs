@@ -9,24 +9,25 @@ use super::runs::{Delivery, RunRow};
 use super::sessions::{MessageRow, NewSession, SessionFilter, TurnTotals};
 use super::usage::UsageRow;
 use super::Store;
-use crate::config::store::StoreConfig;
 use crate::tenancy::Tenant;
 
-/// `name::sqlite` and `name::postgres`, each running `body(store)`.
+/// `name::sqlite` and `name::postgres`, each running `name(store)` on a fresh database of
+/// that backend (the store's other test modules use it too).
 macro_rules! both {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             #[tokio::test]
             async fn sqlite() {
                 let dir = tempfile::tempdir().unwrap();
-                let store = super::Store::open(&dir.path().join("t.db")).await.unwrap();
+                let store = $crate::store::Store::open(&dir.path().join("t.db")).await.unwrap();
                 super::$name(store).await;
             }
 
             #[tokio::test]
             async fn postgres() {
-                let url = super::super::pg_harness::database().await;
-                let store = super::Store::connect_postgres(&url, &super::StoreConfig::default())
+                let url = $crate::store::pg_harness::database().await;
+                let config = $crate::config::store::StoreConfig::default();
+                let store = $crate::store::Store::connect_postgres(&url, &config)
                     .await
                     .unwrap();
                 super::$name(store).await;
@@ -34,6 +35,7 @@ macro_rules! both {
         }
     )*};
 }
+pub(super) use both;
 
 both!(
     sessions_and_transcripts,

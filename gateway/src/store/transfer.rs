@@ -1053,25 +1053,7 @@ mod tests {
             .unwrap()
     }
 
-    /// `name::sqlite` and `name::postgres`, each running `body(store)`.
-    macro_rules! both {
-        ($($name:ident),* $(,)?) => {$(
-            mod $name {
-                #[tokio::test]
-                async fn sqlite() {
-                    let dir = tempfile::tempdir().unwrap();
-                    super::$name(super::sqlite(&dir, "t.db").await).await;
-                }
-
-                #[tokio::test]
-                async fn postgres() {
-                    super::$name(super::postgres().await).await;
-                }
-            }
-        )*};
-    }
-
-    both!(
+    crate::store::conformance::both!(
         columns_match_the_schema,
         a_non_empty_target_is_refused,
         other_formats_and_schemas_are_refused,
