@@ -56,7 +56,7 @@ CREATE TABLE heartbeat_state (
     agent_id           TEXT PRIMARY KEY,
     next_due_at        BIGINT,               -- next scheduled tick; NULL: disabled or stopped
     wake_at            BIGINT,               -- the coalescer's one queued wake; NULL: none
-    wake_sources       TEXT,                 -- JSON array of the folded wakes' sources
+    wake_sources       TEXT,                 -- JSON array: the source of the wake that queued the tick
     bypass_backoff     BIGINT NOT NULL DEFAULT 0, -- the queued wake is a heartbeat.trigger
     running_since      BIGINT,
     running_node       TEXT,

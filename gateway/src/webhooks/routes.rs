@@ -244,15 +244,13 @@ async fn act(
             tracing::error!(mapping = %m.id, error = %e, "webhook wake not recorded");
             return Some(internal());
         }
-        let session = engine
-            .agents
-            .get(&agent.id)
-            .map(|a| engine.heartbeat_of(&a))
-            .and_then(|s| crate::runtime::scheduler::beat::session_for(&agent.id, &s).ok());
+        let session =
+            crate::runtime::scheduler::beat::session_for(&agent.id, &engine.heartbeat_of(&agent))
+                .ok();
         received(session.as_ref().map(|s| s.key.as_str()));
         return None;
     }
-    // A place in the queue first, so that a refused wake takes no pending event with it.
+    // A place in the queue first: a delivery refused for a full queue leaves nothing behind.
     let Some(place) = hooks.reserve() else {
         let mut resp = json_error(StatusCode::SERVICE_UNAVAILABLE, "Webhook run queue is full");
         resp.headers_mut().insert(

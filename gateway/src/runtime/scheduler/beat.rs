@@ -8,24 +8,19 @@
 //! every pending wake event, then the wake sources.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 
-use crate::auth::Principal;
 use crate::config::scheduler::HEARTBEAT_PROMPT;
 use crate::error::GatewayError;
-use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types as wire;
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::domain::HeartbeatSettings;
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::ErrorKind;
-use crate::runtime::runs::RunSpec;
 use crate::runtime::scheduler::schedule::ActiveHours;
 use crate::runtime::scheduler::{FireSlots, Slot};
 use crate::runtime::sessions::SessionIdent;
-use crate::scopes::Scopes;
 use crate::store::now_ms;
 use crate::store::scheduler::{BeatClaim, BeatFinish, BeatRow};
 
@@ -432,19 +427,13 @@ async fn tick(
 ) -> Result<(String, String), (bool, String)> {
     let session = session_for(&agent.id, settings).map_err(|e| (true, e.to_string()))?;
     let prompt = settings.prompt.as_deref().unwrap_or(HEARTBEAT_PROMPT);
-    let spec = RunSpec {
-        agent: agent.clone(),
+    let spec = engine.scheduled_run(
+        agent.clone(),
         session,
-        task: tick_message(prompt, claim),
-        caller: Principal::internal(HEARTBEAT_CALLER).context(None),
-        scopes: Scopes::only(Scope::Rpc),
-        parent_run_id: None,
-        max_steps: None,
-        model: settings.model.clone(),
-        only_tools: None,
-        timeout: Some(Duration::from_millis(engine.scheduler.fire_timeout_ms)),
-        delivery: None,
-    };
+        tick_message(prompt, claim),
+        HEARTBEAT_CALLER,
+        settings.model.clone(),
+    );
     let started = engine.start_run(spec).await.map_err(|e| {
         let permanent = matches!(
             e,

@@ -3,19 +3,14 @@
 //! turn; then its outcome in the run log and on the job.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 
-use crate::auth::Principal;
-use crate::rpc::generated::methods::Scope;
 use crate::rpc::generated::types::FinishReason;
 use crate::runtime::engine::Engine;
-use crate::runtime::runs::RunSpec;
 use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv, GateSpec};
 use crate::runtime::scheduler::{summary_of, Slot};
 use crate::runtime::sessions::SessionIdent;
-use crate::scopes::Scopes;
 use crate::store::now_ms;
 use crate::store::scheduler::{Claimed, FireOutcome, JobRow};
 
@@ -136,19 +131,7 @@ async fn turn(engine: &Arc<Engine>, job: &JobRow, session: SessionIdent) -> Fire
         Ok(a) => a,
         Err(e) => return failed(e.to_string()),
     };
-    let spec = RunSpec {
-        agent,
-        session,
-        task: job.message.clone(),
-        caller: Principal::internal(&job.owner).context(None),
-        scopes: Scopes::only(Scope::Rpc),
-        parent_run_id: None,
-        max_steps: None,
-        model: None,
-        only_tools: None,
-        timeout: Some(Duration::from_millis(engine.scheduler.fire_timeout_ms)),
-        delivery: None,
-    };
+    let spec = engine.scheduled_run(agent, session, job.message.clone(), &job.owner, None);
     let started = match engine.start_run(spec).await {
         Ok(s) => s,
         Err(e) => return failed(e.to_string()),

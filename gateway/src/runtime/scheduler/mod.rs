@@ -88,6 +88,35 @@ impl Drop for Slot {
     }
 }
 
+impl crate::runtime::engine::Engine {
+    /// A scheduled turn (a cron fire or a heartbeat tick) as a background run of `caller`, with
+    /// `rpc` tools only whoever set it up, ended after `scheduler.fireTimeoutMs`.
+    pub(crate) fn scheduled_run(
+        &self,
+        agent: Arc<crate::runtime::agents::Agent>,
+        session: crate::runtime::sessions::SessionIdent,
+        task: String,
+        caller: &str,
+        model: Option<String>,
+    ) -> crate::runtime::runs::RunSpec {
+        crate::runtime::runs::RunSpec {
+            agent,
+            session,
+            task,
+            caller: crate::auth::Principal::internal(caller).context(None),
+            scopes: crate::scopes::Scopes::only(crate::rpc::generated::methods::Scope::Rpc),
+            parent_run_id: None,
+            max_steps: None,
+            model,
+            only_tools: None,
+            timeout: Some(std::time::Duration::from_millis(
+                self.scheduler.fire_timeout_ms,
+            )),
+            delivery: None,
+        }
+    }
+}
+
 /// Why a scheduled turn that ended with `finishReason: error` failed, for run records.
 pub(crate) fn failure_text(t: &crate::runtime::turn::TurnOutcome) -> String {
     match t.failure {
