@@ -214,6 +214,7 @@ async fn send(pool: &PgPool, node: &str, channel: &str, body: &str) {
 async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<Control>) {
     let mut backoff = Duration::from_secs(1);
     let mut down_since: Option<i64> = None;
+    let mut first = true;
     loop {
         let mut listener = match connect(&listen).await {
             Ok(l) => l,
@@ -229,12 +230,18 @@ async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<Control>) {
             }
         };
         backoff = Duration::from_secs(1);
-        if let Some(since) = down_since.take() {
-            let Some(control) = control.upgrade() else {
-                return;
-            };
-            resynchronise(&control, since);
+        let Some(strong) = control.upgrade() else {
+            return;
+        };
+        match down_since.take() {
+            Some(since) => resynchronise(&strong, since),
+            // Listening only now: a change another node announced between this node's start and
+            // this moment was not heard, so registries and timers look again (no gap to report).
+            None if first => reload(&strong),
+            None => {}
         }
+        first = false;
+        drop(strong);
         loop {
             match listener.try_recv().await {
                 Ok(Some(n)) => {
@@ -262,10 +269,15 @@ async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
     Ok(listener)
 }
 
-/// After a gap: reload what may have changed, and tell event-stream clients.
-fn resynchronise(control: &Control, down_since: i64) {
+/// Reloads what another node may have changed unheard: registries, and the scheduler's view.
+fn reload(control: &Control) {
     control.registry_epoch.send_modify(|v| *v += 1);
     crate::runtime::scheduler::rearm(control);
+}
+
+/// After a gap: reload what may have changed, and tell event-stream clients.
+fn resynchronise(control: &Control, down_since: i64) {
+    reload(control);
     let down_ms = crate::store::now_ms() - down_since;
     tracing::info!(down_ms, "fan-out listener reconnected; registries reloaded");
     control.events.publish(

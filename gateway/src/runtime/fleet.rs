@@ -34,15 +34,21 @@ async fn reload_on_change(engine: Weak<Engine>) {
         return;
     };
     changes.mark_unchanged();
+    // On a shared database the first round reloads at once: a change another node made
+    // between this generation's load and this subscription was announced to nobody here.
+    let mut first = true;
     loop {
         let shared = match engine.upgrade() {
             Some(e) => e.store.is_shared(),
             None => return,
         };
-        tokio::select! {
-            changed = changes.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep(RESYNC_EVERY), if shared => {}
+        if !(first && shared) {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(RESYNC_EVERY), if shared => {}
+            }
         }
+        first = false;
         let Some(engine) = engine.upgrade() else {
             return;
         };
