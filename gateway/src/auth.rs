@@ -2,11 +2,12 @@
 //! may come from (Authorization header, or the `token` query parameter for /ws and SSE).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use crate::config::{TokenConfig, MIN_SECRET_LEN};
 use crate::rpc::generated::methods::Scope;
@@ -55,7 +56,7 @@ impl Principal {
         Self::new(client_id, Scopes::only(Scope::Rpc))
     }
 
-    fn new(client_id: &str, scopes: Scopes) -> Self {
+    pub(crate) fn new(client_id: &str, scopes: Scopes) -> Self {
         Self(Arc::new(Identity {
             tenant: Tenant::for_principal(client_id, scopes.contains(Scope::Admin)),
             client_id: client_id.to_owned(),
@@ -77,21 +78,44 @@ impl Principal {
 #[derive(Debug, Clone)]
 pub struct Verified(pub Principal);
 
-struct Entry {
-    digest: [u8; 32],
-    principal: Principal,
+/// One token as the request path sees it: who it authenticates, until when, and when it was
+/// last used (kept in memory, written to the store in the background for API tokens).
+pub struct Entry {
+    pub principal: Principal,
+    /// The scope names as configured or created.
+    pub scopes: Vec<String>,
+    pub expires_at: Option<i64>,
+    pub last_used: AtomicI64,
 }
 
-/// The configured tokens, kept as digests of their secrets.
+type Digests = HashMap<[u8; 32], Arc<Entry>>;
+
+/// The tokens of `gateway.tokens[]` (fixed for a server generation) and the API tokens of the
+/// store (changed at run time), both keyed by the SHA-256 digest of their secret.
+///
+/// One hash lookup per request, whatever the number of tokens. The lookup's timing depends on
+/// the digest of what was presented, never on a secret: finding a secret from it would mean
+/// inverting SHA-256.
 pub struct TokenStore {
-    entries: Vec<Entry>,
+    config: Digests,
+    api: Arc<ApiTokens>,
 }
 
-fn digest(secret: &str) -> [u8; 32] {
+pub fn digest(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
 
-fn expand(scopes: &[String]) -> Scopes {
+/// Epoch ms now, for expiry and last use.
+fn now() -> i64 {
+    crate::store::now_ms()
+}
+
+fn touch(e: &Entry) -> Principal {
+    e.last_used.fetch_max(now(), Ordering::Relaxed);
+    e.principal.clone()
+}
+
+pub fn expand(scopes: &[String]) -> Scopes {
     let named: Scopes = scopes.iter().filter_map(|s| Scope::from_name(s)).collect();
     if named.is_empty() || named.contains(Scope::All) {
         Scopes::all()
@@ -101,38 +125,297 @@ fn expand(scopes: &[String]) -> Scopes {
 }
 
 impl TokenStore {
-    pub fn new(tokens: &[TokenConfig]) -> Self {
-        let entries = tokens
+    pub fn new(tokens: &[TokenConfig], api: Arc<ApiTokens>) -> Self {
+        let config = tokens
             .iter()
             .map(|t| {
                 if t.scopes.is_empty() {
                     tracing::warn!(token = %t.id, "token has no scopes: it grants every scope");
                 }
-                Entry {
-                    digest: digest(&t.secret),
+                let entry = Entry {
                     principal: Principal::new(&t.id, expand(&t.scopes)),
-                }
+                    scopes: t.scopes.clone(),
+                    expires_at: None,
+                    last_used: AtomicI64::new(0),
+                };
+                (digest(&t.secret), Arc::new(entry))
             })
             .collect();
-        Self { entries }
+        Self { config, api }
     }
 
-    /// Finds the token whose secret equals `presented`. Every entry is compared, each in
-    /// constant time over equal-length digests, so timing says nothing about the secrets.
-    pub fn verify(&self, presented: &str) -> Option<&Principal> {
+    /// The principal of the token whose secret is `presented`: a configuration token, else a
+    /// live, unexpired API token.
+    pub fn verify(&self, presented: &str) -> Option<Principal> {
         let d = digest(presented);
-        let mut found = None;
-        for e in &self.entries {
-            if bool::from(e.digest.ct_eq(&d)) {
-                found = Some(&e.principal);
-            }
+        match self.config.get(&d) {
+            Some(e) => Some(touch(e)),
+            None => self.api.verify(&d),
         }
-        found
     }
 
     /// Authenticates a request: `Authorization: Bearer <token>`, or `?token=` when allowed.
-    pub fn authenticate(&self, req: &poem::Request, allow_query: bool) -> Option<&Principal> {
+    pub fn authenticate(&self, req: &poem::Request, allow_query: bool) -> Option<Principal> {
         presented_token(req, allow_query).and_then(|t| self.verify(&t))
+    }
+
+    /// The configuration's tokens (id, scopes, last use), sorted by id.
+    pub fn config_tokens(&self) -> Vec<Arc<Entry>> {
+        let mut v: Vec<Arc<Entry>> = self.config.values().cloned().collect();
+        v.sort_by(|a, b| a.principal.client_id.cmp(&b.principal.client_id));
+        v
+    }
+
+    /// Whether `id` is a configuration token's.
+    pub fn is_config_id(&self, id: &str) -> bool {
+        self.config.values().any(|e| e.principal.client_id == id)
+    }
+
+    /// Whether `p` still authenticates: a configuration token's, or a live API token's under
+    /// the secret it authenticated with (a WebSocket checks this once registered, so a
+    /// revocation between its authentication and its registration is not missed).
+    pub fn is_current(&self, p: &Principal) -> bool {
+        self.config
+            .values()
+            .any(|e| Arc::ptr_eq(&e.principal.0, &p.0))
+            || self.api.is_current(p)
+    }
+
+    /// The store's tokens.
+    pub fn api(&self) -> &Arc<ApiTokens> {
+        &self.api
+    }
+}
+
+/// An API token as listed (never its secret).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiToken {
+    pub id: String,
+    pub scopes: Vec<String>,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub last_used_at: Option<i64>,
+}
+
+/// The API tokens of the store, in memory for the request path: replaced as a whole on every
+/// change (here or announced by another node), read with one lock-free-in-practice read lock.
+pub struct ApiTokens {
+    store: crate::store::Store,
+    control: Arc<crate::runtime::control::Control>,
+    live: RwLock<Arc<Digests>>,
+    /// Per id: the created time and the last use already written to the store.
+    rows: RwLock<HashMap<String, (i64, i64)>>,
+}
+
+impl ApiTokens {
+    /// Loads the live tokens of the store.
+    pub async fn open(
+        store: crate::store::Store,
+        control: Arc<crate::runtime::control::Control>,
+    ) -> Result<Self, crate::error::GatewayError> {
+        let tokens = Self {
+            store,
+            control,
+            live: RwLock::default(),
+            rows: RwLock::default(),
+        };
+        tokens.reload().await?;
+        Ok(tokens)
+    }
+
+    fn snapshot(&self) -> Arc<Digests> {
+        self.live
+            .read()
+            .map(|m| m.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// The principal of a live, unexpired token with this digest.
+    pub fn verify(&self, d: &[u8; 32]) -> Option<Principal> {
+        let live = self.live.read().ok()?;
+        let e = live.get(d)?;
+        if e.expires_at.is_some_and(|at| now() >= at) {
+            return None;
+        }
+        Some(touch(e))
+    }
+
+    /// Reads the live tokens again. Open WebSockets of a token that is no longer live under
+    /// the same secret (revoked, rotated) are closed with 4001.
+    pub async fn reload(&self) -> Result<(), crate::error::GatewayError> {
+        let rows = self.store.tokens_all().await?;
+        let before = self.snapshot();
+        let mut by_id_before: HashMap<&str, ([u8; 32], i64)> = HashMap::new();
+        for (d, e) in before.iter() {
+            by_id_before.insert(
+                e.principal.client_id.as_str(),
+                (*d, e.last_used.load(Ordering::Relaxed)),
+            );
+        }
+        let mut next = Digests::new();
+        let mut meta = HashMap::new();
+        for r in &rows {
+            let Some(hex_digest) = &r.digest else {
+                continue;
+            };
+            let Ok(d) = hex::decode(hex_digest).map(<[u8; 32]>::try_from) else {
+                continue;
+            };
+            let Ok(d) = d else {
+                continue;
+            };
+            // The same secret as before: the same entry (its principal, so connections made with
+            // it stay recognisably current, and its last use).
+            if let Some(kept) = before.get(&d) {
+                meta.insert(r.id.clone(), (r.created_at, r.last_used_at.unwrap_or(0)));
+                next.insert(d, kept.clone());
+                continue;
+            }
+            let scopes: Vec<String> = serde_json::from_str(&r.scopes).unwrap_or_default();
+            let named: Scopes = scopes.iter().filter_map(|s| Scope::from_name(s)).collect();
+            // An API token always names its scopes ("*" for all); nothing widens an empty set.
+            let granted = if named.contains(Scope::All) {
+                Scopes::all()
+            } else {
+                named
+            };
+            let used_here = by_id_before
+                .get(r.id.as_str())
+                .filter(|(old, _)| *old == d)
+                .map(|(_, used)| *used)
+                .unwrap_or(0);
+            let entry = Entry {
+                principal: Principal::new(&r.id, granted),
+                scopes,
+                expires_at: r.expires_at,
+                last_used: AtomicI64::new(used_here.max(r.last_used_at.unwrap_or(0))),
+            };
+            meta.insert(r.id.clone(), (r.created_at, r.last_used_at.unwrap_or(0)));
+            next.insert(d, Arc::new(entry));
+        }
+        let gone: Vec<String> = by_id_before
+            .iter()
+            .filter(|(id, (d, _))| {
+                !next
+                    .get(d)
+                    .is_some_and(|e| e.principal.client_id.as_str() == **id)
+            })
+            .map(|(id, _)| (*id).to_owned())
+            .collect();
+        if let Ok(mut live) = self.live.write() {
+            *live = Arc::new(next);
+        }
+        if let Ok(mut m) = self.rows.write() {
+            *m = meta;
+        }
+        for id in gone {
+            let closed = self.control.hub.revoke_client(&id);
+            if closed > 0 {
+                tracing::info!(client = %id, closed, "token revoked: its WebSockets are closed with 4001");
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `p` is the principal of a live token (same secret as when it authenticated).
+    fn is_current(&self, p: &Principal) -> bool {
+        self.snapshot()
+            .values()
+            .any(|e| Arc::ptr_eq(&e.principal.0, &p.0))
+    }
+
+    /// The live tokens, sorted by id.
+    pub fn list(&self) -> Vec<ApiToken> {
+        let live = self.snapshot();
+        let rows = self.rows.read().map(|m| m.clone()).unwrap_or_default();
+        let mut out: Vec<ApiToken> = live
+            .values()
+            .map(|e| {
+                let id = e.principal.client_id.clone();
+                let created_at = rows.get(&id).map(|r| r.0).unwrap_or(0);
+                let used = e.last_used.load(Ordering::Relaxed);
+                ApiToken {
+                    id,
+                    scopes: e.scopes.clone(),
+                    created_at,
+                    expires_at: e.expires_at,
+                    last_used_at: (used > 0).then_some(used),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Writes last-use times that moved since they were last written.
+    pub async fn flush(&self) -> Result<(), crate::error::GatewayError> {
+        let live = self.snapshot();
+        let written = self.rows.read().map(|m| m.clone()).unwrap_or_default();
+        let used: Vec<(String, i64)> = live
+            .values()
+            .filter_map(|e| {
+                let at = e.last_used.load(Ordering::Relaxed);
+                let id = &e.principal.client_id;
+                let before = written.get(id).map(|r| r.1).unwrap_or(0);
+                (at > before).then(|| (id.clone(), at))
+            })
+            .collect();
+        self.store.tokens_touch(&used).await?;
+        if let Ok(mut m) = self.rows.write() {
+            for (id, at) in used {
+                if let Some(r) = m.get_mut(&id) {
+                    r.1 = at;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes API tokens' last-use times every `every` until `stop`, and once more at the end.
+pub async fn flush_last_use(
+    tokens: std::sync::Weak<ApiTokens>,
+    every: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let stopped = tokio::select! {
+            _ = stop.cancelled() => true,
+            _ = tokio::time::sleep(every) => false,
+        };
+        let Some(t) = tokens.upgrade() else {
+            return;
+        };
+        if let Err(e) = t.flush().await {
+            tracing::warn!(error = %e, "token last-use times not written");
+        }
+        if stopped {
+            return;
+        }
+    }
+}
+
+/// A new token secret: 32 random bytes, URL-safe base64, prefixed so that a leaked one is
+/// recognisable (47 characters).
+pub fn new_secret() -> String {
+    use base64::Engine as _;
+    let mut bytes = [0u8; 32];
+    fill_random(&mut bytes);
+    format!(
+        "agw_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+fn fill_random(bytes: &mut [u8]) {
+    use ring::rand::SecureRandom;
+    if ring::rand::SystemRandom::new().fill(bytes).is_err() {
+        // The system generator never fails on Linux; should it, two v4 UUIDs (also from the
+        // OS generator through getrandom) fill the secret instead.
+        let a = uuid::Uuid::new_v4();
+        let b = uuid::Uuid::new_v4();
+        let both = [a.as_bytes().as_slice(), b.as_bytes().as_slice()].concat();
+        bytes.copy_from_slice(&both[..bytes.len()]);
     }
 }
 

@@ -2,6 +2,7 @@
 //! table (plus our documented additions), strict (unknown keys are refused with their path),
 //! environment overrides, validation, and secret redaction.
 
+pub mod document;
 pub mod scheduler;
 pub mod store;
 pub mod webhooks;
@@ -71,6 +72,26 @@ pub struct Config {
     /// Cron jobs declared by the operator, the timer, and heartbeat defaults.
     #[serde(default)]
     pub scheduler: scheduler::SchedulerConfig,
+    /// The secret store's master key file (`AGENT_GATEWAY_MASTER_KEY` also sets the key).
+    #[serde(default)]
+    pub secrets: crate::secrets::SecretsConfig,
+    /// The history of configuration changes made through the API.
+    #[serde(default)]
+    pub config_history: ConfigHistoryConfig,
+}
+
+/// `configHistory`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ConfigHistoryConfig {
+    /// `config.gc` keeps this many newest commits and drops the older ones.
+    pub keep: u32,
+}
+
+impl Default for ConfigHistoryConfig {
+    fn default() -> Self {
+        Self { keep: 100 }
+    }
 }
 
 /// `media`.
@@ -312,7 +333,7 @@ pub struct Loaded {
 }
 
 /// YAML 1.2 core booleans only (`on`/`off`/`yes`/`no` are strings, never silently booleans).
-fn yaml_options() -> serde_saphyr::Options {
+pub(crate) fn yaml_options() -> serde_saphyr::Options {
     let mut o = serde_saphyr::Options::default();
     o.strict_booleans = true;
     o
@@ -341,8 +362,22 @@ pub fn from_value(value: Value) -> Result<Config, ConfigError> {
     })
 }
 
+/// The file the gateway reads when none is named: `<dataDir>/config.yaml` (where configuration
+/// writes go when the gateway started without a file), when it exists.
+fn default_file() -> Option<PathBuf> {
+    let mut defaults = Config::default();
+    apply_env(&mut defaults).ok()?;
+    let file = data_dir(&defaults).join("config.yaml");
+    file.is_file().then_some(file)
+}
+
 /// Loads the file (if any), applies environment overrides, and validates.
 pub fn load(path: Option<&Path>) -> Result<Loaded, ConfigError> {
+    let fallback = match path {
+        Some(_) => None,
+        None => default_file(),
+    };
+    let path = path.or(fallback.as_deref());
     let (mut config, paths) = match path {
         Some(p) => {
             let text = std::fs::read_to_string(p)
@@ -357,7 +392,8 @@ pub fn load(path: Option<&Path>) -> Result<Loaded, ConfigError> {
     Ok(Loaded { config, paths })
 }
 
-fn apply_env(config: &mut Config) -> Result<(), ConfigError> {
+/// The environment overrides of the configuration (port, host, data directory, database).
+pub fn apply_env(config: &mut Config) -> Result<(), ConfigError> {
     if let Ok(port) = std::env::var(ENV_PORT) {
         config.gateway.port = port
             .trim()
@@ -477,6 +513,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     crate::runtime::providers::policy::validate(&config.provider_policy).map_err(ConfigError)?;
     store::validate(&config.store)?;
     scheduler::validate(&config.scheduler)?;
+    crate::secrets::master_key(&config.secrets)?;
+    if config.config_history.keep == 0 {
+        return Err(ConfigError(
+            "configHistory.keep must be greater than 0".to_owned(),
+        ));
+    }
     webhooks::validate(&config.webhooks)
 }
 
@@ -492,27 +534,12 @@ pub fn sections() -> Vec<String> {
     }
 }
 
-/// The configuration as JSON, secrets replaced by `[REDACTED]`.
+/// The configuration as JSON, secrets replaced by `[REDACTED]` (every `secret`, `token`,
+/// `password` or `apiKey` text member; the database URL keeps host and database without its
+/// password).
 pub fn redacted(config: &Config) -> Value {
     let mut v = serde_json::to_value(config).unwrap_or(Value::Null);
-    if let Some(Value::Array(tokens)) = v.pointer_mut("/gateway/tokens") {
-        for t in tokens {
-            if let Some(s) = t.get_mut("secret") {
-                *s = Value::String(REDACTED.to_owned());
-            }
-        }
-    }
-    for at in ["/webhooks/token", "/webhooks/hmac/secret"] {
-        if let Some(s) = v.pointer_mut(at) {
-            if s.is_string() {
-                *s = Value::String(REDACTED.to_owned());
-            }
-        }
-    }
-    // The database URL stays readable (host, database) without its password.
-    if let Some(Value::String(url)) = v.pointer_mut("/store/url") {
-        *url = store::without_password(url);
-    }
+    document::redact(&mut v);
     v
 }
 

@@ -21,6 +21,9 @@ pub enum GatewayError {
     /// A limit on concurrent work (turns, runs) is reached; try again later.
     #[error("{0}")]
     Busy(String),
+    /// A per-method rate limit (env.set, env.list) was reached: -32000.
+    #[error("{0}")]
+    RateLimited(String),
     /// Anything else; the text goes to the log only.
     #[error("internal error: {0}")]
     Internal(String),
@@ -60,6 +63,7 @@ impl From<GatewayError> for RpcError {
             }
             GatewayError::NotFound(m) => RpcError::new(error_codes::NOT_FOUND, m),
             GatewayError::Conflict(m) => RpcError::new(error_codes::CONFLICT, m),
+            GatewayError::RateLimited(m) => RpcError::new(error_codes::RATE_LIMITED, m),
             GatewayError::Unavailable(m) | GatewayError::Busy(m) => {
                 RpcError::new(error_codes::UNAVAILABLE, m)
             }

@@ -25,13 +25,15 @@ pub const OUTBOUND_QUEUE: usize = 128;
 pub struct Outbox {
     tx: mpsc::Sender<Frame>,
     kick: CancellationToken,
+    revoked: CancellationToken,
 }
 
 impl Outbox {
     pub fn new(capacity: usize) -> (Self, mpsc::Receiver<Frame>) {
         let (tx, rx) = mpsc::channel(capacity);
         let kick = CancellationToken::new();
-        (Self { tx, kick }, rx)
+        let revoked = CancellationToken::new();
+        (Self { tx, kick, revoked }, rx)
     }
 
     /// Queues a frame without waiting. A full queue means the client stopped reading: the
@@ -51,6 +53,12 @@ impl Outbox {
     /// Cancelled when a push found the queue full.
     pub fn kicked(&self) -> &CancellationToken {
         &self.kick
+    }
+
+    /// Cancelled when the token the connection authenticated with was revoked or rotated:
+    /// the connection closes with 4001.
+    pub fn revoked(&self) -> &CancellationToken {
+        &self.revoked
     }
 }
 
@@ -99,6 +107,20 @@ impl Hub {
         if let Ok(mut c) = self.conns.lock() {
             c.remove(&id);
         }
+    }
+
+    /// Tells every connection of `client_id` that its token no longer works (they close
+    /// with 4001); how many there were.
+    pub fn revoke_client(&self, client_id: &str) -> usize {
+        let Ok(conns) = self.conns.lock() else {
+            return 0;
+        };
+        let mut n = 0;
+        for c in conns.values().filter(|c| c.client_id == client_id) {
+            c.outbox.revoked.cancel();
+            n += 1;
+        }
+        n
     }
 
     pub fn count(&self) -> usize {

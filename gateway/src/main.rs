@@ -101,16 +101,26 @@ fn init_logging(to_stderr: bool) {
     } else {
         "info,hyper=warn,poem=warn"
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_GATEWAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let initial = std::env::var("AGENT_GATEWAY_LOG")
+        .ok()
+        .filter(|d| tracing_subscriber::EnvFilter::try_new(d).is_ok())
+        .unwrap_or_else(|| default.to_owned());
+    let filter = tracing_subscriber::EnvFilter::new(&initial);
+    // Reloadable, so that daemon.setLogLevel can change it while the gateway runs.
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_target(false);
+    let registry = tracing_subscriber::registry().with(filter);
     if to_stderr {
-        fmt.with_writer(std::io::stderr).init();
+        registry.with(fmt.with_writer(std::io::stderr)).init();
     } else {
-        fmt.init();
+        registry.with(fmt).init();
     }
+    agent_gateway::logging::install(&initial, move |directives| {
+        let next = tracing_subscriber::EnvFilter::try_new(directives).map_err(|e| e.to_string())?;
+        handle.reload(next).map_err(|e| e.to_string())
+    });
 }
 
 /// The database a store command works on: `--database-url`, else the configuration's

@@ -70,6 +70,9 @@ pub async fn start(config_path: Option<PathBuf>) -> Result<Running, String> {
     })
 }
 
+/// How often API tokens' last-use times are written to the store.
+const TOKEN_USE_FLUSH: Duration = Duration::from_secs(30);
+
 enum Exit {
     Shutdown,
     Restart,
@@ -96,6 +99,7 @@ async fn build_state(
             GatewayError::Internal(m) => m,
             other => other.to_string(),
         })?;
+    let engine_tokens = engine.api_tokens.clone();
     let webhooks = crate::webhooks::Webhooks::new(&loaded.config.webhooks)
         .map_err(|e| e.to_string())?
         .map(Arc::new);
@@ -103,15 +107,21 @@ async fn build_state(
         loaded.config,
         loaded.paths,
         data_dir,
-        TokenStore::new(&tokens),
+        TokenStore::new(&tokens, engine_tokens),
         generation,
         control,
         Arc::new(engine),
     );
     state.webhooks = webhooks;
+    crate::runtime::config_writes::observe_at_start(&state).await;
     crate::webhooks::resume_queued(state.webhooks.as_deref(), &state.engine).await;
     crate::runtime::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
     crate::runtime::scheduler::timer::start(&state.engine, state.stop.clone());
+    tokio::spawn(auth::flush_last_use(
+        Arc::downgrade(&state.engine.api_tokens),
+        TOKEN_USE_FLUSH,
+        state.stop.clone(),
+    ));
     Ok(state)
 }
 

@@ -28,6 +28,9 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Webhook routes (None when `webhooks.enabled` is false).
     pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    /// The configuration in force as `config.read` shows it: `config` plus the changes applied
+    /// live since this generation started (agents, providers).
+    live: std::sync::RwLock<Arc<Config>>,
 }
 
 impl AppState {
@@ -41,7 +44,9 @@ impl AppState {
         engine: Arc<Engine>,
     ) -> Self {
         let http_limiter = RateLimiter::from_config(&config.gateway);
+        let live = std::sync::RwLock::new(Arc::new(config.clone()));
         Self {
+            live,
             config,
             config_paths,
             data_dir,
@@ -52,6 +57,21 @@ impl AppState {
             control,
             engine,
             webhooks: None,
+        }
+    }
+
+    /// The configuration in force (see `live`).
+    pub fn live_config(&self) -> Arc<Config> {
+        self.live
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Records a change applied live.
+    pub fn set_live_config(&self, config: Config) {
+        if let Ok(mut c) = self.live.write() {
+            *c = Arc::new(config);
         }
     }
 

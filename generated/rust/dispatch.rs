@@ -168,22 +168,25 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::AuthListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AuthApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AuthLogout => {
             let params = support::parse_params::<
                 super::types::AuthLogoutParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AuthApi>::logout(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AuthSet => {
             let params = support::parse_params::<
                 super::types::AuthSetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AuthApi>::set(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::AutonomyEvict => {
             let params = support::parse_params::<
@@ -343,36 +346,49 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ConfigApplyParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::apply(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigAuditList => {
             let params = support::parse_params::<
                 super::types::ConfigAuditListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::audit_list(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigAuditScrub => {
             let params = support::parse_params::<
                 super::types::ConfigAuditScrubParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::audit_scrub(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigDiff => {
             let params = support::parse_params::<
                 super::types::ConfigDiffParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::diff(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigGc => {
             let params = support::parse_params::<
                 super::types::ConfigGcParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::gc(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigGet => {
             let params = support::parse_params::<
@@ -386,15 +402,21 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ConfigHistoryParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::history(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigPatch => {
             let params = support::parse_params::<
                 super::types::ConfigPatchParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::patch(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigRead => {
             let params = support::parse_params::<
@@ -408,8 +430,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ConfigRollbackParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::rollback(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ConfigSchema => {
             let params = support::parse_params::<
@@ -423,8 +450,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ConfigSetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ConfigApi>::set(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ContextConversations => {
             let params = support::parse_params::<
@@ -514,8 +542,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::DaemonSetLogLevelParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::DaemonApi>::set_log_level(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::DeliveryQueueStatus => {
             let params = support::parse_params::<
@@ -535,15 +568,17 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::EnvListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::EnvApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::EnvSet => {
             let params = support::parse_params::<
                 super::types::EnvSetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::EnvApi>::set(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::GatewayRestart => {
             let params = support::parse_params::<
@@ -1346,29 +1381,37 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::SecretsDeleteParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SecretsApi>::delete(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SecretsGet => {
             let params = support::parse_params::<
                 super::types::SecretsGetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SecretsApi>::get(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SecretsList => {
             let params = support::parse_params::<
                 super::types::SecretsListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SecretsApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SecretsSet => {
             let params = support::parse_params::<
                 super::types::SecretsSetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SecretsApi>::set(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::SessionCompact => {
             let params = support::parse_params::<
@@ -1649,29 +1692,33 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::TokensCreateParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::TokensApi>::create(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::TokensList => {
             let params = support::parse_params::<
                 super::types::TokensListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::TokensApi>::list(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::TokensRevoke => {
             let params = support::parse_params::<
                 super::types::TokensRevokeParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::TokensApi>::revoke(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::TokensRotate => {
             let params = support::parse_params::<
                 super::types::TokensRotateParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::TokensApi>::rotate(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ToolInvoke => Err(RpcError::method_not_found(method)),
         MethodId::TtsAutoCheck => {

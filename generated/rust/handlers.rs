@@ -115,8 +115,89 @@ pub trait AgentsApi: Send + Sync {
         Output = Result<super::types::AgentsUpdateResult, crate::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `auth` namespace: Stored OAuth credentials (auth profiles) that model providers are called with - for example a subscription login instead of an API key. Profiles are listed by their metadata only; the access and refresh tokens are write-only.
+pub trait AuthApi: Send + Sync {
+    /// `auth.list` (scope `admin`): Lists stored auth profiles (provider, id, expiry, account labels) - never a credential.
+    fn list(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::AuthListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::AuthListResult, crate::error::GatewayError>,
+    > + Send;
+    /// `auth.logout` (scope `admin`): Deletes a stored auth profile and its credentials.
+    ///
+    /// Idempotent - an unknown profileId answers deleted false rather than an error.
+    fn logout(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::AuthLogoutParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::AuthLogoutResult, crate::error::GatewayError>,
+    > + Send;
+    /// `auth.set` (scope `admin`): Stores (or replaces) the OAuth credentials of an auth profile.
+    ///
+    /// Parameters are the reference's. version is the credential format and must be 1. The tokens are stored encrypted and never returned, logged or put in an event. An unknown provider is -32001.
+    fn set(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::AuthSetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::AuthSetResult, crate::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `config` namespace: Reading, validating and changing the daemon's configuration, its version history (every change is a commit), and the audit log of configuration writes. All admin.
 pub trait ConfigApi: Send + Sync {
+    /// `config.apply` (scope `admin`): Replaces the whole configuration with the params (a full configuration object).
+    ///
+    /// The params ARE the full configuration (spec), hence strict false with any additional members and no declared fields; the reference's {section, value} params are not used. The new configuration is validated first; on failure nothing changes (-32602 naming the path). Redacted placeholders ("[REDACTED]") keep the current secret, so a config.read result can be edited and applied back. Never logged. The acknowledgment is designed.
+    fn apply(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigApplyParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigApplyResult, crate::error::GatewayError>,
+    > + Send;
+    /// `config.audit.list` (scope `admin`): Records of the configuration audit log (who wrote the configuration, which paths).
+    ///
+    /// Params from the reference; since and until are ISO 8601 date-times (decision). Records name changed paths, never values. The reference's open records are given real members.
+    fn audit_list(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigAuditListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigAuditListResult, crate::error::GatewayError>,
+    > + Send;
+    /// `config.audit.scrub` (scope `admin`): Rewrites the audit log to remove secret values that older records may hold.
+    ///
+    /// With dryRun nothing is written; the counts say what would change. A malformed record is kept as is and counted. aborted is true when the log changed during the scrub (nothing is written then). Result from the reference, with dryRun echoed.
+    fn audit_scrub(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigAuditScrubParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigAuditScrubResult, crate::error::GatewayError>,
+    > + Send;
+    /// `config.diff` (scope `admin`): Unified diff between a history commit and the current configuration.
+    ///
+    /// Without sha, the diff of the last commit (what the last change did). Secrets are redacted in the diff. An unknown sha is -32001 (the reference's error member is replaced by JSON-RPC errors).
+    fn diff(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigDiffParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigDiffResult, crate::error::GatewayError>,
+    > + Send;
+    /// `config.gc` (scope `admin`): Garbage-collects the configuration history.
+    ///
+    /// No params (spec; the reference's olderThan is dropped). Old history commits are squashed into a new root according to the configured retention. Result designed from the reference.
+    fn gc(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigGcParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigGcResult, crate::error::GatewayError>,
+    > + Send;
     /// `config.get` (scope `admin`): One configuration section without secret redaction, or the whole sanitized configuration.
     ///
     /// Spec shape: with `section` the raw section object, secrets included (admin scope only, never logged); without it, {config, sections} with secrets redacted. An unknown section is -32001.
@@ -126,6 +207,26 @@ pub trait ConfigApi: Send + Sync {
         params: super::types::ConfigGetParams,
     ) -> impl ::core::future::Future<
         Output = Result<super::types::ConfigGetResult, crate::error::GatewayError>,
+    > + Send;
+    /// `config.history` (scope `admin`): Configuration history commits, newest first.
+    ///
+    /// Entry members: sha, date, message (spec) plus the change metadata of the reference. The reference's section filter is kept as an optional param; its error member is replaced by JSON-RPC errors (-32003 when history is not available).
+    fn history(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigHistoryParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigHistoryResult, crate::error::GatewayError>,
+    > + Send;
+    /// `config.patch` (scope `admin`): Deep-merges the params (a partial configuration) into the configuration.
+    ///
+    /// The params ARE the patch (spec), hence strict false with any additional members and no declared fields. Decision: merge-patch semantics (RFC 7396) - objects merge recursively, arrays and scalars replace, null removes a member. The merged configuration is validated first; on failure nothing changes (-32602 naming the path). The patch may carry secrets and is never logged; emits config:patched. The acknowledgment (unspecified in the spec) is designed; the reference's section/key/value params are not used.
+    fn patch(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigPatchParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigPatchResult, crate::error::GatewayError>,
     > + Send;
     /// `config.read` (scope `admin`): One configuration section, or the whole configuration with its section names; secrets redacted.
     ///
@@ -137,6 +238,16 @@ pub trait ConfigApi: Send + Sync {
     ) -> impl ::core::future::Future<
         Output = Result<super::types::ConfigReadResult, crate::error::GatewayError>,
     > + Send;
+    /// `config.rollback` (scope `admin`): Restores the configuration of a history commit (recorded as a new commit).
+    ///
+    /// The restored configuration is validated like config.apply; an unknown sha is -32001. Result from the reference, with restarting true only when a restart is needed.
+    fn rollback(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigRollbackParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigRollbackResult, crate::error::GatewayError>,
+    > + Send;
     /// `config.schema` (scope `admin`): The JSON Schema of the configuration, or of one section.
     ///
     /// An unknown section is -32001.
@@ -146,6 +257,16 @@ pub trait ConfigApi: Send + Sync {
         params: super::types::ConfigSchemaParams,
     ) -> impl ::core::future::Future<
         Output = Result<super::types::ConfigSchemaResult, crate::error::GatewayError>,
+    > + Send;
+    /// `config.set` (scope `admin`): Sets one member of one section; forwards to config.patch.
+    ///
+    /// Shape from the spec. The reference's alias path (for key) is not accepted: params are strict. key may be a dot path into the section. The value may be a secret, so it is never logged; previous is redacted like config.read when it is a secret. Validation failures of the resulting configuration are -32602 and nothing changes; an unknown section is -32001.
+    fn set(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ConfigSetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ConfigSetResult, crate::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `cron` namespace: Scheduled agent turns. A cron job sends a fixed message to an agent on a schedule (a cron expression, a fixed interval, or once at a given time); every method addresses a job by its name, unique per owner, and every fire is recorded in a run log with status ok, error or skipped. Jobs belong to the client id that created them (cron_job in owners.yaml): an rpc token sees and changes only its own, admin sees every owner's, and jobs declared in the configuration file belong to the operator (owner cron:config, admin only). Job names of the form job_<32 hex> are job ids and address one job across owners (admin).
@@ -219,6 +340,45 @@ pub trait CronApi: Send + Sync {
         params: super::types::CronUpdateParams,
     ) -> impl ::core::future::Future<
         Output = Result<super::types::CronUpdateResult, crate::error::GatewayError>,
+    > + Send;
+}
+/// Handlers of the `daemon` namespace: Runtime controls of the daemon process that are not configuration (nothing here is persisted).
+pub trait DaemonApi: Send + Sync {
+    /// `daemon.setLogLevel` (scope `admin`): Changes the log level, globally or for one module, until the next restart.
+    ///
+    /// Shape from the reference. Not persisted: a restart returns to the configured level. module is a tracing target (for example agent_gateway::rpc); fatal is accepted for compatibility and behaves like error.
+    fn set_log_level(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::DaemonSetLogLevelParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::DaemonSetLogLevelResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+}
+/// Handlers of the `env` namespace: Secrets the daemon reads as environment variables - written to the encrypted secret store (or a fallback env file without a master key) and listed by name only.
+pub trait EnvApi: Send + Sync {
+    /// `env.list` (scope `admin`): Names of the stored secrets (never their values), optionally filtered by a glob.
+    ///
+    /// At most 30 calls per minute (over the limit -32000). Result from the reference. Decision: timestamps are epoch ms integers, as in secrets.list over the same store (the catalogue had date-time strings here and integers there). The fallback env file keeps no times, so its entries carry none. A name in both places is listed once, from the secret store (which wins when a value is resolved).
+    fn list(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::EnvListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::EnvListResult, crate::error::GatewayError>,
+    > + Send;
+    /// `env.set` (scope `admin`): Writes one secret, applied live (providers rebuilt at once).
+    ///
+    /// At most 5 writes per minute (over the limit -32000). The literal value [REDACTED] is refused with -32602 (a redacted read must never be written back), as is an empty value (decision: env.set never clears a secret). The value is never logged nor put in an event. Deliberate departure from the spec's restart after a write: stored secrets are resolved by name when providers and webhooks are (re)built, so the write is applied live - the provider registry is rebuilt at once, on every node - and restarting is false. storage is encrypted with a master key (AGENT_GATEWAY_MASTER_KEY or secrets.masterKeyFile), file without one (the 0600 fallback file secrets.env in the data directory). Result from the reference.
+    fn set(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::EnvSetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::EnvSetResult, crate::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `gateway` namespace: The daemon process itself - its status, and an in-process restart.
@@ -407,6 +567,47 @@ pub trait SchedulerApi: Send + Sync {
         Output = Result<super::types::SchedulerWakeResult, crate::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `secrets` namespace: The encrypted secret store - named values (API keys and the like) that configuration refers to by name. Lists carry names and metadata only; a value leaves the store only through secrets.get. Without a master key the store is unavailable and every method answers -32003.
+pub trait SecretsApi: Send + Sync {
+    /// `secrets.delete` (scope `admin`): Deletes a secret; providers stop using it at once.
+    ///
+    /// A missing name answers deleted false rather than an error. Applied live like secrets.set (restarting is always false).
+    fn delete(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::SecretsDeleteParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::SecretsDeleteResult, crate::error::GatewayError>,
+    > + Send;
+    /// `secrets.get` (scope `admin`): Reads one secret's value.
+    ///
+    /// The only method that returns a secret value. A missing name answers exists false without a value (not an error). Every read emits a secret:accessed event carrying the name only.
+    fn get(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::SecretsGetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::SecretsGetResult, crate::error::GatewayError>,
+    > + Send;
+    /// `secrets.list` (scope `admin`): Lists stored secrets by name with their metadata - never a value.
+    fn list(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::SecretsListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::SecretsListResult, crate::error::GatewayError>,
+    > + Send;
+    /// `secrets.set` (scope `admin`): Stores (or replaces) a secret; providers pick it up at once.
+    ///
+    /// The reference left parameters and result open; designed strict, with env.set's rules since both write the same store - name of uppercase letters, digits and underscores starting with a letter (max 256), value max 8192 characters, the literal [REDACTED] refused. The value is never logged. As with env.set, the write is applied live (providers rebuilt on every node), so restarting is false.
+    fn set(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::SecretsSetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::SecretsSetResult, crate::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `session` namespace: Conversation sessions - listing, reading, searching, exporting, resetting, compacting and deleting them - and agent-to-agent work inside sessions (sending into another session, spawning sub-agent runs and reading their status). Parameters are snake_case (session_key), as the spec states for this namespace; results are camelCase. A session is created by the first agent turn that names its key.
 pub trait SessionApi: Send + Sync {
     /// `session.compact` (scope `admin`): Compacts a session's history into a summary to free context window.
@@ -544,9 +745,52 @@ pub trait SystemApi: Send + Sync {
         Output = Result<super::types::SystemPingResult, crate::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `tokens` namespace: Gateway API tokens - the bearer tokens clients authenticate with. Tokens created here live in the gateway's store next to those of gateway.tokens[] in the configuration. A token's secret is shown exactly once, by tokens.create or tokens.rotate; nothing ever returns it again. A token's id is its client id, the tenant its sessions, jobs and runs belong to. Every method is admin, and admin reaches every tenant, so tokens carry no owner rule (the scope is the boundary). Checked on every request from memory (a hash of the secret, one map lookup), refreshed on every node when any node changes a token.
+pub trait TokensApi: Send + Sync {
+    /// `tokens.create` (scope `admin`): Creates an API token with the given scopes and returns its secret once.
+    ///
+    /// Unlike configuration tokens (where an empty scopes list means every scope), scopes must name at least one scope here; a full-access token asks for "*" explicitly. An id already in use (in the store or the configuration) is -32002. The secret is at least 32 characters of cryptographic randomness and only its hash is stored. expiresAt is a designed addition. A caller cannot mint a scope it does not hold (-32602 naming it): "*" needs "*", and each other scope needs that scope (admin also grants rpc).
+    fn create(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::TokensCreateParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::TokensCreateResult, crate::error::GatewayError>,
+    > + Send;
+    /// `tokens.list` (scope `admin`): Lists every API token with its scopes and usage times - never a secret.
+    ///
+    /// Lists the configuration tokens too (origin config), so that an operator sees every way into the gateway. lastUsedAt, expiresAt and origin are designed additions to the reference's {id, scopes, createdAt}.
+    fn list(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::TokensListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::TokensListResult, crate::error::GatewayError>,
+    > + Send;
+    /// `tokens.revoke` (scope `admin`): Revokes an API token at once.
+    ///
+    /// Requests with the token are refused from now on, and open WebSocket connections that authenticated with it are closed with 4001 (on every node). An unknown id is -32001; a configuration token cannot be revoked here (-32002; remove it from gateway.tokens[] with config.patch instead, which restarts the gateway). A revoked id stays reserved: it is the tenant of the records the token made, so tokens.create refuses it (-32002) rather than hand them to a new secret.
+    fn revoke(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::TokensRevokeParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::TokensRevokeResult, crate::error::GatewayError>,
+    > + Send;
+    /// `tokens.rotate` (scope `admin`): Replaces a token by a new one with the same scopes and expiry, returning the new secret once.
+    ///
+    /// Deliberate departure from the reference: the token keeps its id (newId equals oldId) and gets a new secret, because the id is the tenant that owns the token's sessions, jobs and runs - a new id would orphan them. The old secret stops working at once (401) and the open WebSockets that authenticated with it are closed with 4001. An unknown id is -32001; a configuration token cannot be rotated here (-32002).
+    fn rotate(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::TokensRotateParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::TokensRotateResult, crate::error::GatewayError>,
+    > + Send;
+}
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AgentApi + AgentsApi + ConfigApi + CronApi + GatewayApi + HeartbeatApi + ModelsApi + ProvidersApi + SchedulerApi + SessionApi + SystemApi + Send + Sync {
+pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + ModelsApi + ProvidersApi + SchedulerApi + SecretsApi + SessionApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -660,13 +904,85 @@ impl<O: crate::tenancy::Owners> AgentsApi for Fake<O> {
         self.ran("agents.update")
     }
 }
+impl<O: crate::tenancy::Owners> AuthApi for Fake<O> {
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AuthListParams,
+    ) -> Result<super::types::AuthListResult, crate::error::GatewayError> {
+        self.ran("auth.list")
+    }
+    async fn logout(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AuthLogoutParams,
+    ) -> Result<super::types::AuthLogoutResult, crate::error::GatewayError> {
+        self.ran("auth.logout")
+    }
+    async fn set(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::AuthSetParams,
+    ) -> Result<super::types::AuthSetResult, crate::error::GatewayError> {
+        self.ran("auth.set")
+    }
+}
 impl<O: crate::tenancy::Owners> ConfigApi for Fake<O> {
+    async fn apply(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigApplyParams,
+    ) -> Result<super::types::ConfigApplyResult, crate::error::GatewayError> {
+        self.ran("config.apply")
+    }
+    async fn audit_list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigAuditListParams,
+    ) -> Result<super::types::ConfigAuditListResult, crate::error::GatewayError> {
+        self.ran("config.audit.list")
+    }
+    async fn audit_scrub(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigAuditScrubParams,
+    ) -> Result<super::types::ConfigAuditScrubResult, crate::error::GatewayError> {
+        self.ran("config.audit.scrub")
+    }
+    async fn diff(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigDiffParams,
+    ) -> Result<super::types::ConfigDiffResult, crate::error::GatewayError> {
+        self.ran("config.diff")
+    }
+    async fn gc(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigGcParams,
+    ) -> Result<super::types::ConfigGcResult, crate::error::GatewayError> {
+        self.ran("config.gc")
+    }
     async fn get(
         &self,
         _ctx: &crate::rpc::CallContext,
         _params: super::types::ConfigGetParams,
     ) -> Result<super::types::ConfigGetResult, crate::error::GatewayError> {
         self.ran("config.get")
+    }
+    async fn history(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigHistoryParams,
+    ) -> Result<super::types::ConfigHistoryResult, crate::error::GatewayError> {
+        self.ran("config.history")
+    }
+    async fn patch(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigPatchParams,
+    ) -> Result<super::types::ConfigPatchResult, crate::error::GatewayError> {
+        self.ran("config.patch")
     }
     async fn read(
         &self,
@@ -675,12 +991,26 @@ impl<O: crate::tenancy::Owners> ConfigApi for Fake<O> {
     ) -> Result<super::types::ConfigReadResult, crate::error::GatewayError> {
         self.ran("config.read")
     }
+    async fn rollback(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigRollbackParams,
+    ) -> Result<super::types::ConfigRollbackResult, crate::error::GatewayError> {
+        self.ran("config.rollback")
+    }
     async fn schema(
         &self,
         _ctx: &crate::rpc::CallContext,
         _params: super::types::ConfigSchemaParams,
     ) -> Result<super::types::ConfigSchemaResult, crate::error::GatewayError> {
         self.ran("config.schema")
+    }
+    async fn set(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ConfigSetParams,
+    ) -> Result<super::types::ConfigSetResult, crate::error::GatewayError> {
+        self.ran("config.set")
     }
 }
 impl<O: crate::tenancy::Owners> CronApi for Fake<O> {
@@ -732,6 +1062,31 @@ impl<O: crate::tenancy::Owners> CronApi for Fake<O> {
         _params: super::types::CronUpdateParams,
     ) -> Result<super::types::CronUpdateResult, crate::error::GatewayError> {
         self.ran("cron.update")
+    }
+}
+impl<O: crate::tenancy::Owners> DaemonApi for Fake<O> {
+    async fn set_log_level(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::DaemonSetLogLevelParams,
+    ) -> Result<super::types::DaemonSetLogLevelResult, crate::error::GatewayError> {
+        self.ran("daemon.setLogLevel")
+    }
+}
+impl<O: crate::tenancy::Owners> EnvApi for Fake<O> {
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::EnvListParams,
+    ) -> Result<super::types::EnvListResult, crate::error::GatewayError> {
+        self.ran("env.list")
+    }
+    async fn set(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::EnvSetParams,
+    ) -> Result<super::types::EnvSetResult, crate::error::GatewayError> {
+        self.ran("env.set")
     }
 }
 impl<O: crate::tenancy::Owners> GatewayApi for Fake<O> {
@@ -863,6 +1218,36 @@ impl<O: crate::tenancy::Owners> SchedulerApi for Fake<O> {
         self.ran("scheduler.wake")
     }
 }
+impl<O: crate::tenancy::Owners> SecretsApi for Fake<O> {
+    async fn delete(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SecretsDeleteParams,
+    ) -> Result<super::types::SecretsDeleteResult, crate::error::GatewayError> {
+        self.ran("secrets.delete")
+    }
+    async fn get(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SecretsGetParams,
+    ) -> Result<super::types::SecretsGetResult, crate::error::GatewayError> {
+        self.ran("secrets.get")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SecretsListParams,
+    ) -> Result<super::types::SecretsListResult, crate::error::GatewayError> {
+        self.ran("secrets.list")
+    }
+    async fn set(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::SecretsSetParams,
+    ) -> Result<super::types::SecretsSetResult, crate::error::GatewayError> {
+        self.ran("secrets.set")
+    }
+}
 impl<O: crate::tenancy::Owners> SessionApi for Fake<O> {
     async fn compact(
         &self,
@@ -959,6 +1344,36 @@ impl<O: crate::tenancy::Owners> SystemApi for Fake<O> {
         _params: super::types::SystemPingParams,
     ) -> Result<super::types::SystemPingResult, crate::error::GatewayError> {
         self.ran("system.ping")
+    }
+}
+impl<O: crate::tenancy::Owners> TokensApi for Fake<O> {
+    async fn create(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::TokensCreateParams,
+    ) -> Result<super::types::TokensCreateResult, crate::error::GatewayError> {
+        self.ran("tokens.create")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::TokensListParams,
+    ) -> Result<super::types::TokensListResult, crate::error::GatewayError> {
+        self.ran("tokens.list")
+    }
+    async fn revoke(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::TokensRevokeParams,
+    ) -> Result<super::types::TokensRevokeResult, crate::error::GatewayError> {
+        self.ran("tokens.revoke")
+    }
+    async fn rotate(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::TokensRotateParams,
+    ) -> Result<super::types::TokensRotateResult, crate::error::GatewayError> {
+        self.ran("tokens.rotate")
     }
 }
 impl<O: crate::tenancy::Owners> Handlers for Fake<O> {

@@ -2896,6 +2896,12 @@ pub struct ConfigSetResult {
     /// The value before the change (redacted when a secret); absent when the member was not set.
     #[serde(rename = "previous", default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<::serde_json::Value>,
+    /// True when the changed section only takes effect after a restart, which then follows the answer (designed addition - the result says whether the change was live).
+    #[serde(rename = "restarting")]
+    pub restarting: bool,
+    /// The history commit recording the change; absent when nothing changed.
+    #[serde(rename = "commitSha", default, skip_serializing_if = "Option::is_none")]
+    pub commit_sha: Option<String>,
 }
 /// Parameters of `context.conversations`.
 ///
@@ -4161,15 +4167,15 @@ pub struct EnvListResultSecretsItem {
     /// A description, when one was stored.
     #[serde(rename = "description", default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// When it was first written (secret store only).
+    /// When it was first written, epoch ms (secret store only).
     #[serde(rename = "createdAt", default, skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<String>,
-    /// When it was last written (secret store only).
+    pub created_at: Option<i64>,
+    /// When it was last written, epoch ms (secret store only).
     #[serde(rename = "updatedAt", default, skip_serializing_if = "Option::is_none")]
-    pub updated_at: Option<String>,
-    /// When it expires, when an expiry was set.
+    pub updated_at: Option<i64>,
+    /// When it expires, epoch ms, when an expiry was set (secret store only).
     #[serde(rename = "expiresAt", default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<String>,
+    pub expires_at: Option<i64>,
 }
 /// Where it is stored.
 ///
@@ -4253,7 +4259,7 @@ pub struct EnvSetResult {
     /// encrypted for the secret store, file for the fallback env file (no master key configured).
     #[serde(rename = "storage")]
     pub storage: EnvSetResultStorage,
-    /// True when the daemon restarts to pick the secret up (after the answer).
+    /// Always false - the secret is applied live (see the description).
     #[serde(rename = "restarting")]
     pub restarting: bool,
 }
@@ -14246,7 +14252,7 @@ pub struct SecretsDeleteResult {
     /// Whether a secret was deleted.
     #[serde(rename = "deleted")]
     pub deleted: bool,
-    /// Whether the daemon restarts to drop the value.
+    /// Always false - applied live (kept for the reference's shape).
     #[serde(rename = "restarting")]
     pub restarting: bool,
 }
@@ -14422,7 +14428,7 @@ pub struct SecretsSetResult {
     /// True when the name was new; false when an existing value was replaced.
     #[serde(rename = "created")]
     pub created: bool,
-    /// Whether the daemon restarts to pick up the new value.
+    /// Always false - the value is applied live (kept for the reference's shape).
     #[serde(rename = "restarting")]
     pub restarting: bool,
 }

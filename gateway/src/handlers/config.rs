@@ -1,4 +1,5 @@
-//! `config.*`: reading the configuration in force and its schema.
+//! `config.*`: reading the configuration in force and its schema; changing it (set, patch,
+//! apply, rollback: `runtime::config_writes`), its history, diffs and audit log.
 
 use std::collections::BTreeMap;
 
@@ -10,11 +11,51 @@ use crate::error::GatewayError;
 use crate::rpc::generated::handlers::ConfigApi;
 use crate::rpc::generated::methods::METHODS;
 use crate::rpc::generated::types::{
-    ConfigGetParams, ConfigGetResult, ConfigReadParams, ConfigReadResult, ConfigSchemaParams,
-    ConfigSchemaResult,
+    ConfigApplyParams, ConfigApplyResult, ConfigAuditListParams, ConfigAuditListResult,
+    ConfigAuditRecord, ConfigAuditRecordOrigin, ConfigAuditScrubParams, ConfigAuditScrubResult,
+    ConfigDiffParams, ConfigDiffResult, ConfigGcParams, ConfigGcResult, ConfigGetParams,
+    ConfigGetResult, ConfigHistoryParams, ConfigHistoryResult, ConfigHistoryResultEntriesItem,
+    ConfigPatchParams, ConfigPatchResult, ConfigReadParams, ConfigReadResult, ConfigRollbackParams,
+    ConfigRollbackResult, ConfigSchemaParams, ConfigSchemaResult, ConfigSetParams, ConfigSetResult,
 };
 use crate::rpc::CallContext;
+use crate::runtime::config_writes::{self as writes, Change};
 use crate::runtime::domain;
+use crate::store::control::AuditFilter;
+
+/// RFC 3339 (UTC, milliseconds) of epoch ms.
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn epoch_ms(field: &str, text: &str) -> Result<i64, GatewayError> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|_| {
+            GatewayError::InvalidParams(format!("'{field}' must be an RFC 3339 date-time"))
+        })
+}
+
+fn params_object(extra: BTreeMap<String, Value>) -> Value {
+    Value::Object(extra.into_iter().collect())
+}
+
+/// A stored document rendered for diffs (YAML, as the file reads).
+fn render(document: &str) -> String {
+    let v: Value = serde_json::from_str(document).unwrap_or(Value::Null);
+    config::document::to_yaml(&v)
+        .unwrap_or_else(|_| serde_json::to_string_pretty(&v).unwrap_or_default())
+}
+
+fn unified(old: &str, new: &str, from: &str, to: &str) -> String {
+    similar::TextDiff::from_lines(old, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(from, to)
+        .to_string()
+}
 
 fn unknown_section(name: &str) -> GatewayError {
     GatewayError::NotFound(format!(
@@ -54,7 +95,7 @@ impl ConfigApi for Rpc {
         params: ConfigReadParams,
     ) -> Result<ConfigReadResult, GatewayError> {
         section_or_whole(
-            config::redacted(&self.state.config),
+            config::redacted(&self.state.live_config()),
             params.section.as_deref(),
         )
     }
@@ -64,9 +105,10 @@ impl ConfigApi for Rpc {
         _ctx: &CallContext,
         params: ConfigGetParams,
     ) -> Result<ConfigGetResult, GatewayError> {
+        let live = self.state.live_config();
         match params.section.as_deref() {
-            Some(name) => section_or_whole(config::raw(&self.state.config), Some(name)),
-            None => section_or_whole(config::redacted(&self.state.config), None),
+            Some(name) => section_or_whole(config::raw(&live), Some(name)),
+            None => section_or_whole(config::redacted(&live), None),
         }
     }
 
@@ -89,6 +131,252 @@ impl ConfigApi for Rpc {
             schema: schema.into_iter().collect(),
             sections: config::sections(),
             section: params.section,
+        })
+    }
+
+    async fn set(
+        &self,
+        ctx: &CallContext,
+        params: ConfigSetParams,
+    ) -> Result<ConfigSetResult, GatewayError> {
+        let change = Change::Set {
+            section: params.section,
+            key: params.key,
+            value: params.value,
+        };
+        let out = writes::write(&self.state, ctx, "config.set", change).await?;
+        Ok(ConfigSetResult {
+            ok: true,
+            previous: out.previous,
+            restarting: out.restarting,
+            commit_sha: out.commit,
+        })
+    }
+
+    async fn patch(
+        &self,
+        ctx: &CallContext,
+        params: ConfigPatchParams,
+    ) -> Result<ConfigPatchResult, GatewayError> {
+        let change = Change::Patch(params_object(params.extra));
+        let out = writes::write(&self.state, ctx, "config.patch", change).await?;
+        Ok(ConfigPatchResult {
+            patched: true,
+            sections: out.sections,
+            restarting: out.restarting,
+            commit_sha: out.commit,
+        })
+    }
+
+    async fn apply(
+        &self,
+        ctx: &CallContext,
+        params: ConfigApplyParams,
+    ) -> Result<ConfigApplyResult, GatewayError> {
+        let change = Change::Apply(params_object(params.extra));
+        let out = writes::write(&self.state, ctx, "config.apply", change).await?;
+        Ok(ConfigApplyResult {
+            applied: true,
+            sections: out.sections,
+            restarting: out.restarting,
+            commit_sha: out.commit,
+        })
+    }
+
+    async fn rollback(
+        &self,
+        ctx: &CallContext,
+        params: ConfigRollbackParams,
+    ) -> Result<ConfigRollbackResult, GatewayError> {
+        let out = writes::write(
+            &self.state,
+            ctx,
+            "config.rollback",
+            Change::Rollback(params.sha.clone()),
+        )
+        .await?;
+        let restored = out.restored.clone().unwrap_or(params.sha);
+        // Nothing differed: the restored commit is what is in force; no new commit.
+        let new_commit_sha = match out.commit {
+            Some(c) => c,
+            None => self
+                .engine()
+                .store
+                .config_head()
+                .await?
+                .map(|h| h.sha)
+                .unwrap_or_else(|| restored.clone()),
+        };
+        Ok(ConfigRollbackResult {
+            rolled_back: true,
+            sha: restored,
+            new_commit_sha,
+            restarting: out.restarting,
+        })
+    }
+
+    async fn history(
+        &self,
+        _ctx: &CallContext,
+        params: ConfigHistoryParams,
+    ) -> Result<ConfigHistoryResult, GatewayError> {
+        let rows = self
+            .engine()
+            .store
+            .config_versions(params.limit, params.section.as_deref())
+            .await?;
+        Ok(ConfigHistoryResult {
+            entries: rows
+                .into_iter()
+                .map(|v| ConfigHistoryResultEntriesItem {
+                    sha: v.sha,
+                    date: rfc3339(v.created_at),
+                    message: v.message,
+                    section: v.section,
+                    key: v.key,
+                    agent: None,
+                    user: v.author,
+                    trace_id: None,
+                })
+                .collect(),
+        })
+    }
+
+    async fn diff(
+        &self,
+        _ctx: &CallContext,
+        params: ConfigDiffParams,
+    ) -> Result<ConfigDiffResult, GatewayError> {
+        let store = &self.engine().store;
+        let diff = match params.sha.as_deref() {
+            // What the last change did: its parent against it.
+            None => match store.config_head().await? {
+                None => String::new(),
+                Some(head) => {
+                    let before = match head.parent.as_deref() {
+                        Some(p) => render(&writes::version(store, p).await?.document),
+                        None => String::new(),
+                    };
+                    let from = head.parent.as_deref().unwrap_or("/dev/null");
+                    unified(&before, &render(&head.document), from, &head.sha)
+                }
+            },
+            // That commit against the configuration in force (the file, redacted).
+            Some(sha) => {
+                let v = writes::version(store, sha).await?;
+                let path = writes::file_path(&self.state);
+                let current = match std::fs::read_to_string(&path) {
+                    Ok(t) => config::document::from_yaml(&t).map_err(GatewayError::Conflict)?,
+                    Err(_) => Value::Object(Map::new()),
+                };
+                let now = config::document::redacted(&current);
+                unified(
+                    &render(&v.document),
+                    &render(&now.to_string()),
+                    &v.sha,
+                    "current",
+                )
+            }
+        };
+        Ok(ConfigDiffResult { diff })
+    }
+
+    async fn gc(
+        &self,
+        _ctx: &CallContext,
+        _params: ConfigGcParams,
+    ) -> Result<ConfigGcResult, GatewayError> {
+        let keep = i64::from(self.state.live_config().config_history.keep);
+        let (squashed, root) = self.engine().store.config_gc(keep).await?;
+        Ok(ConfigGcResult {
+            gc: true,
+            squashed: squashed as i64,
+            new_root_sha: root,
+        })
+    }
+
+    async fn audit_list(
+        &self,
+        _ctx: &CallContext,
+        params: ConfigAuditListParams,
+    ) -> Result<ConfigAuditListResult, GatewayError> {
+        let filter = AuditFilter {
+            since: params
+                .since
+                .as_deref()
+                .map(|t| epoch_ms("since", t))
+                .transpose()?,
+            until: params
+                .until
+                .as_deref()
+                .map(|t| epoch_ms("until", t))
+                .transpose()?,
+            suspicious_only: params.suspicious_only,
+            pid: params.pid,
+            tail: params.tail,
+        };
+        let rows = self.engine().store.audit_list(&filter).await?;
+        let records = rows
+            .into_iter()
+            .map(|r| ConfigAuditRecord {
+                ts: rfc3339(r.ts),
+                pid: r.pid,
+                origin: match r.origin.as_str() {
+                    "cli" => ConfigAuditRecordOrigin::Cli,
+                    "startup" => ConfigAuditRecordOrigin::Startup,
+                    "external" => ConfigAuditRecordOrigin::External,
+                    _ => ConfigAuditRecordOrigin::Rpc,
+                },
+                method: r.method,
+                client_id: r.client_id,
+                // A record whose paths do not parse is shown with none (audit.scrub counts it).
+                paths: serde_json::from_str(&r.paths).unwrap_or_default(),
+                commit_sha: r.commit_sha,
+                suspicious: r.suspicious,
+                reasons: serde_json::from_str(&r.reasons).unwrap_or_default(),
+            })
+            .collect();
+        Ok(ConfigAuditListResult { records })
+    }
+
+    async fn audit_scrub(
+        &self,
+        _ctx: &CallContext,
+        params: ConfigAuditScrubParams,
+    ) -> Result<ConfigAuditScrubResult, GatewayError> {
+        let store = &self.engine().store;
+        let secrets = writes::known_secrets(&self.state);
+        let records = store.audit_paths().await?;
+        let newest = records.last().map(|r| r.0).unwrap_or(0);
+        let mut malformed = 0;
+        let mut rewrites = Vec::new();
+        for (id, text) in &records {
+            let Ok(paths) = serde_json::from_str::<Vec<String>>(text) else {
+                malformed += 1;
+                continue;
+            };
+            let scrubbed: Vec<String> = paths
+                .iter()
+                .map(|p| {
+                    secrets.iter().fold(p.clone(), |acc, s| {
+                        acc.replace(s.as_str(), config::REDACTED)
+                    })
+                })
+                .collect();
+            if scrubbed != paths {
+                rewrites.push((*id, serde_json::to_string(&scrubbed).unwrap_or_default()));
+            }
+        }
+        let aborted = if params.dry_run || rewrites.is_empty() {
+            false
+        } else {
+            !store.audit_rewrite(newest, &rewrites).await?
+        };
+        Ok(ConfigAuditScrubResult {
+            dry_run: params.dry_run,
+            rewritten_records: if aborted { 0 } else { rewrites.len() as i64 },
+            skipped_malformed: malformed,
+            aborted,
         })
     }
 }

@@ -2,15 +2,20 @@
 
 mod agent;
 mod agents;
+mod auth;
 mod config;
 mod cron;
+mod daemon;
+mod env;
 mod gateway;
 mod heartbeat;
 mod models;
 mod providers;
 mod scheduler;
+mod secrets;
 mod session;
 mod system;
+mod tokens;
 
 use std::sync::Arc;
 

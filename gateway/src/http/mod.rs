@@ -112,7 +112,7 @@ async fn front<E: Endpoint>(
             None
         } else {
             match state.tokens.authenticate(&req, false) {
-                Some(p) => Some(p.clone()),
+                Some(p) => Some(p),
                 None => {
                     let mut resp = Problem::unauthorized().into_area_response(area);
                     resp.headers_mut().insert(

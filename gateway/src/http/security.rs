@@ -26,7 +26,7 @@ fn check(req: &Request, presented: &str, accepted: &[Scope]) -> poem::Result<Pri
         return Err(area_error(req, Problem::internal()));
     };
     let principal = match req.extensions().get::<crate::auth::Verified>() {
-        Some(v) => &v.0,
+        Some(v) => v.0.clone(),
         None => match state.tokens.verify(presented) {
             Some(p) => p,
             None => return Err(area_error(req, Problem::unauthorized())),
@@ -43,7 +43,7 @@ fn check(req: &Request, presented: &str, accepted: &[Scope]) -> poem::Result<Pri
             )),
         ));
     }
-    Ok(principal.clone())
+    Ok(principal)
 }
 
 async fn check_v1(req: &Request, bearer: Bearer) -> poem::Result<Principal> {

@@ -23,7 +23,7 @@ pub async fn handle(
     body: poem::Body,
     Data(state): Data<&Arc<AppState>>,
 ) -> Response {
-    let Some(principal) = state.tokens.authenticate(req, false).cloned() else {
+    let Some(principal) = state.tokens.authenticate(req, false) else {
         let mut r = json_error(http::StatusCode::UNAUTHORIZED, "Unauthorized");
         r.headers_mut().insert(
             http::header::WWW_AUTHENTICATE,

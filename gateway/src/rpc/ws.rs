@@ -36,6 +36,8 @@ use crate::transport::watch::Watched;
 pub const CLOSE_NORMAL: u16 = 1000;
 /// Close code for a failed authentication.
 pub const CLOSE_UNAUTHORIZED: u16 = 4001;
+/// Close reason when the connection's token was revoked or rotated (code 4001).
+pub const REVOKED_REASON: &str = "Token revoked";
 /// Close code and reason when the server stops or restarts.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 pub const SHUTDOWN_REASON: &str = "Server shutting down";
@@ -101,7 +103,7 @@ where
             "Expected a WebSocket upgrade",
         );
     };
-    let principal = state.tokens.authenticate(req, true).cloned();
+    let principal = state.tokens.authenticate(req, true);
     let ticket = req.extensions().get::<ConnTicket>().cloned();
     let kill = ticket.as_ref().map(|t| t.kill.clone()).unwrap_or_default();
     let state = state.clone();
@@ -260,6 +262,7 @@ enum Step {
 enum Wake {
     Killed,
     Kicked,
+    Revoked,
     Stopped,
     Step(Step),
 }
@@ -320,6 +323,9 @@ async fn connection(
     let g = &state.config.gateway;
     let (outbox, mut rx) = Outbox::new(OUTBOUND_QUEUE);
     let conn_id = state.hub().register(&principal.client_id, outbox.clone());
+    if !state.tokens.is_current(&principal) {
+        outbox.revoked().cancel();
+    }
     let ctx = principal.context(Some(conn_id));
     tracing::debug!(conn = conn_id, client = %principal.client_id, "websocket open");
     let mut window = Window {
@@ -332,6 +338,7 @@ async fn connection(
     // Read as flags at every wake-up, in this order (see `transport::watch`).
     let mut killed = Watched::new(&kill);
     let mut kicked = Watched::new(outbox.kicked());
+    let mut revoked = Watched::new(outbox.revoked());
     let mut stopped = Watched::new(&state.stop);
     let mut dirty = false;
     let end = loop {
@@ -340,6 +347,8 @@ async fn connection(
                 Poll::Ready(Wake::Killed)
             } else if kicked.fired(cx) {
                 Poll::Ready(Wake::Kicked)
+            } else if revoked.fired(cx) {
+                Poll::Ready(Wake::Revoked)
             } else if stopped.fired(cx) {
                 Poll::Ready(Wake::Stopped)
             } else {
@@ -355,6 +364,10 @@ async fn connection(
                 break End::Drop;
             }
             Wake::Stopped => break End::Close(CLOSE_GOING_AWAY, SHUTDOWN_REASON),
+            Wake::Revoked => {
+                tracing::info!(conn = conn_id, client = %principal.client_id, "token revoked: websocket closed");
+                break End::Close(CLOSE_UNAUTHORIZED, REVOKED_REASON);
+            }
         };
         let msg = match step {
             Step::Inbound(Some(Ok(msg))) => msg,

@@ -49,6 +49,10 @@ pub struct Control {
     pub restart_requested: Notify,
     /// Restarts refused because the configuration would not start (logged each time).
     pub restarts_refused: std::sync::atomic::AtomicU64,
+    /// Serialises writes of the configuration file (config.set/patch/apply/rollback).
+    pub config_writes: tokio::sync::Mutex<()>,
+    /// The spec's per-method rate limits (env.set, env.list).
+    pub limits: crate::runtime::method_limits::MethodLimits,
 }
 
 impl Control {
@@ -69,6 +73,8 @@ impl Control {
             registry_epoch: tokio::sync::watch::Sender::new(0),
             restart_requested: Notify::new(),
             restarts_refused: Default::default(),
+            config_writes: tokio::sync::Mutex::new(()),
+            limits: Default::default(),
         }
     }
 

@@ -41,6 +41,10 @@ pub struct Engine {
     pub media: Arc<crate::media::MediaStore>,
     /// `scheduler`: this generation's timer settings, file jobs and heartbeat defaults.
     pub scheduler: crate::config::scheduler::SchedulerConfig,
+    /// Stored secrets and the resolver of secret names.
+    pub secrets: Arc<crate::secrets::Secrets>,
+    /// The API tokens of the store (checked on every request with the file's).
+    pub api_tokens: Arc<crate::auth::ApiTokens>,
 }
 
 /// The media store's directory under the data directory.
@@ -180,6 +184,11 @@ impl Engine {
                 );
             }
         }
+        let secrets = Arc::new(
+            crate::secrets::Secrets::open(&config.secrets, store.clone(), &data_dir).await?,
+        );
+        let api_tokens =
+            Arc::new(crate::auth::ApiTokens::open(store.clone(), control.clone()).await?);
         let local = local_provider(config, &control);
         let m = &config.media;
         let media = crate::media::MediaStore::open(
@@ -203,6 +212,7 @@ impl Engine {
                 local,
                 config.local.preload,
                 &config.provider_policy,
+                Some(secrets.clone()),
             ),
             agents: Agents::new(
                 store.clone(),
@@ -215,6 +225,8 @@ impl Engine {
             data_dir,
             control,
             scheduler: config.scheduler.clone(),
+            secrets,
+            api_tokens,
         };
         engine.seed(config).await?;
         engine.seed_jobs().await?;
@@ -242,6 +254,13 @@ impl Engine {
         crate::runtime::scheduler::jobs::check_config_jobs(&agents, &config.scheduler.jobs)
     }
 
+    /// Seeds the providers and agents of `config` (a changed file entry wins over the stored
+    /// one) and checks the default agent: at open, and when a configuration write changes
+    /// only those sections (applied live).
+    pub async fn seed_from(&self, config: &Config) -> Result<(), GatewayError> {
+        self.seed(config).await
+    }
+
     async fn seed(&self, config: &Config) -> Result<(), GatewayError> {
         seed(&self.providers, &self.agents, config).await
     }
@@ -261,6 +280,7 @@ fn dry_registries(store: &Store, config: &Config) -> (Providers, Agents) {
         LocalProvider::new(local_options(config)),
         false,
         &config.provider_policy,
+        None,
     );
     let agents = Agents::new(
         store.clone(),

@@ -52,7 +52,10 @@ async fn reload_on_change(engine: Weak<Engine>) {
         let Some(engine) = engine.upgrade() else {
             return;
         };
+        // Secrets before providers: a provider's key is resolved when it is rebuilt.
         for (what, reloaded) in [
+            ("secrets", engine.secrets.reload().await),
+            ("tokens", engine.api_tokens.reload().await),
             ("agents", engine.agents.reload().await),
             ("providers", engine.providers.reload().await),
         ] {

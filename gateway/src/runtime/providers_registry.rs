@@ -130,12 +130,17 @@ fn build_entry(
     config: ProviderSettings,
     local: &Arc<LocalProvider>,
     address_guard: Option<Arc<ApiPolicy>>,
+    secrets: Option<&crate::secrets::Secrets>,
 ) -> ProviderEntry {
     let kind = ProviderKind::from(config.type_.unwrap_or(ProviderType::Openai));
+    // `apiKeyEnv` names a stored secret first, then a variable of the environment.
     let api_key = config
         .api_key_env
         .as_deref()
-        .and_then(|v| std::env::var(v).ok())
+        .and_then(|v| match secrets {
+            Some(s) => s.resolve(v),
+            None => std::env::var(v).ok(),
+        })
         .filter(|k| !k.trim().is_empty());
     let key_configured = config.api_key_env.is_none() || api_key.is_some();
     // The connection settings of an HTTP provider (not the stored `ProviderSettings`).
@@ -183,6 +188,9 @@ pub struct Providers {
     /// The base URL each provider of the configuration file names: any other one in force was
     /// set through the API, and its addresses are checked again at every connection.
     file_urls: RwLock<BTreeMap<String, Option<String>>>,
+    /// Where `apiKeyEnv` names are resolved (stored secrets, then the environment); None in a
+    /// dry run, which reads the environment only.
+    secrets: Option<Arc<crate::secrets::Secrets>>,
 }
 
 impl Providers {
@@ -192,6 +200,7 @@ impl Providers {
         local: Arc<LocalProvider>,
         preload_local: bool,
         policy: &ProviderPolicyConfig,
+        secrets: Option<Arc<crate::secrets::Secrets>>,
     ) -> Self {
         Self {
             store,
@@ -202,6 +211,7 @@ impl Providers {
             write: tokio::sync::Mutex::new(()),
             policy: RwLock::new(ApiPolicy::new(policy)),
             file_urls: RwLock::default(),
+            secrets,
         }
     }
 
@@ -288,7 +298,7 @@ impl Providers {
                 }
             };
             let guard = self.address_guard(&id, &cfg);
-            let entry = build_entry(&id, cfg, &self.local, guard);
+            let entry = build_entry(&id, cfg, &self.local, guard, self.secrets.as_deref());
             models.extend(catalog::models_of(
                 &id,
                 entry.kind,

@@ -12,6 +12,7 @@
 
 #[cfg(test)]
 mod conformance;
+pub mod control;
 pub mod fleet;
 pub mod memory;
 pub mod owners;

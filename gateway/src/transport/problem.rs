@@ -188,7 +188,9 @@ impl From<GatewayError> for Problem {
             GatewayError::NotFound(m) => Self::not_found(m),
             GatewayError::Conflict(m) => Self::new(StatusCode::CONFLICT, m),
             GatewayError::Unavailable(m) => Self::new(StatusCode::SERVICE_UNAVAILABLE, m),
-            GatewayError::Busy(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, m),
+            GatewayError::Busy(m) | GatewayError::RateLimited(m) => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, m)
+            }
             GatewayError::Internal(detail) => {
                 tracing::error!(error = %detail, "request failed");
                 Self::internal()

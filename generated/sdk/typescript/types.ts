@@ -2003,6 +2003,14 @@ export interface ConfigSetResult {
    * The value before the change (redacted when a secret); absent when the member was not set.
    */
   "previous"?: unknown;
+  /**
+   * True when the changed section only takes effect after a restart, which then follows the answer (designed addition - the result says whether the change was live).
+   */
+  "restarting": boolean;
+  /**
+   * The history commit recording the change; absent when nothing changed.
+   */
+  "commitSha"?: string;
 }
 
 /**
@@ -2758,17 +2766,17 @@ export interface EnvListResultSecretsItem {
    */
   "description"?: string;
   /**
-   * When it was first written (secret store only).
+   * When it was first written, epoch ms (secret store only).
    */
-  "createdAt"?: string;
+  "createdAt"?: number;
   /**
-   * When it was last written (secret store only).
+   * When it was last written, epoch ms (secret store only).
    */
-  "updatedAt"?: string;
+  "updatedAt"?: number;
   /**
-   * When it expires, when an expiry was set.
+   * When it expires, epoch ms, when an expiry was set (secret store only).
    */
-  "expiresAt"?: string;
+  "expiresAt"?: number;
 }
 
 /**
@@ -2807,7 +2815,7 @@ export interface EnvSetResult {
    */
   "storage": EnvSetResultStorage;
   /**
-   * True when the daemon restarts to pick the secret up (after the answer).
+   * Always false - the secret is applied live (see the description).
    */
   "restarting": boolean;
 }
@@ -9695,7 +9703,7 @@ export interface SecretsDeleteResult {
    */
   "deleted": boolean;
   /**
-   * Whether the daemon restarts to drop the value.
+   * Always false - applied live (kept for the reference's shape).
    */
   "restarting": boolean;
 }
@@ -9813,7 +9821,7 @@ export interface SecretsSetResult {
    */
   "created": boolean;
   /**
-   * Whether the daemon restarts to pick up the new value.
+   * Always false - the value is applied live (kept for the reference's shape).
    */
   "restarting": boolean;
 }

@@ -362,7 +362,7 @@ class _TypedMethods:
         return self.call("env.list", dict(params or {}))
 
     def env_set(self, params: "Optional[types.EnvSetParams]" = None) -> "types.EnvSetResult":
-        """`env.set` (scope admin): Writes one secret; the daemon restarts after a successful write."""
+        """`env.set` (scope admin): Writes one secret, applied live (providers rebuilt at once)."""
         return self.call("env.set", dict(params or {}))
 
     def gateway_restart(self, params: "Optional[types.GatewayRestartParams]" = None) -> "types.GatewayRestartResult":
@@ -782,7 +782,7 @@ class _TypedMethods:
         return self.call("scheduler.wake", dict(params or {}))
 
     def secrets_delete(self, params: "Optional[types.SecretsDeleteParams]" = None) -> "types.SecretsDeleteResult":
-        """`secrets.delete` (scope admin): Deletes a secret; the daemon restarts when one was deleted."""
+        """`secrets.delete` (scope admin): Deletes a secret; providers stop using it at once."""
         return self.call("secrets.delete", dict(params or {}))
 
     def secrets_get(self, params: "Optional[types.SecretsGetParams]" = None) -> "types.SecretsGetResult":
@@ -794,7 +794,7 @@ class _TypedMethods:
         return self.call("secrets.list", dict(params or {}))
 
     def secrets_set(self, params: "Optional[types.SecretsSetParams]" = None) -> "types.SecretsSetResult":
-        """`secrets.set` (scope admin): Stores (or replaces) a secret; the daemon restarts to pick it up."""
+        """`secrets.set` (scope admin): Stores (or replaces) a secret; providers pick it up at once."""
         return self.call("secrets.set", dict(params or {}))
 
     def session_compact(self, params: "Optional[types.SessionCompactParams]" = None) -> "types.SessionCompactResult":

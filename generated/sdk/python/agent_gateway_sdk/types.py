@@ -880,6 +880,8 @@ ConfigSetParams = TypedDict("ConfigSetParams", {
 ConfigSetResult = TypedDict("ConfigSetResult", {
     "ok": "Required[bool]",
     "previous": "NotRequired[Any]",
+    "restarting": "Required[bool]",
+    "commitSha": "NotRequired[str]",
 }, total=False)
 
 # Parameters of `context.conversations`.
@@ -1136,9 +1138,9 @@ EnvListResultSecretsItem = TypedDict("EnvListResultSecretsItem", {
     "source": "Required[EnvListResultSecretsItemSource]",
     "provider": "NotRequired[str]",
     "description": "NotRequired[str]",
-    "createdAt": "NotRequired[str]",
-    "updatedAt": "NotRequired[str]",
-    "expiresAt": "NotRequired[str]",
+    "createdAt": "NotRequired[int]",
+    "updatedAt": "NotRequired[int]",
+    "expiresAt": "NotRequired[int]",
 }, total=False)
 
 # Parameters of `env.set`.

@@ -1,0 +1,118 @@
+//! `secrets.*`: the encrypted secret store, by name. Values go in through `secrets.set` and
+//! come out only through `secrets.get`; events carry names only.
+
+use super::Rpc;
+use crate::config::REDACTED;
+use crate::error::GatewayError;
+use crate::rpc::generated::handlers::SecretsApi;
+use crate::rpc::generated::types::{
+    SecretsDeleteParams, SecretsDeleteResult, SecretsGetParams, SecretsGetResult,
+    SecretsListParams, SecretsListResult, SecretsListResultSecretsItem, SecretsSetParams,
+    SecretsSetResult,
+};
+use crate::rpc::CallContext;
+use crate::runtime::config_writes::OPERATOR;
+
+/// After a secret changed: providers are rebuilt (their keys resolved again) and the change
+/// is announced as `secret:modified` (name and action only).
+pub(crate) async fn modified(rpc: &Rpc, ctx: &CallContext, name: &str, action: &str) {
+    if let Err(e) = rpc.engine().providers.reload().await {
+        tracing::warn!(error = %e, "providers not rebuilt after a secret changed");
+    }
+    tracing::info!(secret = %name, action, client = %ctx.principal.client_id, "secret changed");
+    rpc.engine().control.events.publish_owned(
+        Some(std::sync::Arc::from(OPERATOR)),
+        "secret:modified",
+        serde_json::json!({"name": name, "action": action, "clientId": ctx.principal.client_id}),
+    );
+}
+
+impl SecretsApi for Rpc {
+    async fn list(
+        &self,
+        _ctx: &CallContext,
+        _params: SecretsListParams,
+    ) -> Result<SecretsListResult, GatewayError> {
+        self.engine().secrets.sealer()?;
+        let list = self.engine().secrets.list(false).await?;
+        Ok(SecretsListResult {
+            secrets: list
+                .into_iter()
+                .map(|m| SecretsListResultSecretsItem {
+                    name: m.name,
+                    provider: m.provider,
+                    description: m.description,
+                    expires_at: m.expires_at,
+                    created_at: m.created_at.unwrap_or(0),
+                    updated_at: m.updated_at.unwrap_or(0),
+                })
+                .collect(),
+        })
+    }
+
+    async fn get(
+        &self,
+        ctx: &CallContext,
+        params: SecretsGetParams,
+    ) -> Result<SecretsGetResult, GatewayError> {
+        let value = self.engine().secrets.get(&params.name).await?;
+        tracing::info!(secret = %params.name, client = %ctx.principal.client_id, found = value.is_some(), "secret read");
+        self.engine().control.events.publish_owned(
+            Some(std::sync::Arc::from(OPERATOR)),
+            "secret:accessed",
+            serde_json::json!({"name": params.name, "clientId": ctx.principal.client_id,
+                               "exists": value.is_some()}),
+        );
+        Ok(SecretsGetResult {
+            name: params.name,
+            exists: value.is_some(),
+            value,
+        })
+    }
+
+    async fn set(
+        &self,
+        ctx: &CallContext,
+        params: SecretsSetParams,
+    ) -> Result<SecretsSetResult, GatewayError> {
+        self.engine().secrets.sealer()?;
+        if params.value == REDACTED {
+            return Err(GatewayError::InvalidParams(format!(
+                "'value' is the redacted placeholder {REDACTED}, not a secret"
+            )));
+        }
+        let (created, _) = self
+            .engine()
+            .secrets
+            .set(
+                &params.name,
+                &params.value,
+                params.provider,
+                params.description,
+                params.expires_at,
+            )
+            .await?;
+        modified(self, ctx, &params.name, "set").await;
+        Ok(SecretsSetResult {
+            name: params.name,
+            created,
+            restarting: false,
+        })
+    }
+
+    async fn delete(
+        &self,
+        ctx: &CallContext,
+        params: SecretsDeleteParams,
+    ) -> Result<SecretsDeleteResult, GatewayError> {
+        let deleted = self.engine().secrets.delete(&params.name).await?;
+        if deleted {
+            modified(self, ctx, &params.name, "delete").await;
+        }
+        Ok(SecretsDeleteResult {
+            name: params.name,
+            deleted,
+            restarting: false,
+        })
+    }
+}
