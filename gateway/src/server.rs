@@ -107,7 +107,7 @@ async fn build_state(
         loaded.config,
         loaded.paths,
         data_dir,
-        TokenStore::new(&tokens, engine_tokens),
+        TokenStore::new(&tokens).with_api(engine_tokens),
         generation,
         control,
         Arc::new(engine),

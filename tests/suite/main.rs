@@ -9,6 +9,7 @@ mod contract;
 mod e2e_admission;
 mod e2e_agents;
 mod e2e_conn;
+mod e2e_control;
 mod e2e_failures;
 mod e2e_http;
 mod e2e_limits;

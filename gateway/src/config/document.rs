@@ -182,13 +182,28 @@ fn diff_at(a: &Value, b: &Value, path: &mut Vec<String>, out: &mut Vec<String>) 
                 path.push(k.clone());
                 match (x.get(k), y.get(k)) {
                     (Some(p), Some(q)) => diff_at(p, q, path, out),
-                    _ => out.push(path.join(".")),
+                    (Some(v), None) | (None, Some(v)) => leaves(v, path, out),
+                    (None, None) => {}
                 }
                 path.pop();
             }
         }
         _ if a != b => out.push(path.join(".")),
         _ => {}
+    }
+}
+
+/// The leaf paths of a member present on one side only (an empty object is a leaf).
+fn leaves(v: &Value, path: &mut Vec<String>, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                path.push(k.clone());
+                leaves(child, path, out);
+                path.pop();
+            }
+        }
+        _ => out.push(path.join(".")),
     }
 }
 
@@ -310,7 +325,7 @@ mod tests {
     fn changed_paths_name_leaves_and_whole_arrays() {
         let a = json!({"x": {"y": 1, "z": 2}, "l": [1], "gone": true});
         let b = json!({"x": {"y": 1, "z": 3}, "l": [1, 2], "new": {"k": 1}});
-        assert_eq!(changed_paths(&a, &b), vec!["gone", "l", "new", "x.z"]);
+        assert_eq!(changed_paths(&a, &b), vec!["gone", "l", "new.k", "x.z"]);
         assert_eq!(
             sections_of(&changed_paths(&a, &b)),
             vec!["gone", "l", "new", "x"]

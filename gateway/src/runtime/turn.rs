@@ -618,7 +618,7 @@ impl Engine {
                 last = ProviderError::new(
                     ErrorKind::MissingKey,
                     format!(
-                        "Provider {} has no API key: set the environment variable {}",
+                        "Provider {} has no API key: store it with env.set or secrets.set, or set the environment variable, {}",
                         entry.id,
                         entry
                             .config

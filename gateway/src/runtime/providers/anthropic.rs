@@ -70,7 +70,9 @@ impl AnthropicProvider {
     ) -> Result<ChatResponse, ProviderError> {
         if self.http.api_key().is_none() {
             let source = match self.api_key_env.as_deref() {
-                Some(var) => format!("set the environment variable {var}"),
+                Some(var) => format!(
+                    "store {var} with env.set or secrets.set, or set that environment variable"
+                ),
                 None => "configure apiKeyEnv for it".to_string(),
             };
             return Err(ProviderError::new(
