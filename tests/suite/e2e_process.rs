@@ -670,3 +670,193 @@ async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
     // One catch-up for the missed due times, then back on the job's grid.
     assert_eq!((dues[2] - dues[0]) % 2000, 0, "{dues:?}");
 }
+
+async fn rpc(port: u16, token: &str, method: &str, params: Value) -> Value {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/rpc"))
+        .bearer_auth(token)
+        .json(&body)
+        .timeout(STEP)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The control plane across kill -9: API tokens, secrets and the configuration's history
+/// survive; the configuration file is whole after a kill during a stream of writes; the log
+/// level changes at run time; no secret reaches the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_state_survives_kill_9_and_the_file_is_never_half_written() {
+    use base64::Engine as _;
+    use std::os::unix::fs::PermissionsExt;
+    const PLAIN: &str = "sk-process-PLAINTEXT-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("master.key");
+    std::fs::write(
+        &key,
+        base64::engine::general_purpose::STANDARD.encode([9u8; 32]),
+    )
+    .unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let extra = format!(
+        "secrets:\n  masterKeyFile: {}\nagents:\n  w: {{model: local/smollm2-135m-instruct}}\n",
+        key.display()
+    );
+    let (mut child, port) = spawn_configured(dir.path(), &extra).await;
+    let config = dir.path().join("gateway.yaml");
+    let created = rpc(
+        port,
+        ADMIN,
+        "tokens.create",
+        serde_json::json!({"scopes": ["rpc"], "id": "kept"}),
+    )
+    .await;
+    let token = created["result"]["secret"].as_str().unwrap().to_owned();
+    let r = rpc(
+        port,
+        ADMIN,
+        "secrets.set",
+        serde_json::json!({"name": "KEPT_SECRET", "value": PLAIN}),
+    )
+    .await;
+    assert_eq!(r["result"]["created"], true, "{r}");
+    let r = rpc(
+        port,
+        ADMIN,
+        "config.set",
+        serde_json::json!({"section": "agents", "key": "w.maxSteps", "value": 4}),
+    )
+    .await;
+    assert_eq!(r["result"]["restarting"], false, "{r}");
+    // The log level at run time: at warn, an info line of a token's creation is not written.
+    let r = rpc(
+        port,
+        ADMIN,
+        "daemon.setLogLevel",
+        serde_json::json!({"level": "warn"}),
+    )
+    .await;
+    assert_eq!(r["result"]["scope"], "global", "{r}");
+    assert_eq!(r["result"]["persistent"], false);
+    rpc(
+        port,
+        ADMIN,
+        "tokens.create",
+        serde_json::json!({"scopes": ["rpc"], "id": "quiet"}),
+    )
+    .await;
+    let r = rpc(
+        port,
+        ADMIN,
+        "daemon.setLogLevel",
+        serde_json::json!({"level": "info", "module": "agent_gateway::handlers"}),
+    )
+    .await;
+    assert_eq!(r["result"]["scope"], "module", "{r}");
+    rpc(
+        port,
+        ADMIN,
+        "tokens.create",
+        serde_json::json!({"scopes": ["rpc"], "id": "loud"}),
+    )
+    .await;
+    let r = rpc(
+        port,
+        RPC,
+        "daemon.setLogLevel",
+        serde_json::json!({"level": "info"}),
+    )
+    .await;
+    assert_eq!(r["error"]["code"], -32603);
+    let r = rpc(
+        port,
+        ADMIN,
+        "daemon.setLogLevel",
+        serde_json::json!({"level": "loud"}),
+    )
+    .await;
+    assert_eq!(r["error"]["code"], -32602);
+
+    signal(&child, "-KILL");
+    wait_exit(&mut child);
+    let log = logs(dir.path());
+    assert!(log.contains("token=kept"), "{log}");
+    assert!(
+        !log.contains("token=quiet"),
+        "an info line was written at warn"
+    );
+    assert!(
+        log.contains("token=loud"),
+        "the module level was not applied"
+    );
+    for secret in [PLAIN, token.as_str(), ADMIN] {
+        assert!(!log.contains(secret), "a secret reached the log");
+    }
+
+    let mut child = spawn(dir.path(), Some(&config), port);
+    wait_healthy(port).await;
+    let r = rpc(port, &token, "system.ping", serde_json::json!({})).await;
+    assert_eq!(
+        r["result"]["pong"], true,
+        "the API token did not survive: {r}"
+    );
+    let r = rpc(
+        port,
+        ADMIN,
+        "secrets.get",
+        serde_json::json!({"name": "KEPT_SECRET"}),
+    )
+    .await;
+    assert_eq!(r["result"]["value"], PLAIN);
+    let r = rpc(port, ADMIN, "config.history", serde_json::json!({})).await;
+    assert!(
+        r["result"]["entries"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("agents.w.maxSteps"),
+        "{r}"
+    );
+    let r = rpc(
+        port,
+        ADMIN,
+        "agents.get",
+        serde_json::json!({"agentId": "w"}),
+    )
+    .await;
+    assert_eq!(r["result"]["maxSteps"], 4);
+
+    // kill -9 in the middle of a stream of configuration writes: the file is always whole.
+    for round in 0..3u64 {
+        let writer = tokio::spawn(async move {
+            for i in 0..1000 {
+                let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "config.set",
+                    "params": {"section": "agents", "key": "w.maxSteps", "value": 1 + i % 9}});
+                let sent = reqwest::Client::new()
+                    .post(format!("http://127.0.0.1:{port}/rpc"))
+                    .bearer_auth(ADMIN)
+                    .json(&body)
+                    .send()
+                    .await;
+                if sent.is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(150 + 70 * round)).await;
+        signal(&child, "-KILL");
+        wait_exit(&mut child);
+        let _ = writer.await;
+        let text = std::fs::read_to_string(&config).unwrap();
+        agent_gateway::config::parse(&text)
+            .unwrap_or_else(|e| panic!("half-written file: {e}\n{text}"));
+        assert!(text.contains("maxSteps"), "{text}");
+        child = spawn(dir.path(), Some(&config), port);
+        wait_healthy(port).await;
+    }
+    signal(&child, "-TERM");
+    wait_exit(&mut child);
+}

@@ -212,12 +212,17 @@ pub async fn observe_file(
     }
 }
 
-/// The history's view of the file at start: called once per generation.
+/// The history's first commit, at the first start on a database without history. A file
+/// changed outside the gateway is recorded (as `external`) by the next write through the API,
+/// not at start: a node of a fleet, or a store imported elsewhere, starts on its own file
+/// without rewriting the shared history.
 pub async fn observe_at_start(state: &AppState) {
     let path = file_path(state);
-    let result = match read_document(&path) {
-        Ok((_, current)) => observe_file(&state.engine.store, &current, "startup").await,
-        Err(e) => Err(e),
+    let store = &state.engine.store;
+    let result = match (store.config_head().await, read_document(&path)) {
+        (Ok(None), Ok((_, current))) => observe_file(store, &current, "startup").await,
+        (Err(e), _) | (_, Err(e)) => Err(e),
+        _ => Ok(()),
     };
     if let Err(e) = result {
         tracing::warn!(error = %e, "configuration history not updated at start");

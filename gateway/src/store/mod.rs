@@ -320,7 +320,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(of(&SQLITE_MIGRATIONS), of(&POSTGRES_MIGRATIONS));
-        assert_eq!(schema_version(), 6);
+        assert_eq!(schema_version(), 7);
     }
 
     /// A migration already applied somewhere must never change: sqlx refuses to open a

@@ -111,7 +111,7 @@ const fn txt_n(name: &'static str) -> Col {
     col(name, Kind::Text, true)
 }
 
-/// One exported table: its columns in declared order (schema version 6; PostgreSQL's
+/// One exported table: its columns in declared order (schema version 7; PostgreSQL's
 /// generated `content_tsv` is left out), the order its rows are written in, and whether its
 /// `id` is an identity whose sequence import must move past the imported ids.
 #[derive(Debug)]
@@ -1292,22 +1292,92 @@ mod tests {
             .unwrap())
     }
 
+    /// One row in each table of the control plane.
+    async fn populate_control(s: &Store) {
+        use crate::store::control::{AuditRow, AuthRow, SecretRow, TokenRow, VersionRow};
+        s.token_insert(&TokenRow {
+            id: "app".into(),
+            digest: Some("ab".repeat(32)),
+            scopes: r#"["rpc"]"#.into(),
+            created_at: 1,
+            expires_at: None,
+            last_used_at: None,
+            revoked_at: None,
+        })
+        .await
+        .unwrap();
+        s.secret_put(&SecretRow {
+            name: "K".into(),
+            nonce: "bm9uY2U=".into(),
+            ciphertext: "Y2lwaGVy".into(),
+            provider: None,
+            description: Some("d".into()),
+            expires_at: None,
+            created_at: 2,
+            updated_at: 2,
+        })
+        .await
+        .unwrap();
+        s.auth_put(&AuthRow {
+            profile_id: "p".into(),
+            provider: "o".into(),
+            nonce: "bm9uY2U=".into(),
+            ciphertext: "Y2lwaGVy".into(),
+            expires: 3,
+            account_id: None,
+            email: Some("e@x".into()),
+            display_name: None,
+            created_at: 3,
+            updated_at: 3,
+        })
+        .await
+        .unwrap();
+        s.config_commit(&VersionRow {
+            sha: "c".repeat(64),
+            parent: None,
+            message: "m".into(),
+            author: Some("admin".into()),
+            section: None,
+            key: None,
+            document: "{}".into(),
+            created_at: 4,
+        })
+        .await
+        .unwrap();
+        s.audit_insert(&AuditRow {
+            id: 0,
+            ts: 5,
+            pid: 6,
+            origin: "rpc".into(),
+            method: Some("config.set".into()),
+            client_id: Some("admin".into()),
+            paths: r#"["a.b"]"#.into(),
+            commit_sha: None,
+            suspicious: false,
+            reasons: "[]".into(),
+        })
+        .await
+        .unwrap();
+    }
+
     /// Export from `src`, import into `dst`: the same rows, ids kept, sequences past them.
     async fn round_trip(src: Store, dst: Store) {
         populate(&src).await;
+        populate_control(&src).await;
         let (bytes, summary) = export_lines(&src).await;
         let lines = dump(&bytes);
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], FORMAT);
         assert_eq!(header["version"], 1);
-        assert_eq!(header["schema"], 6);
+        assert_eq!(header["schema"], 7);
         assert_eq!(header["source"], src.backend_name());
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(
             TABLES.iter().map(|t| rows(t.name)).collect::<Vec<_>>(),
-            [2, 1, 3, 4, 1, 2, 1, 3, 1, 1, 1, 1, 1],
+            [2, 1, 3, 4, 1, 2, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
             "providers agents sessions messages notes memories runs usage deliveries \
-             cron_jobs cron_runs heartbeat_state heartbeat_events"
+             cron_jobs cron_runs heartbeat_state heartbeat_events api_tokens secrets \
+             auth_profiles config_versions config_audit"
         );
         assert_eq!(lines.len() as u64, summary.total_rows() + 2);
         assert!(lines[1].starts_with(r#"{"t":"providers","r":{"id":"p-B","kind":"openai""#));
@@ -1661,11 +1731,11 @@ mod tests {
         for (header, says) in [
             (
                 r#"{"format":"agent-gateway-store","version":1,"schema":4}"#,
-                "schema version 4 and this build is at version 6: migrate first",
+                "schema version 4 and this build is at version 7: migrate first",
             ),
             (
-                r#"{"format":"agent-gateway-store","version":1,"schema":7}"#,
-                "schema version 7, newer than this build's 6",
+                r#"{"format":"agent-gateway-store","version":1,"schema":8}"#,
+                "schema version 8, newer than this build's 7",
             ),
             (
                 r#"{"format":"agent-gateway-store","version":2,"schema":5}"#,
