@@ -299,9 +299,8 @@ impl ApiTokens {
         let gone: Vec<String> = by_id_before
             .iter()
             .filter(|(id, (d, _))| {
-                !next
-                    .get(d)
-                    .is_some_and(|e| e.principal.client_id.as_str() == **id)
+                next.get(d)
+                    .is_none_or(|e| e.principal.client_id.as_str() != **id)
             })
             .map(|(id, _)| (*id).to_owned())
             .collect();

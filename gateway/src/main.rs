@@ -110,7 +110,15 @@ fn init_logging(to_stderr: bool) {
     let filter = tracing_subscriber::EnvFilter::new(&initial);
     // Reloadable, so that daemon.setLogLevel can change it while the gateway runs.
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    let fmt = tracing_subscriber::fmt::layer().with_target(false);
+    // Colours only on a terminal: a log file or journal gets plain `key=value` text.
+    let ansi = if to_stderr {
+        std::io::IsTerminal::is_terminal(&std::io::stderr())
+    } else {
+        std::io::IsTerminal::is_terminal(&std::io::stdout())
+    };
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .with_ansi(ansi);
     let registry = tracing_subscriber::registry().with(filter);
     if to_stderr {
         registry.with(fmt.with_writer(std::io::stderr)).init();

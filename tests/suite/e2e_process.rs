@@ -671,21 +671,6 @@ async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
     assert_eq!((dues[2] - dues[0]) % 2000, 0, "{dues:?}");
 }
 
-async fn rpc(port: u16, token: &str, method: &str, params: Value) -> Value {
-    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    reqwest::Client::new()
-        .post(format!("http://127.0.0.1:{port}/rpc"))
-        .bearer_auth(token)
-        .json(&body)
-        .timeout(STEP)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// The control plane across kill -9: API tokens, secrets and the configuration's history
 /// survive; the configuration file is whole after a kill during a stream of writes; the log
 /// level changes at run time; no secret reaches the log.
