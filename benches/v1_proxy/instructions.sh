@@ -6,6 +6,7 @@
 #   benches/v1_proxy/instructions.sh gateway [binary] [requests]   (default target/release/agent-gateway, 1000)
 #   benches/v1_proxy/instructions.sh proxy [requests]
 #   CALLGRIND_KEEP=/tmp/cg benches/v1_proxy/instructions.sh gateway   (keeps the dumps)
+#   API_TOKENS=1000 benches/v1_proxy/instructions.sh gateway   (1000 API tokens stored first)
 #
 # Needs valgrind, curl and python3, and the bench built once (`cargo bench --bench v1_proxy
 # --no-run`): its binary plays the upstream (and the proxy). One keep-alive client sends 200
@@ -76,6 +77,23 @@ EOF
   pids+=($!)
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.5; done
   model=up/bench-model
+  # API_TOKENS=n: n API tokens stored (tokens.create) before the count, as a gateway with many
+  # clients has; the requests still use the configuration's token.
+  if [ "${API_TOKENS:-0}" -gt 0 ]; then
+    python3 - "$port" "$API_TOKENS" "$token" <<'EOF'
+import http.client, json, sys
+port, n, token = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+for i in range(n):
+    body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tokens.create",
+                       "params": {"scopes": ["rpc"], "id": f"bench-{i}"}})
+    conn.request("POST", "/rpc", body, headers)
+    answer = json.loads(conn.getresponse().read())
+    if "result" not in answer:
+        sys.exit(f"tokens.create failed: {answer}")
+EOF
+  fi
 fi
 
 load() {

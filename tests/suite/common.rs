@@ -146,6 +146,23 @@ impl Gateway {
     }
 }
 
+/// Waits until `gw` serves server generation `n` (an in-process restart happened).
+pub async fn wait_generation(gw: &Gateway, n: i64) {
+    tokio::time::timeout(STEP, async {
+        loop {
+            let r = gw
+                .call(ADMIN, "gateway.status", serde_json::json!({}))
+                .await;
+            if r["result"]["generation"] == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("generation {n} never served"));
+}
+
 pub async fn send(ws: &mut Ws, text: &str) {
     ws.send(Message::text(text)).await.unwrap();
 }

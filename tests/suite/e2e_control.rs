@@ -29,20 +29,8 @@ fn ok(v: &Value) -> &Value {
     &v["result"]
 }
 
-/// Waits until the gateway serves generation `n` (an in-process restart happened).
 async fn generation(gw: &Gateway, n: i64) {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let r = gw.call(ADMIN, "gateway.status", json!({})).await;
-        if r["result"]["generation"].as_i64() >= Some(n) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no restart to generation {n}: {r}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_generation(gw, n).await;
 }
 
 fn file(gw: &Gateway) -> String {

@@ -108,13 +108,7 @@ async fn refusals(gw: &Gateway, n: u64) {
 }
 
 async fn generation(gw: &Gateway, n: i64) {
-    tokio::time::timeout(STEP, async {
-        while status(gw).await["generation"] != n {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("generation {n} never served"));
+    wait_generation(gw, n).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

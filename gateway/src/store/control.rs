@@ -443,15 +443,13 @@ impl Store {
         prefix: &str,
     ) -> Result<Vec<VersionRow>, GatewayError> {
         let sql = format!(
-            "SELECT {VERSION_COLS} FROM config_versions WHERE substr(sha, 1, $1) = $2 \
+            "SELECT {VERSION_COLS} FROM config_versions WHERE sha LIKE $1 \
              ORDER BY id DESC LIMIT 2"
         );
+        // Callers pass hex digits only (the params' pattern), so no LIKE wildcard is in it.
+        let pattern = format!("{}%", prefix.replace(['%', '_'], ""));
         Ok(on_pool!(self.pool(), |p| {
-            let rows = sqlx::query(&sql)
-                .bind(prefix.len() as i64)
-                .bind(prefix)
-                .fetch_all(p)
-                .await?;
+            let rows = sqlx::query(&sql).bind(pattern).fetch_all(p).await?;
             rows.iter().map(version_row).collect::<Result<_, _>>()?
         }))
     }
