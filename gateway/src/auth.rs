@@ -84,8 +84,20 @@ pub struct Entry {
     pub principal: Principal,
     /// The scope names as configured or created.
     pub scopes: Vec<String>,
+    /// API tokens: when the current secret was issued; None for configuration tokens.
+    pub created_at: Option<i64>,
     pub expires_at: Option<i64>,
     pub last_used: AtomicI64,
+    /// API tokens: the last use already written to the store.
+    written: AtomicI64,
+}
+
+impl Entry {
+    /// The last use, if any since it was issued (or, for a configuration token, since start).
+    pub fn last_used_at(&self) -> Option<i64> {
+        let used = self.last_used.load(Ordering::Relaxed);
+        (used > 0).then_some(used)
+    }
 }
 
 type Digests = HashMap<[u8; 32], Arc<Entry>>;
@@ -137,8 +149,10 @@ impl TokenStore {
                 let entry = Entry {
                     principal: Principal::new(&t.id, expand(&t.scopes)),
                     scopes: t.scopes.clone(),
+                    created_at: None,
                     expires_at: None,
                     last_used: AtomicI64::new(0),
+                    written: AtomicI64::new(0),
                 };
                 (digest(&t.secret), Arc::new(entry))
             })
@@ -190,24 +204,12 @@ impl TokenStore {
     }
 }
 
-/// An API token as listed (never its secret).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ApiToken {
-    pub id: String,
-    pub scopes: Vec<String>,
-    pub created_at: i64,
-    pub expires_at: Option<i64>,
-    pub last_used_at: Option<i64>,
-}
-
 /// The API tokens of the store, in memory for the request path: replaced as a whole on every
-/// change (here or announced by another node), read with one lock-free-in-practice read lock.
+/// change (here or announced by another node), read under one uncontended read lock.
 pub struct ApiTokens {
     store: crate::store::Store,
     control: Arc<crate::runtime::control::Control>,
     live: RwLock<Arc<Digests>>,
-    /// Per id: the created time and the last use already written to the store.
-    rows: RwLock<HashMap<String, (i64, i64)>>,
 }
 
 impl ApiTokens {
@@ -220,7 +222,6 @@ impl ApiTokens {
             store,
             control,
             live: RwLock::default(),
-            rows: RwLock::default(),
         };
         tokens.reload().await?;
         Ok(tokens)
@@ -243,75 +244,58 @@ impl ApiTokens {
         Some(touch(e))
     }
 
-    /// Reads the live tokens again. Open WebSockets of a token that is no longer live under
-    /// the same secret (revoked, rotated) are closed with 4001.
+    /// Reads the live tokens again. A secret still live keeps its entry (its principal, so
+    /// connections made with it stay current, and its last use). Open WebSockets of a token
+    /// whose secret is no longer live (revoked, rotated) are closed with 4001.
     pub async fn reload(&self) -> Result<(), crate::error::GatewayError> {
         let rows = self.store.tokens_all().await?;
         let before = self.snapshot();
-        let mut by_id_before: HashMap<&str, ([u8; 32], i64)> = HashMap::new();
-        for (d, e) in before.iter() {
-            by_id_before.insert(
-                e.principal.client_id.as_str(),
-                (*d, e.last_used.load(Ordering::Relaxed)),
-            );
-        }
         let mut next = Digests::new();
-        let mut meta = HashMap::new();
         for r in &rows {
-            let Some(hex_digest) = &r.digest else {
+            let Some(d) = r
+                .digest
+                .as_deref()
+                .and_then(|h| hex::decode(h).ok())
+                .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            else {
                 continue;
             };
-            let Ok(d) = hex::decode(hex_digest).map(<[u8; 32]>::try_from) else {
-                continue;
+            let entry = match before.get(&d) {
+                Some(kept) => kept.clone(),
+                None => {
+                    let scopes: Vec<String> = serde_json::from_str(&r.scopes).unwrap_or_default();
+                    let named: Scopes = scopes.iter().filter_map(|s| Scope::from_name(s)).collect();
+                    // An API token always names its scopes ("*" for all): nothing widens an
+                    // empty set.
+                    let granted = if named.contains(Scope::All) {
+                        Scopes::all()
+                    } else {
+                        named
+                    };
+                    let used = r.last_used_at.unwrap_or(0);
+                    Arc::new(Entry {
+                        principal: Principal::new(&r.id, granted),
+                        scopes,
+                        created_at: Some(r.created_at),
+                        expires_at: r.expires_at,
+                        last_used: AtomicI64::new(used),
+                        written: AtomicI64::new(used),
+                    })
+                }
             };
-            let Ok(d) = d else {
-                continue;
-            };
-            // The same secret as before: the same entry (its principal, so connections made with
-            // it stay recognisably current, and its last use).
-            if let Some(kept) = before.get(&d) {
-                meta.insert(r.id.clone(), (r.created_at, r.last_used_at.unwrap_or(0)));
-                next.insert(d, kept.clone());
-                continue;
-            }
-            let scopes: Vec<String> = serde_json::from_str(&r.scopes).unwrap_or_default();
-            let named: Scopes = scopes.iter().filter_map(|s| Scope::from_name(s)).collect();
-            // An API token always names its scopes ("*" for all); nothing widens an empty set.
-            let granted = if named.contains(Scope::All) {
-                Scopes::all()
-            } else {
-                named
-            };
-            let used_here = by_id_before
-                .get(r.id.as_str())
-                .filter(|(old, _)| *old == d)
-                .map(|(_, used)| *used)
-                .unwrap_or(0);
-            let entry = Entry {
-                principal: Principal::new(&r.id, granted),
-                scopes,
-                expires_at: r.expires_at,
-                last_used: AtomicI64::new(used_here.max(r.last_used_at.unwrap_or(0))),
-            };
-            meta.insert(r.id.clone(), (r.created_at, r.last_used_at.unwrap_or(0)));
-            next.insert(d, Arc::new(entry));
+            next.insert(d, entry);
         }
-        let gone: Vec<String> = by_id_before
+        let gone: Vec<&Arc<Entry>> = before
             .iter()
-            .filter(|(id, (d, _))| {
-                next.get(d)
-                    .is_none_or(|e| e.principal.client_id.as_str() != **id)
-            })
-            .map(|(id, _)| (*id).to_owned())
+            .filter(|(d, _)| !next.contains_key(*d))
+            .map(|(_, e)| e)
             .collect();
         if let Ok(mut live) = self.live.write() {
             *live = Arc::new(next);
         }
-        if let Ok(mut m) = self.rows.write() {
-            *m = meta;
-        }
-        for id in gone {
-            let closed = self.control.hub.revoke_client(&id);
+        for e in gone {
+            let id = &e.principal.client_id;
+            let closed = self.control.hub.revoke_client(id);
             if closed > 0 {
                 tracing::info!(client = %id, closed, "token revoked: its WebSockets are closed with 4001");
             }
@@ -327,48 +311,29 @@ impl ApiTokens {
     }
 
     /// The live tokens, sorted by id.
-    pub fn list(&self) -> Vec<ApiToken> {
-        let live = self.snapshot();
-        let rows = self.rows.read().map(|m| m.clone()).unwrap_or_default();
-        let mut out: Vec<ApiToken> = live
-            .values()
-            .map(|e| {
-                let id = e.principal.client_id.clone();
-                let created_at = rows.get(&id).map(|r| r.0).unwrap_or(0);
-                let used = e.last_used.load(Ordering::Relaxed);
-                ApiToken {
-                    id,
-                    scopes: e.scopes.clone(),
-                    created_at,
-                    expires_at: e.expires_at,
-                    last_used_at: (used > 0).then_some(used),
-                }
-            })
-            .collect();
-        out.sort_by(|a, b| a.id.cmp(&b.id));
+    pub fn list(&self) -> Vec<Arc<Entry>> {
+        let mut out: Vec<Arc<Entry>> = self.snapshot().values().cloned().collect();
+        out.sort_by(|a, b| a.principal.client_id.cmp(&b.principal.client_id));
         out
     }
 
     /// Writes last-use times that moved since they were last written.
     pub async fn flush(&self) -> Result<(), crate::error::GatewayError> {
         let live = self.snapshot();
-        let written = self.rows.read().map(|m| m.clone()).unwrap_or_default();
-        let used: Vec<(String, i64)> = live
+        let moved: Vec<(&Arc<Entry>, i64)> = live
             .values()
             .filter_map(|e| {
                 let at = e.last_used.load(Ordering::Relaxed);
-                let id = &e.principal.client_id;
-                let before = written.get(id).map(|r| r.1).unwrap_or(0);
-                (at > before).then(|| (id.clone(), at))
+                (at > e.written.load(Ordering::Relaxed)).then_some((e, at))
             })
             .collect();
+        let used: Vec<(String, i64)> = moved
+            .iter()
+            .map(|(e, at)| (e.principal.client_id.clone(), *at))
+            .collect();
         self.store.tokens_touch(&used).await?;
-        if let Ok(mut m) = self.rows.write() {
-            for (id, at) in used {
-                if let Some(r) = m.get_mut(&id) {
-                    r.1 = at;
-                }
-            }
+        for (e, at) in moved {
+            e.written.fetch_max(at, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -397,28 +362,19 @@ pub async fn flush_last_use(
     }
 }
 
-/// A new token secret: 32 random bytes, URL-safe base64, prefixed so that a leaked one is
-/// recognisable (47 characters).
-pub fn new_secret() -> String {
+/// A new token secret: 32 bytes from the system's generator, URL-safe base64, prefixed so that
+/// a leaked one is recognisable (47 characters).
+pub fn new_secret() -> Result<String, crate::error::GatewayError> {
     use base64::Engine as _;
+    use ring::rand::SecureRandom;
     let mut bytes = [0u8; 32];
-    fill_random(&mut bytes);
-    format!(
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| crate::error::GatewayError::Internal("no randomness for a token".into()))?;
+    Ok(format!(
         "agw_{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-    )
-}
-
-fn fill_random(bytes: &mut [u8]) {
-    use ring::rand::SecureRandom;
-    if ring::rand::SystemRandom::new().fill(bytes).is_err() {
-        // The system generator never fails on Linux; should it, two v4 UUIDs (also from the
-        // OS generator through getrandom) fill the secret instead.
-        let a = uuid::Uuid::new_v4();
-        let b = uuid::Uuid::new_v4();
-        let both = [a.as_bytes().as_slice(), b.as_bytes().as_slice()].concat();
-        bytes.copy_from_slice(&both[..bytes.len()]);
-    }
+    ))
 }
 
 /// The token a request presents, if any (borrowed from the header; the query form is
@@ -452,7 +408,7 @@ pub fn local_token(data_dir: &Path) -> std::io::Result<TokenConfig> {
                 uuid::Uuid::new_v4().simple(),
                 uuid::Uuid::new_v4().simple()
             );
-            write_private(&path, &secret)?;
+            crate::secrets::write_private_atomic(&path, &secret)?;
             secret
         }
     };
@@ -462,17 +418,4 @@ pub fn local_token(data_dir: &Path) -> std::io::Result<TokenConfig> {
         secret,
         scopes: vec!["*".to_owned()],
     })
-}
-
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts.open(path)?;
-    f.write_all(text.as_bytes())
 }

@@ -255,13 +255,16 @@ impl Secrets {
             values: RwLock::default(),
             file_lock: tokio::sync::Mutex::new(()),
         };
-        secrets.check_key().await?;
-        secrets.reload().await?;
+        let rows = secrets.store.secrets_all().await?;
+        secrets.check_key(&rows).await?;
+        // The key-check row is never a value: the rows read before it was written will do.
+        secrets.load(rows);
         Ok(secrets)
     }
 
-    async fn check_key(&self) -> Result<(), GatewayError> {
-        let rows = self.store.secrets_all().await?;
+    /// Checks the master key against the key-check row of `rows` (writing one on a database
+    /// without it).
+    async fn check_key(&self, rows: &[SecretRow]) -> Result<(), GatewayError> {
         let check = rows.iter().find(|r| r.name == KEY_CHECK);
         match (&self.cipher, check) {
             (Some(c), Some(row)) => {
@@ -310,7 +313,9 @@ impl Secrets {
         self.cipher.is_some()
     }
 
-    fn cipher(&self) -> Result<&Cipher, GatewayError> {
+    /// The cipher (also for other encrypted records: auth profiles); -32003 without a master
+    /// key.
+    pub fn cipher(&self) -> Result<&Cipher, GatewayError> {
         self.cipher.as_ref().ok_or_else(|| {
             GatewayError::Unavailable(format!(
                 "the secret store needs a master key: set {ENV_MASTER_KEY} (base64 of 32 random \
@@ -321,12 +326,22 @@ impl Secrets {
 
     /// Reads every value again (after a change here or on another node).
     pub async fn reload(&self) -> Result<(), GatewayError> {
+        let rows = match self.cipher {
+            Some(_) => self.store.secrets_all().await?,
+            None => Vec::new(),
+        };
+        self.load(rows);
+        Ok(())
+    }
+
+    /// Decrypts `rows` and reads the env file into the values the resolver serves.
+    fn load(&self, rows: Vec<SecretRow>) {
         let mut values = Values {
             file: read_env_file(&self.env_file).into_iter().collect(),
             ..Values::default()
         };
         if let Some(c) = &self.cipher {
-            for row in self.store.secrets_all().await? {
+            for row in rows {
                 if row.name == KEY_CHECK {
                     continue;
                 }
@@ -348,7 +363,6 @@ impl Secrets {
         if let Ok(mut v) = self.values.write() {
             *v = values;
         }
-        Ok(())
     }
 
     /// The value of `name`: a stored secret, else the env file's, else the process
@@ -480,11 +494,6 @@ impl Secrets {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
-    }
-
-    /// The cipher, for other encrypted records (auth profiles).
-    pub fn sealer(&self) -> Result<&Cipher, GatewayError> {
-        self.cipher()
     }
 }
 

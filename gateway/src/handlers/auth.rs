@@ -49,7 +49,7 @@ impl AuthApi for Rpc {
         ctx: &CallContext,
         params: AuthSetParams,
     ) -> Result<AuthSetResult, GatewayError> {
-        let cipher = self.engine().secrets.sealer()?;
+        let cipher = self.engine().secrets.cipher()?;
         if !self
             .engine()
             .providers
@@ -82,7 +82,8 @@ impl AuthApi for Rpc {
             })
             .await?;
         tracing::info!(profile = %params.profile_id, provider = %params.provider, client = %ctx.principal.client_id, "auth profile stored");
-        super::secrets::modified(self, ctx, &aad(&params.profile_id), "set").await;
+        // No provider reads auth profiles yet: nothing to rebuild, only the announcement.
+        super::secrets::announce(self, ctx, &aad(&params.profile_id), "set");
         Ok(AuthSetResult {
             profile_id: params.profile_id,
             stored: true,
@@ -96,7 +97,7 @@ impl AuthApi for Rpc {
     ) -> Result<AuthLogoutResult, GatewayError> {
         let deleted = self.engine().store.auth_delete(&params.profile_id).await?;
         if deleted {
-            super::secrets::modified(self, ctx, &aad(&params.profile_id), "delete").await;
+            super::secrets::announce(self, ctx, &aad(&params.profile_id), "delete");
         }
         Ok(AuthLogoutResult {
             profile_id: params.profile_id,

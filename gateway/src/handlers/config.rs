@@ -265,10 +265,7 @@ impl ConfigApi for Rpc {
             Some(sha) => {
                 let v = writes::version(store, sha).await?;
                 let path = writes::file_path(&self.state);
-                let current = match std::fs::read_to_string(&path) {
-                    Ok(t) => config::document::from_yaml(&t).map_err(GatewayError::Conflict)?,
-                    Err(_) => Value::Object(Map::new()),
-                };
+                let (_, current) = writes::read_document(&path)?;
                 let now = config::document::redacted(&current);
                 unified(
                     &render(&v.document),

@@ -11,27 +11,10 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::CallContext;
 
-/// `*` any run of characters, `?` one character; everything else literal.
-pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
-    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
-    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ni;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ni = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
+/// `*` any run of characters, `?` one character; everything else literal (the `wildmatch`
+/// crate).
+fn glob_match(pattern: &str, name: &str) -> bool {
+    wildmatch::WildMatch::new(pattern).matches(name)
 }
 
 impl EnvApi for Rpc {

@@ -11,17 +11,20 @@ use crate::rpc::generated::types::{
     SecretsSetResult,
 };
 use crate::rpc::CallContext;
-use crate::runtime::config_writes::OPERATOR;
 
 /// After a secret changed: providers are rebuilt (their keys resolved again) and the change
-/// is announced as `secret:modified` (name and action only).
+/// is announced.
 pub(crate) async fn modified(rpc: &Rpc, ctx: &CallContext, name: &str, action: &str) {
     if let Err(e) = rpc.engine().providers.reload().await {
         tracing::warn!(error = %e, "providers not rebuilt after a secret changed");
     }
+    announce(rpc, ctx, name, action);
+}
+
+/// `secret:modified` (name and action only, for admin subscribers) and a log line.
+pub(crate) fn announce(rpc: &Rpc, ctx: &CallContext, name: &str, action: &str) {
     tracing::info!(secret = %name, action, client = %ctx.principal.client_id, "secret changed");
-    rpc.engine().control.events.publish_owned(
-        Some(std::sync::Arc::from(OPERATOR)),
+    rpc.engine().emit_operator(
         "secret:modified",
         serde_json::json!({"name": name, "action": action, "clientId": ctx.principal.client_id}),
     );
@@ -33,7 +36,7 @@ impl SecretsApi for Rpc {
         _ctx: &CallContext,
         _params: SecretsListParams,
     ) -> Result<SecretsListResult, GatewayError> {
-        self.engine().secrets.sealer()?;
+        self.engine().secrets.cipher()?;
         let list = self.engine().secrets.list(false).await?;
         Ok(SecretsListResult {
             secrets: list
@@ -57,8 +60,7 @@ impl SecretsApi for Rpc {
     ) -> Result<SecretsGetResult, GatewayError> {
         let value = self.engine().secrets.get(&params.name).await?;
         tracing::info!(secret = %params.name, client = %ctx.principal.client_id, found = value.is_some(), "secret read");
-        self.engine().control.events.publish_owned(
-            Some(std::sync::Arc::from(OPERATOR)),
+        self.engine().emit_operator(
             "secret:accessed",
             serde_json::json!({"name": params.name, "clientId": ctx.principal.client_id,
                                "exists": value.is_some()}),
@@ -75,7 +77,7 @@ impl SecretsApi for Rpc {
         ctx: &CallContext,
         params: SecretsSetParams,
     ) -> Result<SecretsSetResult, GatewayError> {
-        self.engine().secrets.sealer()?;
+        self.engine().secrets.cipher()?;
         if params.value == REDACTED {
             return Err(GatewayError::InvalidParams(format!(
                 "'value' is the redacted placeholder {REDACTED}, not a secret"

@@ -12,7 +12,6 @@ use crate::rpc::generated::types::{
     TokensRevokeResult, TokensRotateParams, TokensRotateResult, TokensScope,
 };
 use crate::rpc::CallContext;
-use crate::runtime::config_writes::OPERATOR;
 use crate::store::control::TokenRow;
 use crate::store::now_ms;
 
@@ -28,12 +27,23 @@ fn scope_of(s: TokensScope) -> Scope {
     }
 }
 
-fn scope_named(name: &str) -> Option<TokensScope> {
-    serde_json::from_value(serde_json::Value::String(name.to_owned())).ok()
+fn tokens_scope(s: Scope) -> TokensScope {
+    match s {
+        Scope::Rpc => TokensScope::Rpc,
+        Scope::Admin => TokensScope::Admin,
+        Scope::All => TokensScope::All,
+        Scope::Api => TokensScope::Api,
+        Scope::McpClient => TokensScope::McpClient,
+    }
 }
 
+/// The scopes a token lists (a configuration token with none holds every scope: "*").
 fn scopes_named(names: &[String]) -> Vec<TokensScope> {
-    let v: Vec<TokensScope> = names.iter().filter_map(|n| scope_named(n)).collect();
+    let v: Vec<TokensScope> = names
+        .iter()
+        .filter_map(|n| Scope::from_name(n))
+        .map(tokens_scope)
+        .collect();
     if v.is_empty() {
         vec![TokensScope::All]
     } else {
@@ -53,8 +63,7 @@ impl Rpc {
     }
 
     fn token_event(&self, ctx: &CallContext, action: &str, id: &str) {
-        self.engine().control.events.publish_owned(
-            Some(std::sync::Arc::from(OPERATOR)),
+        self.engine().emit_operator(
             "audit:event",
             serde_json::json!({"kind": "token", "action": action, "tokenId": id,
                                "clientId": ctx.principal.client_id}),
@@ -105,7 +114,7 @@ impl TokensApi for Rpc {
                 "Token id '{id}' is in use by gateway.tokens[] in the configuration"
             )));
         }
-        let secret = new_secret();
+        let secret = new_secret()?;
         let names: Vec<&str> = params.scopes.iter().map(|s| s.as_str()).collect();
         let row = TokenRow {
             id: id.clone(),
@@ -139,33 +148,28 @@ impl TokensApi for Rpc {
         _ctx: &CallContext,
         _params: TokensListParams,
     ) -> Result<TokensListResult, GatewayError> {
+        let item = |e: &crate::auth::Entry, origin| TokensListResultTokensItem {
+            id: e.principal.client_id.clone(),
+            scopes: scopes_named(&e.scopes),
+            origin,
+            created_at: e.created_at,
+            last_used_at: e.last_used_at(),
+            expires_at: e.expires_at,
+        };
         let mut tokens: Vec<TokensListResultTokensItem> = self
             .state
             .tokens
             .config_tokens()
             .iter()
-            .map(|e| {
-                let used = e.last_used.load(std::sync::atomic::Ordering::Relaxed);
-                TokensListResultTokensItem {
-                    id: e.principal.client_id.clone(),
-                    scopes: scopes_named(&e.scopes),
-                    origin: TokensListResultTokensItemOrigin::Config,
-                    created_at: None,
-                    last_used_at: (used > 0).then_some(used),
-                    expires_at: None,
-                }
-            })
+            .map(|e| item(e, TokensListResultTokensItemOrigin::Config))
+            .chain(
+                self.engine()
+                    .api_tokens
+                    .list()
+                    .iter()
+                    .map(|e| item(e, TokensListResultTokensItemOrigin::Store)),
+            )
             .collect();
-        tokens.extend(self.engine().api_tokens.list().into_iter().map(|t| {
-            TokensListResultTokensItem {
-                id: t.id,
-                scopes: scopes_named(&t.scopes),
-                origin: TokensListResultTokensItemOrigin::Store,
-                created_at: Some(t.created_at),
-                last_used_at: t.last_used_at,
-                expires_at: t.expires_at,
-            }
-        }));
         tokens.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(TokensListResult { tokens })
     }
@@ -204,7 +208,7 @@ impl TokensApi for Rpc {
         params: TokensRotateParams,
     ) -> Result<TokensRotateResult, GatewayError> {
         self.config_token_refused(&params.id)?;
-        let secret = new_secret();
+        let secret = new_secret()?;
         let now = now_ms();
         let Some(row) = self
             .engine()

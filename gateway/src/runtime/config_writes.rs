@@ -149,7 +149,7 @@ pub async fn audit(
 }
 
 /// Reads the file's document (a missing file is an empty document).
-fn read_document(path: &std::path::Path) -> Result<(Option<String>, Value), GatewayError> {
+pub fn read_document(path: &std::path::Path) -> Result<(Option<String>, Value), GatewayError> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
             let d = doc::from_yaml(&text).map_err(|e| {
@@ -179,37 +179,19 @@ pub async fn observe_file(
     origin: &str,
 ) -> Result<(), GatewayError> {
     let shown = doc::redacted(current);
-    match store.config_head().await? {
-        None => {
-            let sha = commit(
-                store,
-                &shown,
-                "configuration as first seen".to_owned(),
-                None,
-                None,
-                None,
-            )
-            .await?;
-            audit(store, origin, None, None, &[], Some(&sha)).await
-        }
+    let (message, origin, paths) = match store.config_head().await? {
+        None => ("configuration as first seen", origin, Vec::new()),
         Some(head) => {
             let before: Value = serde_json::from_str(&head.document).unwrap_or(Value::Null);
             let paths = doc::changed_paths(&before, &shown);
             if paths.is_empty() {
                 return Ok(());
             }
-            let sha = commit(
-                store,
-                &shown,
-                "changed outside the gateway".to_owned(),
-                None,
-                None,
-                None,
-            )
-            .await?;
-            audit(store, "external", None, None, &paths, Some(&sha)).await
+            ("changed outside the gateway", "external", paths)
         }
-    }
+    };
+    let sha = commit(store, &shown, message.to_owned(), None, None, None).await?;
+    audit(store, origin, None, None, &paths, Some(&sha)).await
 }
 
 /// The history's first commit, at the first start on a database without history. A file
@@ -320,13 +302,8 @@ pub async fn write(
             }
             let mut at = vec![section.as_str()];
             at.extend(doc::segments(key).map_err(invalid)?);
-            if value.as_str() == Some(config::REDACTED) {
-                return Err(invalid(format!(
-                    "'{}' is a redacted placeholder, not a value",
-                    config::REDACTED
-                )));
-            }
             doc::set(&mut next, &at, value.clone()).map_err(invalid)?;
+            doc::restore_redacted(&mut next, &current).map_err(invalid)?;
             // The value in force before (the file's, else the default), as config.read shows it.
             let shown = config::redacted(&state.live_config());
             out.previous = doc::get(&shown, &at).cloned();
@@ -400,8 +377,7 @@ pub async fn write(
         Some(&sha),
     )
     .await?;
-    state.engine.control.events.publish_owned(
-        Some(Arc::from(OPERATOR)),
+    state.engine.emit_operator(
         "audit:event",
         serde_json::json!({"kind": "config_changed", "method": method,
                            "clientId": ctx.principal.client_id, "paths": paths,

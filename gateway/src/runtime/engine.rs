@@ -129,6 +129,22 @@ impl Engine {
             .publish_owned(Some(owner.clone()), name, data);
     }
 
+    /// Publishes an operator-only event (`audit:event`, `secret:*`): owned by
+    /// [`crate::runtime::config_writes::OPERATOR`], an id no token has, so only admin sees it.
+    pub fn emit_operator<T: serde::Serialize + Send + Sync + 'static>(
+        &self,
+        name: &'static str,
+        data: T,
+    ) {
+        self.control.events.publish_owned(
+            Some(std::sync::Arc::from(
+                crate::runtime::config_writes::OPERATOR,
+            )),
+            name,
+            data,
+        );
+    }
+
     /// [`Engine::emit_owned`] when there is an owner, else [`Engine::emit`].
     pub fn emit_for<T: serde::Serialize + Send + Sync + 'static>(
         &self,

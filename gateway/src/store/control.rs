@@ -531,7 +531,7 @@ impl Store {
         Ok(rows)
     }
 
-    /// Every audit record's id and raw paths text, oldest first, and the newest id.
+    /// Every audit record's id and raw paths text, oldest first.
     pub async fn audit_paths(&self) -> Result<Vec<(i64, String)>, GatewayError> {
         Ok(on_pool!(self.pool(), |p| sqlx::query_as(
             "SELECT id, paths FROM config_audit ORDER BY id"
