@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use agent_gateway::handlers::Rpc;
 use agent_gateway::media::{self, MediaError, MediaStore};
+use agent_gateway::obs::filter::{self, Column, Filter};
 use agent_gateway::rpc::envelope::{handle_text, Reply};
 use agent_gateway::rpc::CallContext;
 use agent_gateway::webhooks::template::{self, Context, MAX_OUTPUT_BYTES};
@@ -469,5 +470,154 @@ impl MediaRig {
                 assert_eq!(id, MEDIA_FILE, "media: id {id:?} found a file never saved");
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The `where` filter of obs.trace.search
+
+/// The catalogue's `maxLength` of `where`, in characters.
+pub const WHERE_MAX_CHARS: usize = 1024;
+
+/// The SQL column names of `trace_rows` a filter may use, and the SQL operators: written out
+/// here rather than taken from the filter module, so a fragment is checked against the
+/// vocabulary and not against itself.
+const WHERE_SQL_COLUMNS: &[&str] = &[
+    "kind",
+    "session_key",
+    "chat_id",
+    "message_id",
+    "trace_id",
+    "agent_id",
+    "channel",
+    "tool_name",
+    "status",
+    "finish_reason",
+    "error_kind",
+    "seq",
+    "ts",
+    "duration_ms",
+    "tokens",
+    "cost_usd",
+    "synthetic",
+];
+const WHERE_SQL_OPS: &[&str] = &["=", "<>", "<", ">", "<=", ">="];
+
+/// Why `sql` is not `col op $n AND col op $n+1 ...` over the static vocabulary, with `count`
+/// placeholders numbered from `first`, if it is not. Nothing else may appear in it: no byte of
+/// the user's expression can reach the SQL.
+pub fn where_sql_problem(sql: &str, first: usize, count: usize) -> Option<String> {
+    if count == 0 {
+        return (sql != "1 = 1").then(|| format!("{sql:?} for an empty filter"));
+    }
+    let words: Vec<&str> = sql.split(' ').collect();
+    if words.len() != count * 4 - 1 {
+        return Some(format!("{sql:?} is not {count} comparisons joined by AND"));
+    }
+    for (i, term) in words.chunks(4).enumerate() {
+        let placeholder = format!("${}", first + i);
+        let joined = term.get(3).is_none_or(|w| *w == "AND");
+        if !(WHERE_SQL_COLUMNS.contains(&term[0])
+            && WHERE_SQL_OPS.contains(&term[1])
+            && term[2] == placeholder
+            && joined)
+        {
+            return Some(format!(
+                "{sql:?}: comparison {} is {term:?}, not `column op {placeholder}`",
+                i + 1
+            ));
+        }
+    }
+    None
+}
+
+/// Input: a `where` expression (lossy UTF-8).
+///
+/// `parse` never panics; an accepted expression has 1 to 16 terms, each value of its column's
+/// type (text at most 256 characters, numbers finite); `to_sql` is the static vocabulary and one
+/// placeholder per value, the values in term order (a boolean bound as 0/1); and the canonical
+/// form parses back to the same filter (when it is too long to, every term alone does).
+pub fn check_trace_where(data: &[u8]) {
+    use agent_gateway::obs::filter::Value as V;
+    let input = text(data);
+    let Ok(f) = filter::parse(&input) else {
+        return;
+    };
+    assert!(
+        (1..=16).contains(&f.terms.len()),
+        "where: {} terms from {input:?}",
+        f.terms.len()
+    );
+    for term in &f.terms {
+        let typed = match (&term.value, term.column) {
+            (V::Int(_), Column::Seq | Column::Ts | Column::DurationMs | Column::Tokens) => true,
+            (V::Num(x), Column::CostUsd) => x.is_finite(),
+            (V::Bool(_), Column::Synthetic) => true,
+            (V::Text(s), _) => s.chars().count() <= 256,
+            _ => false,
+        };
+        let text_column = !matches!(
+            term.column,
+            Column::Seq
+                | Column::Ts
+                | Column::DurationMs
+                | Column::Tokens
+                | Column::CostUsd
+                | Column::Synthetic
+        );
+        assert!(
+            typed && matches!(term.value, V::Text(_)) == text_column,
+            "where: {term:?} from {input:?}"
+        );
+    }
+    for first in [1, 7] {
+        let (sql, values) = f.to_sql(first);
+        assert_eq!(
+            sql.matches('$').count(),
+            values.len(),
+            "where: placeholders and values of {sql:?}"
+        );
+        if let Some(problem) = where_sql_problem(&sql, first, f.terms.len()) {
+            panic!("where: {problem}\n input: {input:?}");
+        }
+        for (term, value) in f.terms.iter().zip(&values) {
+            let expected = match &term.value {
+                V::Bool(b) => V::Int(i64::from(*b)),
+                other => other.clone(),
+            };
+            assert!(
+                *value == expected,
+                "where: {term:?} binds {value:?}\n input: {input:?}"
+            );
+        }
+    }
+    let canonical = f.to_string();
+    if canonical.chars().count() <= WHERE_MAX_CHARS {
+        assert!(
+            filter::parse(&canonical).as_ref() == Ok(&f),
+            "where: the canonical form {canonical:?} does not parse back\n input: {input:?}"
+        );
+    } else {
+        assert!(
+            filter::parse(&canonical).is_err(),
+            "where: a canonical form over the limit parsed\n input: {input:?}"
+        );
+        let mut parts = Vec::new();
+        for term in &f.terms {
+            let single = Filter {
+                terms: vec![term.clone()],
+            };
+            let one = single.to_string();
+            assert!(
+                filter::parse(&one).as_ref() == Ok(&single),
+                "where: the canonical term {one:?} does not parse back\n input: {input:?}"
+            );
+            parts.push(one);
+        }
+        assert_eq!(
+            canonical,
+            parts.join(" and "),
+            "where: the canonical form is not its terms joined by and"
+        );
     }
 }

@@ -78,6 +78,35 @@ pub struct Config {
     /// The history of configuration changes made through the API.
     #[serde(default)]
     pub config_history: ConfigHistoryConfig,
+    /// Retention of the session index, diagnostics and prompt reports (`obs.*`).
+    #[serde(default)]
+    pub observability: ObservabilityConfig,
+}
+
+/// `observability`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ObservabilityConfig {
+    /// Hours the session index (`obs.trace.*`, `obs.fleet.health`, breaker timelines in
+    /// `obs.explain`) keeps its rows; the spec's two days by default.
+    pub trace_retention_hours: u32,
+    /// Hours diagnostic events (`obs.diagnostics`) are kept.
+    pub diagnostics_retention_hours: u32,
+    /// System prompt reports kept per session (the newest).
+    pub prompt_reports_per_session: u32,
+    /// How often expired rows are swept, in seconds.
+    pub sweep_interval_seconds: u64,
+}
+
+impl Default for ObservabilityConfig {
+    fn default() -> Self {
+        Self {
+            trace_retention_hours: 48,
+            diagnostics_retention_hours: 168,
+            prompt_reports_per_session: 20,
+            sweep_interval_seconds: 600,
+        }
+    }
 }
 
 /// `configHistory`.
@@ -222,7 +251,7 @@ pub struct TokenConfig {
     pub id: String,
     /// The secret, at least 32 characters.
     pub secret: String,
-    /// Scopes (rpc, admin, *, api, mcp-client); empty means all scopes.
+    /// Scopes (rpc, admin, *, api, mcp-client, metrics); empty means all scopes.
     #[serde(default)]
     pub scopes: Vec<String>,
 }
@@ -462,7 +491,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         for s in &t.scopes {
             if crate::rpc::generated::methods::Scope::from_name(s).is_none() {
                 return Err(ConfigError(format!(
-                    "gateway.tokens[{i}].scopes: unknown scope '{s}' (rpc, admin, *, api, mcp-client)"
+                    "gateway.tokens[{i}].scopes: unknown scope '{s}' (rpc, admin, *, api, mcp-client, metrics)"
                 )));
             }
         }
@@ -514,6 +543,18 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     store::validate(&config.store)?;
     scheduler::validate(&config.scheduler)?;
     crate::secrets::master_key(&config.secrets)?;
+    let o = &config.observability;
+    if o.trace_retention_hours == 0
+        || o.diagnostics_retention_hours == 0
+        || o.prompt_reports_per_session == 0
+        || o.sweep_interval_seconds == 0
+    {
+        return Err(ConfigError(
+            "observability: traceRetentionHours, diagnosticsRetentionHours, \
+             promptReportsPerSession and sweepIntervalSeconds must be at least 1"
+                .to_owned(),
+        ));
+    }
     if config.config_history.keep == 0 {
         return Err(ConfigError(
             "configHistory.keep must be greater than 0".to_owned(),

@@ -1114,169 +1114,281 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ObsBillingByAgentParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::billing_by_agent(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsBillingByProvider => {
             let params = support::parse_params::<
                 super::types::ObsBillingByProviderParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::billing_by_provider(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsBillingBySession => {
             let params = support::parse_params::<
                 super::types::ObsBillingBySessionParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::billing_by_session(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsBillingTotal => {
             let params = support::parse_params::<
                 super::types::ObsBillingTotalParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::billing_total(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsBillingUsage24h => {
             let params = support::parse_params::<
                 super::types::ObsBillingUsage24hParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::billing_usage24h(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsCacheStatsWindow => {
             let params = support::parse_params::<
                 super::types::ObsCacheStatsWindowParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::cache_stats_window(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsChannelsAll => {
             let params = support::parse_params::<
                 super::types::ObsChannelsAllParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::channels_all(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsChannelsGet => {
             let params = support::parse_params::<
                 super::types::ObsChannelsGetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::channels_get(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsChannelsStale => {
             let params = support::parse_params::<
                 super::types::ObsChannelsStaleParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::channels_stale(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsContextDag => {
             let params = support::parse_params::<
                 super::types::ObsContextDagParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::context_dag(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsContextPipeline => {
             let params = support::parse_params::<
                 super::types::ObsContextPipelineParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::context_pipeline(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsDeliveryRecent => {
             let params = support::parse_params::<
                 super::types::ObsDeliveryRecentParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::delivery_recent(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsDeliveryStats => {
             let params = support::parse_params::<
                 super::types::ObsDeliveryStatsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::delivery_stats(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsDiagnostics => {
             let params = support::parse_params::<
                 super::types::ObsDiagnosticsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::diagnostics(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsExplain => {
             let params = support::parse_params::<
                 super::types::ObsExplainParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::explain(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsFleetHealth => {
             let params = support::parse_params::<
                 super::types::ObsFleetHealthParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::fleet_health(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsGetCacheStats => {
             let params = support::parse_params::<
                 super::types::ObsGetCacheStatsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::get_cache_stats(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsReset => {
             let params = support::parse_params::<
                 super::types::ObsResetParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::reset(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsResetTable => {
             let params = support::parse_params::<
                 super::types::ObsResetTableParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::reset_table(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsSystemPromptReportLatest => {
             let params = support::parse_params::<
                 super::types::ObsSystemPromptReportLatestParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::system_prompt_report_latest(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsSystemPromptReportList => {
             let params = support::parse_params::<
                 super::types::ObsSystemPromptReportListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::system_prompt_report_list(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsTraceExport => {
             let params = support::parse_params::<
                 super::types::ObsTraceExportParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::trace_export(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsTraceSearch => {
             let params = support::parse_params::<
                 super::types::ObsTraceSearchParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::trace_search(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ObsTraceTail => {
             let params = support::parse_params::<
                 super::types::ObsTraceTailParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ObsApi>::trace_tail(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ProvidersCreate => {
             let params = support::parse_params::<

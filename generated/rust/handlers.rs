@@ -481,6 +481,264 @@ pub trait ModelsApi: Send + Sync {
         Output = Result<super::types::ModelsTestResult, crate::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `obs` namespace: Observability - diagnostics, billing, channel and delivery activity, context and prompt reports, the session trace index, and deterministic post-mortem (obs.explain) and fleet health reports derived from logs. All admin except obs.diagnostics, which is rpc.
+pub trait ObsApi: Send + Sync {
+    /// `obs.billing.byAgent` (scope `admin`): Billing totals of one agent.
+    ///
+    /// An agent with no recorded calls (including an unknown or deleted one) gets zeros, not an error, because billing history outlives agents. The reference's optional budgetUsed member is left out: the spec says the shape is the same as obs.billing.total.
+    fn billing_by_agent(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsBillingByAgentParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsBillingByAgentResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.billing.byProvider` (scope `admin`): Tokens and estimated cost per provider.
+    fn billing_by_provider(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsBillingByProviderParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsBillingByProviderResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.billing.bySession` (scope `admin`): Billing totals of one session.
+    ///
+    /// A session with no recorded calls gets zeros, not an error.
+    fn billing_by_session(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsBillingBySessionParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsBillingBySessionResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.billing.total` (scope `admin`): Cost, tokens, call count and cache savings over all model calls.
+    ///
+    /// Figures combine the in-memory data of the current daemon run with stored history.
+    fn billing_total(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsBillingTotalParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsBillingTotalResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.billing.usage24h` (scope `admin`): Tokens used per hour over the last 24 hours.
+    ///
+    /// The result is a bare array (spec) of 24 entries, oldest hour first, one per hour of the last 24 hours; hours without calls have tokens 0.
+    fn billing_usage24h(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsBillingUsage24hParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsBillingUsage24hResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.cacheStats.window` (scope `admin`): Prompt-cache figures for a time window, optionally of one agent or provider.
+    ///
+    /// Param names are the reference's (agent, provider). untilMs before sinceMs is refused with -32602. The reference's open {window} object is given real members.
+    fn cache_stats_window(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsCacheStatsWindowParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsCacheStatsWindowResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.channels.all` (scope `admin`): Activity snapshots of every channel.
+    fn channels_all(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsChannelsAllParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsChannelsAllResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.channels.get` (scope `admin`): Activity snapshot of one channel, or null.
+    ///
+    /// An unknown channel answers {channel null} (spec), not an error.
+    fn channels_get(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsChannelsGetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsChannelsGetResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.channels.stale` (scope `admin`): Channels with no activity for longer than a threshold.
+    fn channels_stale(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsChannelsStaleParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsChannelsStaleResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.context.dag` (scope `admin`): Snapshots of the context DAG per session - node counts, depths, compaction history.
+    ///
+    /// Designed from the spec's description. The reference answers a bare array; we wrap it in {snapshots} so members can be added later. limit is the reference's.
+    fn context_dag(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsContextDagParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsContextDagResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.context.pipeline` (scope `admin`): Context pipeline state per agent - layer configuration and token budgets.
+    ///
+    /// Designed from the spec's description. The reference answers a bare array; we wrap it in {pipelines} so members can be added later. limit is the reference's.
+    fn context_pipeline(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsContextPipelineParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsContextPipelineResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.delivery.recent` (scope `admin`): Recent outbound deliveries, optionally of one channel.
+    fn delivery_recent(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsDeliveryRecentParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsDeliveryRecentResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.delivery.stats` (scope `admin`): Delivery totals, successes, failures and average latency.
+    ///
+    /// Over the stored delivery history (what obs.reset.table delivery clears).
+    fn delivery_stats(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsDeliveryStatsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsDeliveryStatsResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.diagnostics` (scope `rpc`): Recent diagnostic events, optionally of one category, with counts per category.
+    ///
+    /// rpc on purpose (spec) so that an agent can inspect its own sessions. Decision: with a token that lacks admin, only events of sessions belonging to the caller's client id are returned, and every event is content-free (ids, counts, timings, codes). category is the reference's enum (the spec only says string).
+    fn diagnostics(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsDiagnosticsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsDiagnosticsResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.explain` (scope `admin`): A deterministic post-mortem (incident report) of one session, from logs only.
+    ///
+    /// At least one of sessionKey, traceId, rootRunId is required (-32602 otherwise); when several are given the first of that order is used. A trace id or root run id is resolved to its session key first, so all three give the same report. An unresolvable reference is not an error: the report comes back with reference.resolved false, sessionKey null and likelyRootCause.code session_not_found naming the reference. A cron job id is not a valid input. Depth summary bounds the report to about 6 KB and caps the failure list; full relaxes the caps. No raw tool output is inlined at either depth. rootRunId comes from the spec (the reference lacks it).
+    fn explain(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsExplainParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsExplainResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.fleet.health` (scope `admin`): A cross-session health report over a recent window, from logs and diagnostics.
+    ///
+    /// The spec lists no parameters; sinceHours is the reference's, defaulting to 24 hours and capped at 30 days. Derived without a model call.
+    fn fleet_health(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsFleetHealthParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsFleetHealthResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.getCacheStats` (scope `admin`): Prompt-cache totals, hit rate, estimated savings and per-provider hits and misses, over all agents.
+    ///
+    /// The spec's members (totals, hit rate, savings, per provider) replace the reference's {cacheHitRate, cacheEffectiveness}; member names follow agent.cacheStats so both read alike.
+    fn get_cache_stats(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsGetCacheStatsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsGetCacheStatsResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.reset` (scope `admin`): Deletes all observability data (token usage, delivery, diagnostics, channel snapshots, the trace index, prompt reports).
+    ///
+    /// Irreversible; emits observability:reset. Result from the reference, with traceIndex and promptReports added. Deliberate departure: the counters of GET /metrics are not reset - Prometheus counters only ever grow within a process (a drop reads as a restart and rate() handles it), so obs.reset clears the stored data the obs.* methods read.
+    fn reset(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsResetParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsResetResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.reset.table` (scope `admin`): Deletes the data of one observability table.
+    ///
+    /// The spec leaves the selector unspecified; the reference's table enum is used. Irreversible.
+    fn reset_table(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsResetTableParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsResetTableResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.systemPromptReport.latest` (scope `admin`): The newest system prompt report of a session (of one run when runId is given), or null.
+    fn system_prompt_report_latest(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsSystemPromptReportLatestParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsSystemPromptReportLatestResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.systemPromptReport.list` (scope `admin`): System prompt reports of a session, newest first.
+    fn system_prompt_report_list(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsSystemPromptReportListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ObsSystemPromptReportListResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `obs.trace.export` (scope `admin`): Writes a trace bundle of one session to a file on the gateway host.
+    ///
+    /// The bundle (session log, trajectory, diagnostics of the session; secrets redacted) is written under the data directory and its path returned; an unknown session is -32001. The reference's {bundlePath} is extended with size and time.
+    fn trace_export(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsTraceExportParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsTraceExportResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.trace.search` (scope `admin`): Searches the session index of the last two days by message, trace or chat id.
+    ///
+    /// Rows older than two days are never returned. Synthetic rows (heartbeats, wake gates, probes) are left out unless includeSynthetic is true. Decision: where is a small filter language over row columns - terms <column><op><value> with op one of = != < > <= >=, joined by " and "; it is parsed, never passed to SQL; a bad expression is -32602.
+    fn trace_search(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsTraceSearchParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsTraceSearchResult, crate::error::GatewayError>,
+    > + Send;
+    /// `obs.trace.tail` (scope `admin`): The newest trace rows of one chat, for polling (pass nextSinceMs back as sinceMs).
+    ///
+    /// Events share the row shape of obs.trace.search; synthetic rows are included and flagged.
+    fn trace_tail(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ObsTraceTailParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ObsTraceTailResult, crate::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `providers` namespace: Managing the model providers agents run on (openai-compatible endpoints, anthropic, the in-process local models, the scripted test provider) - listing, creating, reading, updating, deleting, enabling and disabling them. Credentials are never passed nor returned: a provider names the environment variable holding its key (apiKeyEnv) and reports only whether it is set.
 pub trait ProvidersApi: Send + Sync {
     /// `providers.create` (scope `admin`): Adds a provider; agents can use it at once when enabled.
@@ -790,7 +1048,7 @@ pub trait TokensApi: Send + Sync {
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + ModelsApi + ProvidersApi + SchedulerApi + SecretsApi + SessionApi + SystemApi + TokensApi + Send + Sync {
+pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + ModelsApi + ObsApi + ProvidersApi + SchedulerApi + SecretsApi + SessionApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -1156,6 +1414,182 @@ impl<O: crate::tenancy::Owners> ModelsApi for Fake<O> {
         _params: super::types::ModelsTestParams,
     ) -> Result<super::types::ModelsTestResult, crate::error::GatewayError> {
         self.ran("models.test")
+    }
+}
+impl<O: crate::tenancy::Owners> ObsApi for Fake<O> {
+    async fn billing_by_agent(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsBillingByAgentParams,
+    ) -> Result<super::types::ObsBillingByAgentResult, crate::error::GatewayError> {
+        self.ran("obs.billing.byAgent")
+    }
+    async fn billing_by_provider(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsBillingByProviderParams,
+    ) -> Result<super::types::ObsBillingByProviderResult, crate::error::GatewayError> {
+        self.ran("obs.billing.byProvider")
+    }
+    async fn billing_by_session(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsBillingBySessionParams,
+    ) -> Result<super::types::ObsBillingBySessionResult, crate::error::GatewayError> {
+        self.ran("obs.billing.bySession")
+    }
+    async fn billing_total(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsBillingTotalParams,
+    ) -> Result<super::types::ObsBillingTotalResult, crate::error::GatewayError> {
+        self.ran("obs.billing.total")
+    }
+    async fn billing_usage24h(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsBillingUsage24hParams,
+    ) -> Result<super::types::ObsBillingUsage24hResult, crate::error::GatewayError> {
+        self.ran("obs.billing.usage24h")
+    }
+    async fn cache_stats_window(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsCacheStatsWindowParams,
+    ) -> Result<super::types::ObsCacheStatsWindowResult, crate::error::GatewayError> {
+        self.ran("obs.cacheStats.window")
+    }
+    async fn channels_all(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsChannelsAllParams,
+    ) -> Result<super::types::ObsChannelsAllResult, crate::error::GatewayError> {
+        self.ran("obs.channels.all")
+    }
+    async fn channels_get(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsChannelsGetParams,
+    ) -> Result<super::types::ObsChannelsGetResult, crate::error::GatewayError> {
+        self.ran("obs.channels.get")
+    }
+    async fn channels_stale(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsChannelsStaleParams,
+    ) -> Result<super::types::ObsChannelsStaleResult, crate::error::GatewayError> {
+        self.ran("obs.channels.stale")
+    }
+    async fn context_dag(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsContextDagParams,
+    ) -> Result<super::types::ObsContextDagResult, crate::error::GatewayError> {
+        self.ran("obs.context.dag")
+    }
+    async fn context_pipeline(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsContextPipelineParams,
+    ) -> Result<super::types::ObsContextPipelineResult, crate::error::GatewayError> {
+        self.ran("obs.context.pipeline")
+    }
+    async fn delivery_recent(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsDeliveryRecentParams,
+    ) -> Result<super::types::ObsDeliveryRecentResult, crate::error::GatewayError> {
+        self.ran("obs.delivery.recent")
+    }
+    async fn delivery_stats(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsDeliveryStatsParams,
+    ) -> Result<super::types::ObsDeliveryStatsResult, crate::error::GatewayError> {
+        self.ran("obs.delivery.stats")
+    }
+    async fn diagnostics(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsDiagnosticsParams,
+    ) -> Result<super::types::ObsDiagnosticsResult, crate::error::GatewayError> {
+        self.ran("obs.diagnostics")
+    }
+    async fn explain(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsExplainParams,
+    ) -> Result<super::types::ObsExplainResult, crate::error::GatewayError> {
+        self.ran("obs.explain")
+    }
+    async fn fleet_health(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsFleetHealthParams,
+    ) -> Result<super::types::ObsFleetHealthResult, crate::error::GatewayError> {
+        self.ran("obs.fleet.health")
+    }
+    async fn get_cache_stats(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsGetCacheStatsParams,
+    ) -> Result<super::types::ObsGetCacheStatsResult, crate::error::GatewayError> {
+        self.ran("obs.getCacheStats")
+    }
+    async fn reset(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsResetParams,
+    ) -> Result<super::types::ObsResetResult, crate::error::GatewayError> {
+        self.ran("obs.reset")
+    }
+    async fn reset_table(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsResetTableParams,
+    ) -> Result<super::types::ObsResetTableResult, crate::error::GatewayError> {
+        self.ran("obs.reset.table")
+    }
+    async fn system_prompt_report_latest(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsSystemPromptReportLatestParams,
+    ) -> Result<
+        super::types::ObsSystemPromptReportLatestResult,
+        crate::error::GatewayError,
+    > {
+        self.ran("obs.systemPromptReport.latest")
+    }
+    async fn system_prompt_report_list(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsSystemPromptReportListParams,
+    ) -> Result<
+        super::types::ObsSystemPromptReportListResult,
+        crate::error::GatewayError,
+    > {
+        self.ran("obs.systemPromptReport.list")
+    }
+    async fn trace_export(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsTraceExportParams,
+    ) -> Result<super::types::ObsTraceExportResult, crate::error::GatewayError> {
+        self.ran("obs.trace.export")
+    }
+    async fn trace_search(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsTraceSearchParams,
+    ) -> Result<super::types::ObsTraceSearchResult, crate::error::GatewayError> {
+        self.ran("obs.trace.search")
+    }
+    async fn trace_tail(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ObsTraceTailParams,
+    ) -> Result<super::types::ObsTraceTailResult, crate::error::GatewayError> {
+        self.ran("obs.trace.tail")
     }
 }
 impl<O: crate::tenancy::Owners> ProvidersApi for Fake<O> {

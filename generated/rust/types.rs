@@ -475,6 +475,9 @@ pub struct AgentTurnResult {
     /// With finishReason error, why the model call failed (absent otherwise). response then holds a generic message naming this kind and the upstream's HTTP status, never the upstream's own error text (that goes to the gateway's log).
     #[serde(rename = "errorKind", default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<TurnErrorKind>,
+    /// Designed addition: the id of this turn in the session index (obs.trace.search traceId, obs.explain traceId); absent for a turn that could not start.
+    #[serde(rename = "traceId", default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 /// Spending limits of one agent turn (a run of agent.execute or a sub-agent run). A turn that would go past a limit ends with finishReason budget_exceeded. An absent member is unlimited; an empty object removes every limit.
 ///
@@ -12773,6 +12776,12 @@ pub struct ObsResetResultRowsDeleted {
     /// Channel activity rows.
     #[serde(rename = "channels")]
     pub channels: i64,
+    /// Session index (trace) rows.
+    #[serde(rename = "traceIndex")]
+    pub trace_index: i64,
+    /// System prompt report rows.
+    #[serde(rename = "promptReports")]
+    pub prompt_reports: i64,
 }
 /// Parameters of `obs.reset.table`.
 ///
@@ -12816,6 +12825,10 @@ pub enum ObsResetTableParamsTable {
     Diagnostics,
     #[serde(rename = "channels")]
     Channels,
+    #[serde(rename = "trace_index")]
+    TraceIndex,
+    #[serde(rename = "prompt_reports")]
+    PromptReports,
 }
 impl ObsResetTableParamsTable {
     /// The wire string of this value.
@@ -12825,6 +12838,8 @@ impl ObsResetTableParamsTable {
             Self::Delivery => "delivery",
             Self::Diagnostics => "diagnostics",
             Self::Channels => "channels",
+            Self::TraceIndex => "trace_index",
+            Self::PromptReports => "prompt_reports",
         }
     }
 }
@@ -12876,6 +12891,10 @@ pub enum ObsResetTableResultTable {
     Diagnostics,
     #[serde(rename = "channels")]
     Channels,
+    #[serde(rename = "trace_index")]
+    TraceIndex,
+    #[serde(rename = "prompt_reports")]
+    PromptReports,
 }
 impl ObsResetTableResultTable {
     /// The wire string of this value.
@@ -12885,6 +12904,8 @@ impl ObsResetTableResultTable {
             Self::Delivery => "delivery",
             Self::Diagnostics => "diagnostics",
             Self::Channels => "channels",
+            Self::TraceIndex => "trace_index",
+            Self::PromptReports => "prompt_reports",
         }
     }
 }
@@ -13156,7 +13177,7 @@ pub struct ObsTraceExportResult {
     #[serde(rename = "createdAt")]
     pub created_at: i64,
 }
-/// One row of the session index (an inbound or outbound message, a tool call, a turn end), content-free.
+/// One row of the session index (an inbound or outbound message, a tool result, a turn end), content-free: ids, names, counts, timings and codes, never message text or tool output. Stored sessions get an inbound row, one tool_result row per tool call, an outbound row and a turn_end row per turn; an ephemeral turn (a /v1 completion) only its turn_end row.
 ///
 /// Source: designed.
 #[derive(
@@ -13214,6 +13235,12 @@ pub struct ObsTraceRow {
     /// True for rows produced by the gateway itself (heartbeats, cron wake gates, probes) rather than a user.
     #[serde(rename = "synthetic")]
     pub synthetic: bool,
+    /// Designed addition - why the turn ended, for turn_end rows.
+    #[serde(rename = "finishReason", default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<FinishReason>,
+    /// Designed addition - the short error classification of a failed tool result (timeout, denied, not_found, invalid_args, failed) or of a failed turn (the model call's error kind, circuit_open, ...).
+    #[serde(rename = "errorKind", default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
 }
 /// What the row records.
 ///
@@ -16887,7 +16914,7 @@ impl ::core::fmt::Debug for TokensRotateResult {
             .finish_non_exhaustive()
     }
 }
-/// A scope a gateway API token can carry (as in scopes.yaml): rpc, admin, * (every scope), api (only the /v1 API) and mcp-client (a narrow token for MCP clients).
+/// A scope a gateway API token can carry (as in scopes.yaml): rpc, admin, * (every scope), api (only the /v1 API), mcp-client (a narrow token for MCP clients) and metrics (only GET /metrics).
 ///
 /// Source: spec.
 #[derive(
@@ -16914,6 +16941,8 @@ pub enum TokensScope {
     Api,
     #[serde(rename = "mcp-client")]
     McpClient,
+    #[serde(rename = "metrics")]
+    Metrics,
 }
 impl TokensScope {
     /// The wire string of this value.
@@ -16924,6 +16953,7 @@ impl TokensScope {
             Self::All => "*",
             Self::Api => "api",
             Self::McpClient => "mcp-client",
+            Self::Metrics => "metrics",
         }
     }
 }

@@ -136,6 +136,26 @@ impl Gateway {
         ws
     }
 
+    /// Stops this gateway and starts a new process-like instance on the same configuration
+    /// file and data directory (everything in memory is gone; the database stays).
+    pub async fn restart(self) -> Gateway {
+        let Gateway { running, dir, .. } = self;
+        running.shutdown.cancel();
+        tokio::time::timeout(STEP, running.done)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let running = agent_gateway::server::start(Some(dir.path().join("gateway.yaml")))
+            .await
+            .unwrap();
+        Gateway {
+            addr: running.addr,
+            running,
+            dir,
+        }
+    }
+
     pub async fn stop(self) {
         self.running.shutdown.cancel();
         tokio::time::timeout(STEP, self.running.done)

@@ -72,6 +72,10 @@ const TOKENS: &[&[u8]] = &[
     b"\xc3\xa9",
     b"\xe2\x82\xac",
     b"\xf0\x9f\x98\x80",
+    b" and ",
+    b"'",
+    b"<=",
+    b"!=",
 ];
 
 /// One mutation of a corpus item: a few random edits (libFuzzer's kinds, in small).
@@ -199,6 +203,43 @@ async fn media_id_corpus_and_mutations() {
         rig.check(&input).await
     })
     .await;
+}
+
+#[tokio::test]
+async fn trace_where_corpus_and_mutations() {
+    run("trace_where", ITERATIONS, |input| async move {
+        props::check_trace_where(&input)
+    })
+    .await;
+}
+
+/// The `where` SQL oracle refuses anything but static columns, operators and numbered
+/// placeholders (so the property above can fail).
+#[test]
+fn trace_where_sql_oracle_refuses_foreign_text() {
+    assert_eq!(props::where_sql_problem("1 = 1", 1, 0), None);
+    assert_eq!(
+        props::where_sql_problem("kind = $4 AND duration_ms >= $5 AND synthetic = $6", 4, 3),
+        None
+    );
+    for (sql, first, count) in [
+        ("kind = $1", 2, 1),
+        ("kind = $1 AND kind = $1", 1, 2),
+        ("kind = $1", 1, 2),
+        ("kind = 'x'", 1, 1),
+        ("kind = $1 OR kind = $2", 1, 2),
+        ("kind = $1 AND kind = $2 AND", 1, 2),
+        ("kind LIKE $1", 1, 1),
+        ("kind; = $1", 1, 1),
+        ("toolName = $1", 1, 1),
+        ("kind  = $1", 1, 1),
+        ("TRUE", 1, 0),
+    ] {
+        assert!(
+            props::where_sql_problem(sql, first, count).is_some(),
+            "{sql:?} passed"
+        );
+    }
 }
 
 /// The envelope's oracle flags wrong replies (so the properties above can fail).

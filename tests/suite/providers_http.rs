@@ -592,7 +592,8 @@ async fn openai_non_streaming_text() {
         Usage {
             input: 12,
             output: 3,
-            cached_input: 8
+            cached_input: 8,
+            ..Usage::default()
         }
     );
     let request = fixture.only_request();
@@ -643,7 +644,8 @@ async fn openai_streaming_text_deltas_and_final_usage() {
             Usage {
                 input: 20,
                 output: 6,
-                cached_input: 4
+                cached_input: 4,
+                ..Usage::default()
             }
         );
         let request = fixture.only_request();
@@ -698,7 +700,8 @@ async fn openai_streaming_parallel_tool_calls() {
         Usage {
             input: 30,
             output: 9,
-            cached_input: 0
+            cached_input: 0,
+            ..Usage::default()
         }
     );
 }
@@ -999,7 +1002,8 @@ async fn anthropic_non_streaming_text() {
         Usage {
             input: 115,
             output: 7,
-            cached_input: 100
+            cached_input: 100,
+            ..Usage::default()
         }
     );
     let request = fixture.only_request();
@@ -1046,7 +1050,8 @@ async fn anthropic_streaming_text_deltas_and_usage() {
             Usage {
                 input: 27,
                 output: 9,
-                cached_input: 2
+                cached_input: 2,
+                ..Usage::default()
             }
         );
         assert_eq!(fixture.only_request().body["stream"], json!(true));
@@ -1139,7 +1144,8 @@ async fn anthropic_non_streaming_tool_use() {
         Usage {
             input: 3,
             output: 4,
-            cached_input: 0
+            cached_input: 0,
+            ..Usage::default()
         }
     );
 }

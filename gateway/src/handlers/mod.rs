@@ -10,6 +10,7 @@ mod env;
 mod gateway;
 mod heartbeat;
 mod models;
+mod obs;
 mod providers;
 mod scheduler;
 mod secrets;

@@ -149,6 +149,13 @@ impl SessionApi for Rpc {
                 s.key
             )));
         }
+        crate::obs::recorder::session_event(
+            store,
+            "session.deleted",
+            s.tenant_id.as_deref(),
+            &s.key,
+            serde_json::json!({"messages": rows.len()}),
+        );
         Ok(SessionDeleteResult {
             session_key: s.key.clone(),
             deleted: true,
@@ -174,6 +181,13 @@ impl SessionApi for Rpc {
             .session_clear(ctx.tenant(), &s.key)
             .await?
             .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {}", s.key)))?;
+        crate::obs::recorder::session_event(
+            &self.engine().store,
+            "session.reset",
+            s.tenant_id.as_deref(),
+            &s.key,
+            serde_json::json!({"previousMessageCount": previous}),
+        );
         Ok(SessionResetResult {
             session_key: s.key,
             reset: true,

@@ -24,6 +24,7 @@ fn scope_of(s: TokensScope) -> Scope {
         TokensScope::All => Scope::All,
         TokensScope::Api => Scope::Api,
         TokensScope::McpClient => Scope::McpClient,
+        TokensScope::Metrics => Scope::Metrics,
     }
 }
 
@@ -34,6 +35,7 @@ fn tokens_scope(s: Scope) -> TokensScope {
         Scope::All => TokensScope::All,
         Scope::Api => TokensScope::Api,
         Scope::McpClient => TokensScope::McpClient,
+        Scope::Metrics => TokensScope::Metrics,
     }
 }
 

@@ -5,6 +5,7 @@ pub mod api;
 pub mod docs;
 pub mod either;
 pub mod media;
+pub mod metrics;
 pub mod openapi;
 /// Body limits and error bodies, shared with the JSON-RPC routes (`crate::transport`).
 pub use crate::transport::{json_error, limits, problem, too_many_requests};
@@ -15,6 +16,7 @@ pub mod turns;
 pub mod v1;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use poem::endpoint::StaticFilesEndpoint;
 use poem::web::Redirect;
@@ -97,6 +99,7 @@ async fn front<E: Endpoint>(
             .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
         let key = state.http_limiter.key(peer, req.headers());
         if let Err(l) = state.http_limiter.check(key) {
+            crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::Http);
             return Ok(too_many_requests(area, &l));
         }
         // /rpc counts the rest of a batch under the same key (other paths skip the extension's
@@ -142,6 +145,27 @@ async fn front<E: Endpoint>(
     Ok(resp)
 }
 
+/// [`front`], counted: `agentgw_http_requests_total` and the time to the response head, by
+/// route template (never the raw path), method and status.
+async fn measured<E: Endpoint>(
+    ep: Arc<E>,
+    state: Arc<AppState>,
+    typed: Arc<TypedPaths>,
+    req: Request,
+) -> poem::Result<Response> {
+    let started = Instant::now();
+    let hooks = state.webhooks.as_deref().map(|h| h.base.as_str());
+    let route = crate::obs::metrics::http_route(req.uri().path(), hooks);
+    let method = crate::obs::metrics::http_method(req.method());
+    let resp = front(ep, state, typed, req).await;
+    let status = match &resp {
+        Ok(r) => r.status(),
+        Err(e) => e.status(),
+    };
+    crate::obs::metrics::http_request(route, method, status.as_u16(), started.elapsed());
+    resp
+}
+
 /// The endpoint's answer; a framework error becomes the area's error body.
 async fn answer<E: Endpoint>(ep: &E, req: Request, area: Area) -> Response {
     match ep.call(req).await {
@@ -153,12 +177,15 @@ async fn answer<E: Endpoint>(ep: &E, req: Request, area: Area) -> Response {
 
 /// Builds the endpoint of one server generation.
 pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
+    // The process's metrics recorder, before anything is counted.
+    crate::obs::metrics::install();
     let service = openapi::service();
     let docs = state.config.gateway.docs.enabled;
     let web = &state.config.gateway.web;
     let mut route = Route::new()
         .at("/ws", get(crate::rpc::ws::upgrade))
-        .at("/rpc", post(crate::rpc::http::handle));
+        .at("/rpc", post(crate::rpc::http::handle))
+        .at("/metrics", get(metrics::scrape));
     if let Some(hooks) = &state.webhooks {
         route = route.nest(&hooks.base, post(crate::webhooks::routes::hook));
     }
@@ -190,7 +217,7 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     let route = route.at(crate::rpc::ws_echo::PATH, get(crate::rpc::ws_echo::upgrade));
     let route = Arc::new(route.data(state.clone()));
     poem::endpoint::make(move |req: Request| {
-        front(route.clone(), state.clone(), paths.clone(), req)
+        measured(route.clone(), state.clone(), paths.clone(), req)
     })
 }
 

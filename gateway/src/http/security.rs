@@ -46,6 +46,16 @@ fn check(req: &Request, presented: &str, accepted: &[Scope]) -> poem::Result<Pri
     Ok(principal)
 }
 
+/// A plain route's bearer token (`Authorization: Bearer`, never `?token=`) holding one of
+/// `accepted`, through the same checks as the typed routes: 401 without a valid token, 403
+/// without the scope, in the area's error body.
+pub fn bearer(req: &Request, accepted: &[Scope]) -> poem::Result<Principal> {
+    let Some(token) = crate::auth::presented_token(req, false) else {
+        return Err(area_error(req, Problem::unauthorized()));
+    };
+    check(req, &token, accepted)
+}
+
 async fn check_v1(req: &Request, bearer: Bearer) -> poem::Result<Principal> {
     check(req, &bearer.token, &[Scope::Rpc, Scope::Api])
 }

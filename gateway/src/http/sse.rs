@@ -51,13 +51,19 @@ impl<T: Type> Payload for Sse<T> {
 
 impl<T: Type> IntoResponse for Sse<T> {
     fn into_response(self) -> Response {
+        // Counted in `agentgw_sse_subscribers` until the body is dropped (the stream ended or
+        // the client went away), whichever way it ends.
+        let open = crate::obs::metrics::SseSubscriber::open();
         Response::builder()
             .content_type("text/event-stream")
             .header(http::header::CACHE_CONTROL, "no-cache")
             .header("x-accel-buffering", "no")
-            .body(poem::Body::from_bytes_stream(
-                self.frames.map(Ok::<_, std::io::Error>),
-            ))
+            .body(poem::Body::from_bytes_stream(self.frames.map(
+                move |frame| {
+                    let _open = &open;
+                    Ok::<_, std::io::Error>(frame)
+                },
+            )))
     }
 }
 

@@ -1,5 +1,7 @@
 //! JSON-RPC 2.0 envelopes shared by /ws and /rpc: single calls, batches, notifications.
 
+use std::time::Instant;
+
 use futures_util::future::join_all;
 use serde_json::Value;
 use tracing::Instrument;
@@ -8,6 +10,13 @@ use super::generated::dispatch::dispatch;
 use super::generated::handlers::Handlers;
 use super::generated::methods::MethodId;
 use super::{CallContext, RpcError};
+use crate::obs::metrics::{rpc_call, RpcMethod};
+
+/// A message refused before any method is known: counted under `unknown`, then answered.
+fn refused(e: RpcError, started: Instant) -> RpcError {
+    rpc_call(RpcMethod::UNKNOWN, Err(e.code), started.elapsed());
+    e
+}
 
 /// What came back for one incoming message.
 #[derive(Debug, PartialEq)]
@@ -26,19 +35,25 @@ pub async fn handle_text<H: Handlers>(
     text: &str,
     max_batch: usize,
 ) -> Reply {
+    let started = Instant::now();
     let parsed: Value = match serde_json::from_str(text) {
         Ok(v) => v,
-        Err(_) => return Reply::Some(RpcError::parse_error().response(Value::Null)),
+        Err(_) => {
+            return Reply::Some(refused(RpcError::parse_error(), started).response(Value::Null))
+        }
     };
     match parsed {
-        Value::Array(items) if items.is_empty() => {
-            Reply::Some(RpcError::invalid_request("empty batch").response(Value::Null))
-        }
+        Value::Array(items) if items.is_empty() => Reply::Some(
+            refused(RpcError::invalid_request("empty batch"), started).response(Value::Null),
+        ),
         Value::Array(items) if items.len() > max_batch => Reply::Some(
-            RpcError::invalid_request(&format!(
-                "batch of {} exceeds maxBatchSize {max_batch}",
-                items.len()
-            ))
+            refused(
+                RpcError::invalid_request(&format!(
+                    "batch of {} exceeds maxBatchSize {max_batch}",
+                    items.len()
+                )),
+                started,
+            )
             .response(Value::Null),
         ),
         Value::Array(items) => {
@@ -73,23 +88,34 @@ fn request_id(obj: &serde_json::Map<String, Value>) -> Id {
     }
 }
 
-/// One request object -> its response (None for a notification).
+/// One request object -> its response (None for a notification). Every call is counted
+/// here, whichever transport brought it (`agentgw_rpc_requests_total`).
 async fn handle_one<H: Handlers>(rpc: &H, ctx: &CallContext, item: Value) -> Option<Value> {
+    let started = Instant::now();
     let Value::Object(obj) = item else {
-        return Some(RpcError::invalid_request("not a request object").response(Value::Null));
+        return Some(
+            refused(RpcError::invalid_request("not a request object"), started)
+                .response(Value::Null),
+        );
     };
     let id = match request_id(&obj) {
         Id::Valid(v) => Some(v),
         Id::Absent => None,
         Id::Invalid => {
             return Some(
-                RpcError::invalid_request("id must be an integer or a string")
-                    .response(Value::Null),
+                refused(
+                    RpcError::invalid_request("id must be an integer or a string"),
+                    started,
+                )
+                .response(Value::Null),
             )
         }
     };
     let invalid = |detail: &str| {
-        Some(RpcError::invalid_request(detail).response(id.clone().unwrap_or(Value::Null)))
+        Some(
+            refused(RpcError::invalid_request(detail), started)
+                .response(id.clone().unwrap_or(Value::Null)),
+        )
     };
     if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return invalid("jsonrpc must be \"2.0\"");
@@ -109,6 +135,7 @@ async fn handle_one<H: Handlers>(rpc: &H, ctx: &CallContext, item: Value) -> Opt
         )),
         Some(_) => return invalid("params must be an object"),
     };
+    let counted = RpcMethod::of(method);
     let span = tracing::info_span!("rpc", method = %method, client = %ctx.client_id);
     let outcome = match params {
         Ok(params) => {
@@ -121,6 +148,11 @@ async fn handle_one<H: Handlers>(rpc: &H, ctx: &CallContext, item: Value) -> Opt
     if let Err(e) = &outcome {
         span.in_scope(|| tracing::debug!(code = e.code, "call failed"));
     }
+    rpc_call(
+        counted,
+        outcome.as_ref().map(drop).map_err(|e| e.code),
+        started.elapsed(),
+    );
     let id = id?;
     Some(match outcome {
         Ok(result) => serde_json::json!({"jsonrpc": "2.0", "result": result, "id": id}),

@@ -78,6 +78,7 @@ pub async fn handle(
             }
         };
         if let Err(l) = state.http_limiter.check_n(key, items - 1) {
+            crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::Http);
             return too_many_requests(Area::of(req.uri().path()), &l);
         }
     }

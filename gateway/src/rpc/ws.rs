@@ -323,6 +323,8 @@ async fn connection(
     let g = &state.config.gateway;
     let (outbox, mut rx) = Outbox::new(OUTBOUND_QUEUE);
     let conn_id = state.hub().register(&principal.client_id, outbox.clone());
+    // `agentgw_websocket_connections` until this task ends, however it ends.
+    let _open = crate::obs::metrics::WsConnection::open();
     if !state.tokens.is_current(&principal) {
         outbox.revoked().cancel();
     }
@@ -388,6 +390,7 @@ async fn connection(
                 }
                 let items = crate::rpc::http::batch_items(&text, max_batch) as usize;
                 if !window.admit(Instant::now(), items) {
+                    crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WsMessages);
                     outbox.push(RpcError::rate_limited().response(Value::Null).to_string());
                     continue;
                 }
@@ -412,6 +415,7 @@ async fn connection(
                 let v = if window.admit(Instant::now(), 1) {
                     RpcError::parse_error()
                 } else {
+                    crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WsMessages);
                     RpcError::rate_limited()
                 };
                 outbox.push(v.response(Value::Null).to_string());

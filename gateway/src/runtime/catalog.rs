@@ -42,6 +42,13 @@ impl ModelInfo {
             / 1_000_000.0
     }
 
+    /// Estimated USD saved by the call's cached prompt tokens (what they would have cost at
+    /// the full input price, less what they cost).
+    pub fn cache_saving(&self, u: &Usage) -> f64 {
+        let cached = u.cached_input.min(u.input) as f64;
+        cached * self.input_price * (1.0 - CACHED_INPUT_PRICE_SHARE) / 1_000_000.0
+    }
+
     pub fn can(&self, c: Cap) -> bool {
         self.capabilities.contains(&c)
     }

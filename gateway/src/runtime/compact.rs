@@ -113,12 +113,22 @@ impl Engine {
         };
         let kept = vec![summary];
         self.store.session_replace_messages(key, &kept).await?;
+        let tokens = estimate(&kept);
+        // For obs.context.dag's compaction history.
+        crate::obs::recorder::session_event(
+            &self.store,
+            "session.compacted",
+            owner.as_deref(),
+            key,
+            serde_json::json!({"depth": 1, "nodesCompacted": rows.len(),
+                               "tokensBefore": previous_tokens, "tokensAfter": tokens}),
+        );
         Ok(Compaction {
             triggered: true,
             previous_count: rows.len(),
             count: kept.len(),
             previous_tokens,
-            tokens: estimate(&kept),
+            tokens,
         })
     }
 }

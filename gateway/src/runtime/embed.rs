@@ -87,6 +87,7 @@ impl Engine {
             latency_ms: started.elapsed().as_millis() as i64,
             ok: result.is_ok(),
             error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
+            ..UsageRow::default()
         };
         if let Err(e) = self.store.usage_record(row.clone()) {
             tracing::error!(error = %e, "usage not recorded");

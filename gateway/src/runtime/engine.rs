@@ -45,6 +45,8 @@ pub struct Engine {
     pub secrets: Arc<crate::secrets::Secrets>,
     /// The API tokens of the store (checked on every request with the file's).
     pub api_tokens: Arc<crate::auth::ApiTokens>,
+    /// Observability settings and the last context budget per agent.
+    pub obs: Arc<crate::obs::ObsState>,
 }
 
 /// The media store's directory under the data directory.
@@ -220,7 +222,10 @@ impl Engine {
             store.clone(),
             std::time::Duration::from_secs(m.sweep_interval_seconds.max(1)),
         );
+        let obs = crate::obs::ObsState::new(config.observability.clone());
+        crate::obs::spawn_sweeper(Arc::downgrade(&obs), store.clone());
         let engine = Self {
+            obs,
             media,
             providers: Providers::new(
                 store.clone(),

@@ -26,6 +26,7 @@ fn per_minute(n: u32) -> DefaultDirectRateLimiter {
 
 fn check(l: &DefaultDirectRateLimiter, method: &str, n: u32) -> Result<(), GatewayError> {
     l.check().map_err(|_| {
+        crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::RpcMethod);
         GatewayError::RateLimited(format!(
             "Rate limit exceeded: {method} allows {n} calls per minute"
         ))

@@ -5,15 +5,19 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Principal;
+use crate::obs::recorder::{prompt_report, PromptParts, TurnEnd, TurnTrace};
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::RecordKind;
-use crate::rpc::generated::types::{AgentTurnResult, FinishReason, TokensUsed, TurnErrorKind};
+use crate::rpc::generated::types::{
+    AgentTurnResult, FinishReason, ObsContextBudget, ObsContextBudgetVerdict, TokensUsed,
+    TurnErrorKind,
+};
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog::ModelInfo;
@@ -101,6 +105,8 @@ pub struct TurnOutcome {
     pub failure: Option<TurnFailure>,
     /// Tool calls the model asked for in this turn (a cron fire's `toolCalls`).
     pub tool_calls: u32,
+    /// The turn's id in the session index (`obs.trace.search`, `obs.explain`).
+    pub trace_id: String,
 }
 
 /// A model call that ended a turn: its kind and the upstream's HTTP status, which are all a
@@ -139,6 +145,7 @@ impl TurnOutcome {
             tokens_used: self.tokens(),
             finish_reason: self.finish,
             error_kind: self.failure.map(|f| turn_error_kind(f.kind)),
+            trace_id: Some(self.trace_id.clone()),
         }
     }
 }
@@ -240,6 +247,7 @@ impl Engine {
     /// provider); a provider failure during the turn ends it with finishReason error.
     pub async fn run_turn(&self, req: TurnRequest) -> Result<TurnOutcome, GatewayError> {
         let _permit = self.control.admission.admit_turn(&req)?;
+        let mut trace = TurnTrace::start();
         let agent = req.agent.clone();
         if agent.suspended {
             return Err(GatewayError::Conflict(format!(
@@ -286,6 +294,7 @@ impl Engine {
             .unwrap_or_default();
         let mut history = Vec::new();
         let mut summary = None;
+        let mut created = false;
         if let Some(s) = &req.session {
             // The key was authorized for its owner; a row stored under it for another owner
             // (written before ownership rules existed) is never continued.
@@ -317,6 +326,7 @@ impl Engine {
             // A new session is created before the first step, since tools (notes) write rows
             // that reference it.
             if !exists {
+                created = true;
                 self.store
                     .session_ensure(&NewSession {
                         key: &s.key,
@@ -339,12 +349,15 @@ impl Engine {
                 }
             }
         }
-        let system = match summary {
-            Some(sum) if system.is_empty() => {
+        let agent_prompt = system;
+        let system = match &summary {
+            Some(sum) if agent_prompt.is_empty() => {
                 format!("Summary of the earlier conversation:\n{sum}")
             }
-            Some(sum) => format!("{system}\n\nSummary of the earlier conversation:\n{sum}"),
-            None => system,
+            Some(sum) => {
+                format!("{agent_prompt}\n\nSummary of the earlier conversation:\n{sum}")
+            }
+            None => agent_prompt.clone(),
         };
         let user = ChatMessage::user(req.message.clone());
         let reserve = context_model
@@ -357,9 +370,20 @@ impl Engine {
             .context_window
             .saturating_sub(reserve)
             .saturating_sub(fixed);
+        let history_len = history.len();
         let mut messages = sessions::trim_history(history, budget);
         let first_new = messages.len();
+        let user_tokens = sessions::message_tokens(&user);
         messages.push(user);
+        trace.budget(context_budget(
+            &context_model,
+            reserve,
+            fixed,
+            user_tokens,
+            budget,
+            &messages[..first_new],
+            history_len,
+        ));
 
         let tools = self.tools.specs(|name, scope| {
             agent.allows_tool(name)
@@ -391,6 +415,7 @@ impl Engine {
             model: context_model.id(),
             failure: None,
             tool_calls: 0,
+            trace_id: String::new(),
         };
         let mut seen_calls = HashSet::new();
         let mut failures = 0u32;
@@ -478,13 +503,12 @@ impl Engine {
                 if !seen_calls.insert((call.name.clone(), canonical(&call.arguments))) {
                     out.finish = FinishReason::ContextLoop;
                     // The repeated call gets no result; close it so the transcript stays valid.
-                    messages.push(ChatMessage::tool(
-                        call,
-                        "not run: the same call was already made in this turn",
-                        true,
-                    ));
+                    let text = "not run: the same call was already made in this turn";
+                    trace.tool(messages.len(), &call.name, text, true, Duration::ZERO);
+                    messages.push(ChatMessage::tool(call, text, true));
                     break 'steps;
                 }
+                let called_at = Instant::now();
                 let result = if tools.iter().any(|t| t.name == call.name) {
                     self.tools.call(&ctx, &call.name, &call.arguments).await
                 } else {
@@ -500,6 +524,13 @@ impl Engine {
                         (t, true)
                     }
                 };
+                trace.tool(
+                    messages.len(),
+                    &call.name,
+                    &text,
+                    is_error,
+                    called_at.elapsed(),
+                );
                 messages.push(ChatMessage::tool(call, text, is_error));
                 if failures >= breaker {
                     out.finish = FinishReason::CircuitOpen;
@@ -530,21 +561,80 @@ impl Engine {
                 )
             })
             .collect();
-        if let Some(s) = &req.session {
-            self.store
-                .session_append(
-                    &s.key,
-                    &stored,
-                    &TurnTotals {
-                        input_tokens: out.input_tokens as i64,
-                        output_tokens: out.output_tokens as i64,
-                        cost_usd: out.cost_usd,
-                        steps: i64::from(out.steps),
-                        model: Some(out.model.clone()),
-                    },
-                )
-                .await?;
+        let error_kind = out.failure.map(|f| f.kind.as_str());
+        let first_seq = match &req.session {
+            Some(s) => Some(
+                self.store
+                    .session_append(
+                        &s.key,
+                        &stored,
+                        &TurnTotals {
+                            input_tokens: out.input_tokens as i64,
+                            output_tokens: out.output_tokens as i64,
+                            cost_usd: out.cost_usd,
+                            steps: i64::from(out.steps),
+                            model: Some(out.model.clone()),
+                            finish_reason: Some(out.finish.as_str()),
+                            error_kind,
+                        },
+                    )
+                    .await?,
+            ),
+            None => None,
+        };
+        out.trace_id = trace.trace_id.clone();
+        crate::obs::metrics::turn_finished(out.finish.as_str());
+        if let Some(b) = trace.budget_of() {
+            self.obs.set_budget(&agent.id, b);
         }
+        let label = req
+            .session
+            .as_ref()
+            .map(|s| s.key.clone())
+            .or_else(|| req.usage_label.clone())
+            .unwrap_or_else(|| format!("ephemeral:{}", trace.trace_id));
+        let channel = match &req.session {
+            Some(s) => s.channel.clone(),
+            None => crate::store::sessions::key_parts(&label)
+                .map_or_else(|| "api".to_owned(), |[_, channel, _, _]| channel),
+        };
+        if let Some(s) = &req.session {
+            prompt_report(
+                &self.store,
+                &agent.id,
+                &s.key,
+                &trace.trace_id,
+                PromptParts {
+                    whole: &system,
+                    sections: vec![
+                        ("agent", agent_prompt.as_str(), false),
+                        ("conversation summary", summary.as_deref().unwrap_or(""), false),
+                    ],
+                    tool_count: tools.len(),
+                    tool_schema_chars: serde_json::to_string(&tools).map_or(0, |t| t.len()),
+                    model: out.model.clone(),
+                },
+            );
+        }
+        trace.finish(
+            &self.store,
+            &TurnEnd {
+                session_key: &label,
+                tenant: &owner,
+                agent_id: &agent.id,
+                channel: &channel,
+                first_seq,
+                first_index: first_new,
+                count: messages.len() - first_new,
+                finish: out.finish,
+                error_kind,
+                tokens: (out.input_tokens + out.output_tokens) as i64,
+                cost_usd: out.cost_usd,
+                steps: out.steps,
+                fallback: out.model != context_model.id(),
+                created,
+            },
+        );
         self.emit_owned(
             &owner,
             "message:sent",
@@ -645,6 +735,7 @@ impl Engine {
             let (result, _attempts) =
                 chat_with_retry(instance.as_ref(), &request, sink, policy, cancel).await;
             let usage = result.as_ref().map(|r| r.usage).unwrap_or(Usage::default());
+            let latency = started.elapsed();
             let row = UsageRow {
                 ts: crate::store::now_ms(),
                 agent_id: who.agent_id.to_owned(),
@@ -655,11 +746,34 @@ impl Engine {
                 input_tokens: usage.input as i64,
                 output_tokens: usage.output as i64,
                 cached_tokens: usage.cached_input as i64,
+                cache_write_tokens: usage.cache_write as i64,
                 cost_usd: model.cost(&usage),
-                latency_ms: started.elapsed().as_millis() as i64,
+                cache_saved_usd: model.cache_saving(&usage),
+                latency_ms: latency.as_millis() as i64,
                 ok: result.is_ok(),
                 error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
             };
+            crate::obs::metrics::model_call(
+                &row.provider,
+                &row.model,
+                row.ok,
+                usage.input,
+                usage.output,
+                usage.cached_input,
+                row.cost_usd,
+                latency,
+            );
+            if let Some(kind) = &row.error_kind {
+                crate::obs::recorder::model_call_failed(
+                    &self.store,
+                    who.owner,
+                    who.agent_id,
+                    &row.provider,
+                    &row.model,
+                    kind,
+                    row.latency_ms,
+                );
+            }
             self.emit_for(who.owner, "observability:token_usage", TokenUsage::of(&row));
             if let Err(e) = self.store.usage_record(row) {
                 tracing::error!(error = %e, "usage not recorded");
@@ -708,6 +822,39 @@ pub(crate) struct StepFailed {
     pub error: ProviderError,
     /// Text of this step had reached the caller.
     pub after_output: bool,
+}
+
+/// How the context window of a turn's first model call was budgeted (token counts only).
+fn context_budget(
+    model: &ModelInfo,
+    reserve: u64,
+    fixed: u64,
+    user_tokens: u64,
+    budget: u64,
+    kept: &[ChatMessage],
+    history_len: usize,
+) -> ObsContextBudget {
+    let kept_tokens: u64 = kept.iter().map(sessions::message_tokens).sum();
+    let window = model.context_window;
+    let verdict = if fixed > window.saturating_sub(reserve) {
+        ObsContextBudgetVerdict::Exhausted
+    } else if kept.len() < history_len {
+        ObsContextBudgetVerdict::Downshifted
+    } else {
+        ObsContextBudgetVerdict::Fits
+    };
+    ObsContextBudget {
+        window_tokens: window as i64,
+        raw_context_window_tokens: window as i64,
+        window_cap_source: "none".to_owned(),
+        system_tokens: fixed.saturating_sub(user_tokens) as i64,
+        fresh_tail_tokens: user_tokens as i64,
+        budgeted_history_tokens: budget as i64,
+        kept_count: kept.len() as i64,
+        assembled_input_tokens: (fixed + kept_tokens) as i64,
+        output_headroom: reserve as i64,
+        verdict,
+    }
 }
 
 /// At most this much of a provider's error text is logged per failed turn.

@@ -89,6 +89,7 @@ async fn sessions_and_transcripts(s: Store) {
         cost_usd: 0.5,
         steps: 1,
         model: Some("p/m".into()),
+        ..TurnTotals::default()
     };
     let mut turn = vec![msg("user", "hello"), msg("assistant", "hi")];
     turn[1].is_error = Some(false);

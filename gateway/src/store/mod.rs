@@ -15,6 +15,7 @@ mod conformance;
 pub mod control;
 pub mod fleet;
 pub mod memory;
+pub mod obs;
 pub mod owners;
 pub mod registry;
 pub mod runs;
@@ -320,7 +321,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(of(&SQLITE_MIGRATIONS), of(&POSTGRES_MIGRATIONS));
-        assert_eq!(schema_version(), 7);
+        assert_eq!(schema_version(), 8);
     }
 
     /// A migration already applied somewhere must never change: sqlx refuses to open a

@@ -60,6 +60,10 @@ pub struct TurnTotals {
     pub cost_usd: f64,
     pub steps: i64,
     pub model: Option<String>,
+    /// How the turn ended (counted as a turn when set).
+    pub finish_reason: Option<&'static str>,
+    /// With finish reason error: the model call's error kind.
+    pub error_kind: Option<&'static str>,
 }
 
 /// Filters of session.list.
@@ -373,15 +377,17 @@ impl Store {
         key: &str,
         messages: &[MessageRow],
         totals: &TurnTotals,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<i64, GatewayError> {
         let n = messages.len() as i64;
-        on_pool!(self.pool(), |p| {
+        Ok(on_pool!(self.pool(), |p| {
             let mut tx = p.begin().await?;
             let first: i64 = sqlx::query_scalar(
                 "UPDATE sessions SET next_seq = next_seq + $1, input_tokens = input_tokens + $2, \
                  output_tokens = output_tokens + $3, cost_usd = cost_usd + $4, last_steps = $5, \
-                 last_model = COALESCE($6, last_model), updated_at = $7 WHERE session_key = $8 \
-                 RETURNING next_seq - $1",
+                 last_model = COALESCE($6, last_model), updated_at = $7, \
+                 turns = turns + $9, last_finish_reason = COALESCE($10, last_finish_reason), \
+                 last_error_kind = CASE WHEN $10 IS NULL THEN last_error_kind ELSE $11 END \
+                 WHERE session_key = $8 RETURNING next_seq - $1",
             )
             .bind(n)
             .bind(totals.input_tokens)
@@ -391,12 +397,15 @@ impl Store {
             .bind(&totals.model)
             .bind(now_ms())
             .bind(key)
+            .bind(i64::from(totals.finish_reason.is_some()))
+            .bind(totals.finish_reason)
+            .bind(totals.error_kind)
             .fetch_one(&mut *tx)
             .await?;
             insert_messages!(tx, key, first, messages);
             tx.commit().await?;
-        });
-        Ok(())
+            first
+        }))
     }
 
     /// Replaces the whole transcript (compaction), renumbering from 0.

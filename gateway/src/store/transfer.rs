@@ -111,7 +111,7 @@ const fn txt_n(name: &'static str) -> Col {
     col(name, Kind::Text, true)
 }
 
-/// One exported table: its columns in declared order (schema version 7; PostgreSQL's
+/// One exported table: its columns in declared order (schema version 8; PostgreSQL's
 /// generated `content_tsv` is left out), the order its rows are written in, and whether its
 /// `id` is an identity whose sequence import must move past the imported ids.
 #[derive(Debug)]
@@ -169,6 +169,9 @@ pub const TABLES: &[Table] = &[
             txt_n("last_model"),
             int("created_at"),
             int("updated_at"),
+            int("turns"),
+            txt_n("last_finish_reason"),
+            txt_n("last_error_kind"),
         ],
         order_by: "session_key",
         identity: false,
@@ -262,9 +265,31 @@ pub const TABLES: &[Table] = &[
             int("latency_ms"),
             int("ok"),
             txt_n("error_kind"),
+            int("cache_write_tokens"),
+            real("cache_saved_usd"),
         ],
         order_by: "id",
         identity: true,
+    },
+    Table {
+        name: "usage_hourly",
+        cols: &[
+            int("hour_ms"),
+            txt("agent_id"),
+            txt("provider"),
+            txt("model"),
+            int("calls"),
+            int("failed_calls"),
+            int("cache_hits"),
+            int("input_tokens"),
+            int("output_tokens"),
+            int("cached_tokens"),
+            int("cache_write_tokens"),
+            real("cost_usd"),
+            real("cache_saved_usd"),
+        ],
+        order_by: "hour_ms, agent_id, provider, model",
+        identity: false,
     },
     Table {
         name: "webhook_deliveries",
@@ -435,6 +460,77 @@ pub const TABLES: &[Table] = &[
         ],
         order_by: "id",
         identity: true,
+    },
+    Table {
+        name: "trace_rows",
+        cols: &[
+            int("id"),
+            int("ts"),
+            int("seq"),
+            txt("kind"),
+            txt("session_key"),
+            txt_n("tenant_id"),
+            txt_n("chat_id"),
+            txt_n("message_id"),
+            txt("trace_id"),
+            txt_n("agent_id"),
+            txt_n("channel"),
+            txt_n("tool_name"),
+            txt_n("status"),
+            int_n("duration_ms"),
+            int_n("tokens"),
+            real_n("cost_usd"),
+            int("synthetic"),
+            txt_n("finish_reason"),
+            txt_n("error_kind"),
+            txt_n("result_digest"),
+            int_n("result_bytes"),
+            txt_n("detail"),
+            int("fallback"),
+        ],
+        order_by: "id",
+        identity: true,
+    },
+    Table {
+        name: "diagnostics",
+        cols: &[
+            int("id"),
+            int("ts"),
+            txt("category"),
+            txt("type"),
+            txt_n("tenant_id"),
+            txt_n("agent_id"),
+            txt_n("session_key"),
+            txt_n("channel_id"),
+            txt("data"),
+        ],
+        order_by: "id",
+        identity: true,
+    },
+    Table {
+        name: "prompt_reports",
+        cols: &[
+            int("id"),
+            txt("session_key"),
+            txt("agent_id"),
+            txt_n("run_id"),
+            int("created_at"),
+            txt("report"),
+        ],
+        order_by: "id",
+        identity: true,
+    },
+    Table {
+        name: "channel_activity",
+        cols: &[
+            txt("channel_id"),
+            txt("channel_type"),
+            int("last_active_at"),
+            int("messages_sent"),
+            int("messages_received"),
+        ],
+        order_by: "channel_id",
+        identity: false,
     },
 ];
 
@@ -1205,6 +1301,7 @@ mod tests {
             cost_usd: 0.1 + 0.2,
             steps: 2,
             model: Some("p-a/m".into()),
+            ..TurnTotals::default()
         };
         let mut turn = vec![msg("user", "hello Zürich"), msg("assistant", "")];
         turn[1].tool_calls = Some(r#"[{"id":"c1","name":"t","arguments":{}}]"#.into());
@@ -1360,24 +1457,63 @@ mod tests {
         .unwrap();
     }
 
+    async fn populate_obs(s: &Store) {
+        use crate::store::obs::{ChannelTouch, DiagRow, ObsRow, PromptRow, TraceRow};
+        s.trace_record(TraceRow {
+            ts: 7,
+            seq: 1,
+            kind: "turn_end",
+            session_key: "a:z".into(),
+            trace_id: "t".repeat(32),
+            finish_reason: Some("stop"),
+            detail: Some("{}".into()),
+            ..TraceRow::default()
+        });
+        s.obs_record(ObsRow::Diag(DiagRow {
+            ts: 8,
+            category: "message",
+            kind: "message.completed",
+            tenant_id: Some("alice".into()),
+            data: r#"{"steps":1}"#.into(),
+            ..DiagRow::default()
+        }));
+        s.obs_record(ObsRow::Prompt(PromptRow {
+            session_key: "a:z".into(),
+            agent_id: "a".into(),
+            run_id: None,
+            created_at: 9,
+            report: "{}".into(),
+        }));
+        s.obs_record(ObsRow::Channel(ChannelTouch {
+            channel_id: "api".into(),
+            channel_type: "api".into(),
+            ts: 10,
+            sent: 1,
+            received: 2,
+        }));
+        s.usage_flush().await.unwrap();
+    }
+
     /// Export from `src`, import into `dst`: the same rows, ids kept, sequences past them.
     async fn round_trip(src: Store, dst: Store) {
         populate(&src).await;
         populate_control(&src).await;
+        populate_obs(&src).await;
         let (bytes, summary) = export_lines(&src).await;
         let lines = dump(&bytes);
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], FORMAT);
         assert_eq!(header["version"], 1);
-        assert_eq!(header["schema"], 7);
+        assert_eq!(header["schema"], 8);
         assert_eq!(header["source"], src.backend_name());
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(
             TABLES.iter().map(|t| rows(t.name)).collect::<Vec<_>>(),
-            [2, 1, 3, 4, 1, 2, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
-            "providers agents sessions messages notes memories runs usage deliveries \
-             cron_jobs cron_runs heartbeat_state heartbeat_events api_tokens secrets \
-             auth_profiles config_versions config_audit"
+            [2, 1, 3, 4, 1, 2, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+            "providers agents sessions messages notes memories runs usage usage_hourly \
+             deliveries cron_jobs cron_runs heartbeat_state heartbeat_events api_tokens secrets \
+             auth_profiles config_versions config_audit trace_rows diagnostics prompt_reports \
+             channel_activity"
         );
         assert_eq!(lines.len() as u64, summary.total_rows() + 2);
         assert!(lines[1].starts_with(r#"{"t":"providers","r":{"id":"p-B","kind":"openai""#));
@@ -1731,11 +1867,11 @@ mod tests {
         for (header, says) in [
             (
                 r#"{"format":"agent-gateway-store","version":1,"schema":4}"#,
-                "schema version 4 and this build is at version 7: migrate first",
+                "schema version 4 and this build is at version 8: migrate first",
             ),
             (
-                r#"{"format":"agent-gateway-store","version":1,"schema":8}"#,
-                "schema version 8, newer than this build's 7",
+                r#"{"format":"agent-gateway-store","version":1,"schema":9}"#,
+                "schema version 9, newer than this build's 8",
             ),
             (
                 r#"{"format":"agent-gateway-store","version":2,"schema":5}"#,

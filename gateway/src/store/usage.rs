@@ -1,15 +1,24 @@
 //! The `usage` table: one row per model call (tokens, cost, latency, outcome) per agent,
-//! session and provider; the observability methods read it.
+//! session and provider, and its hourly rollup `usage_hourly`; the billing methods read them.
+//! The same writer task records the observability rows (`obs.rs`: the session index,
+//! diagnostic events, prompt reports, channel activity).
 //!
-//! Rows are written behind the request: `usage_record` queues the row and returns; one
-//! writer task takes every row queued meanwhile into one INSERT (group commit), so a model
-//! call never waits for SQLite and under load one commit serves many calls. Readers call
-//! `usage_flush` first (the writer answers once every row queued before it is committed), so
-//! they always see every call that finished before them; shutdown flushes too. A killed
-//! process loses at most the rows of the last few milliseconds.
+//! Rows are written behind the request: `usage_record` (and `obs_record`) queue the row and
+//! return; one writer task takes every row queued meanwhile into one transaction (group
+//! commit), so a model call never waits for the database and under load one commit serves
+//! many calls. Readers call `usage_flush` first (the writer answers once every row queued
+//! before it is committed), so they always see every call that finished before them;
+//! shutdown flushes too. A killed process loses at most the rows of the last few milliseconds.
+//! Usage rows are never dropped; observability rows are dropped (and counted) when more than
+//! [`MAX_QUEUED_OBS`] wait, so a stalled database cannot grow the queue without bound.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::obs::{ObsBatch, ObsRow};
 use super::{on_pool, Pool, Store, StoreRow};
 use crate::error::GatewayError;
 
@@ -26,7 +35,10 @@ pub struct UsageRow {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub cached_tokens: i64,
+    pub cache_write_tokens: i64,
     pub cost_usd: f64,
+    /// What the cached tokens saved, at the prices of the call's time.
+    pub cache_saved_usd: f64,
     pub latency_ms: i64,
     pub ok: bool,
     pub error_kind: Option<String>,
@@ -41,26 +53,45 @@ pub struct CacheFigures {
     pub cached_tokens: i64,
 }
 
-/// Rows per transaction at most (13 bound values each, well under SQLite's limit).
+/// Rows per transaction at most (15 bound values each, well under SQLite's limit).
 const MAX_BATCH: usize = 500;
+
+/// Observability rows that may wait for the writer at most; more are dropped and counted.
+pub const MAX_QUEUED_OBS: usize = 100_000;
 
 enum Item {
     Row(UsageRow),
+    Obs(ObsRow),
     /// Answered once every row queued before it is committed.
     Flush(oneshot::Sender<()>),
 }
 
-/// The queue in front of the usage writer task.
+/// The queue in front of the writer task.
 #[derive(Clone)]
 pub struct UsageQueue {
     tx: mpsc::UnboundedSender<Item>,
+    /// Rows queued and not yet taken by the writer (usage and observability).
+    queued: Arc<AtomicUsize>,
+    /// Observability rows among them.
+    queued_obs: Arc<AtomicUsize>,
 }
 
 impl UsageQueue {
     pub fn start(pool: Pool) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(pool, rx));
-        Self { tx }
+        let queued = Arc::new(AtomicUsize::new(0));
+        let queued_obs = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(write_loop(pool, rx, queued.clone(), queued_obs.clone()));
+        Self {
+            tx,
+            queued,
+            queued_obs,
+        }
+    }
+
+    /// Rows waiting for the writer.
+    pub fn depth(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
     }
 }
 
@@ -69,9 +100,15 @@ impl UsageQueue {
 /// alone, a row waits this long (readers and shutdown flush first, so nobody sees the wait).
 const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
 
-async fn write_loop(pool: Pool, mut rx: mpsc::UnboundedReceiver<Item>) {
+async fn write_loop(
+    pool: Pool,
+    mut rx: mpsc::UnboundedReceiver<Item>,
+    queued: Arc<AtomicUsize>,
+    queued_obs: Arc<AtomicUsize>,
+) {
     while let Some(first) = rx.recv().await {
         let mut rows = Vec::new();
+        let mut obs = ObsBatch::default();
         let mut flushes = Vec::new();
         let mut next = Some(first);
         let mut waited = false;
@@ -79,23 +116,35 @@ async fn write_loop(pool: Pool, mut rx: mpsc::UnboundedReceiver<Item>) {
             while let Some(item) = next.take() {
                 match item {
                     Item::Row(r) => rows.push(r),
+                    Item::Obs(r) => {
+                        queued_obs.fetch_sub(1, Ordering::Relaxed);
+                        obs.push(r);
+                    }
                     Item::Flush(f) => flushes.push(f),
                 }
-                if rows.len() < MAX_BATCH {
+                if rows.len() + obs.len() < MAX_BATCH {
                     next = rx.try_recv().ok();
                 }
             }
             // A flush is answered at once; otherwise let the batch fill for a moment.
-            if waited || !flushes.is_empty() || rows.len() >= MAX_BATCH {
+            if waited || !flushes.is_empty() || rows.len() + obs.len() >= MAX_BATCH {
                 break;
             }
             tokio::time::sleep(GATHER).await;
             waited = true;
             next = rx.try_recv().ok();
         }
+        let taken = rows.len() + obs.len();
+        let left = queued.fetch_sub(taken, Ordering::Relaxed).saturating_sub(taken);
+        crate::obs::metrics::set_queue_depth("usage_writer", left);
         if !rows.is_empty() {
             if let Err(e) = insert_batch(&pool, &rows).await {
                 tracing::error!(error = %e, rows = rows.len(), "usage rows not recorded");
+            }
+        }
+        if !obs.is_empty() {
+            if let Err(e) = super::obs::write_batch(&pool, &obs).await {
+                tracing::error!(error = %e, rows = obs.len(), "observability rows not recorded");
             }
         }
         for f in flushes {
@@ -106,10 +155,13 @@ async fn write_loop(pool: Pool, mut rx: mpsc::UnboundedReceiver<Item>) {
 
 /// Rows per INSERT statement: a batch goes in as statements of these sizes (largest first),
 /// so the database prepares a handful of statements once and every value is bound directly
-/// (64 × 13 = 832 parameters at most, within both backends' limits).
+/// (64 × 15 = 960 parameters at most, within both backends' limits).
 const CHUNKS: [usize; 4] = [64, 16, 4, 1];
 const COLUMNS: &str = "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, \
-     input_tokens, output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind) VALUES ";
+     input_tokens, output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind, \
+     cache_write_tokens, cache_saved_usd) VALUES ";
+/// Values per usage row.
+const WIDTH: usize = 15;
 
 /// The INSERT of `n` rows (built once per size).
 fn insert_sql(n: usize) -> &'static str {
@@ -121,7 +173,7 @@ fn insert_sql(n: usize) -> &'static str {
                 let rows: Vec<String> = (0..n)
                     .map(|r| {
                         let cols: Vec<String> =
-                            (1..=13).map(|c| format!("${}", r * 13 + c)).collect();
+                            (1..=WIDTH).map(|c| format!("${}", r * WIDTH + c)).collect();
                         format!("({})", cols.join(","))
                     })
                     .collect();
@@ -168,34 +220,130 @@ macro_rules! insert {
                 .bind(u.cost_usd)
                 .bind(u.latency_ms)
                 .bind(i64::from(u.ok))
-                .bind(&u.error_kind);
+                .bind(&u.error_kind)
+                .bind(u.cache_write_tokens)
+                .bind(u.cache_saved_usd);
         }
         q
     }};
 }
 
-/// The batch atomically: one statement on its own, several in one transaction.
-async fn insert_batch(pool: &Pool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
-    on_pool!(pool, |p| match chunks(batch).as_slice() {
-        [] => Ok(()),
-        [one] => insert!(one).execute(p).await.map(drop),
-        many => {
-            let mut tx = p.begin().await?;
-            for chunk in many {
-                insert!(chunk).execute(&mut *tx).await?;
-            }
-            tx.commit().await
+/// The hourly sums of a batch, per (hour, agent, provider, model).
+#[derive(Default)]
+struct Hourly {
+    calls: i64,
+    failed_calls: i64,
+    cache_hits: i64,
+    input_tokens: i64,
+    output_tokens: i64,
+    cached_tokens: i64,
+    cache_write_tokens: i64,
+    cost_usd: f64,
+    cache_saved_usd: f64,
+}
+
+/// The start of the UTC hour of `ts` (epoch ms).
+pub fn hour_of(ts: i64) -> i64 {
+    ts.div_euclid(HOUR_MS) * HOUR_MS
+}
+
+pub const HOUR_MS: i64 = 3_600_000;
+
+fn hourly(batch: &[UsageRow]) -> BTreeMap<(i64, &str, &str, &str), Hourly> {
+    let mut out: BTreeMap<(i64, &str, &str, &str), Hourly> = BTreeMap::new();
+    for u in batch {
+        let h = out
+            .entry((hour_of(u.ts), &u.agent_id, &u.provider, &u.model))
+            .or_default();
+        if !u.ok {
+            h.failed_calls += 1;
+            continue;
         }
+        h.calls += 1;
+        h.cache_hits += i64::from(u.cached_tokens > 0);
+        h.input_tokens += u.input_tokens;
+        h.output_tokens += u.output_tokens;
+        h.cached_tokens += u.cached_tokens;
+        h.cache_write_tokens += u.cache_write_tokens;
+        h.cost_usd += u.cost_usd;
+        h.cache_saved_usd += u.cache_saved_usd;
+    }
+    out
+}
+
+const UPSERT_HOURLY: &str = "INSERT INTO usage_hourly (hour_ms, agent_id, provider, model, calls, \
+     failed_calls, cache_hits, input_tokens, output_tokens, cached_tokens, cache_write_tokens, \
+     cost_usd, cache_saved_usd) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+     ON CONFLICT (hour_ms, agent_id, provider, model) DO UPDATE SET \
+     calls = usage_hourly.calls + excluded.calls, \
+     failed_calls = usage_hourly.failed_calls + excluded.failed_calls, \
+     cache_hits = usage_hourly.cache_hits + excluded.cache_hits, \
+     input_tokens = usage_hourly.input_tokens + excluded.input_tokens, \
+     output_tokens = usage_hourly.output_tokens + excluded.output_tokens, \
+     cached_tokens = usage_hourly.cached_tokens + excluded.cached_tokens, \
+     cache_write_tokens = usage_hourly.cache_write_tokens + excluded.cache_write_tokens, \
+     cost_usd = usage_hourly.cost_usd + excluded.cost_usd, \
+     cache_saved_usd = usage_hourly.cache_saved_usd + excluded.cache_saved_usd";
+
+/// The batch and its hourly sums, atomically.
+async fn insert_batch(pool: &Pool, batch: &[UsageRow]) -> Result<(), sqlx::Error> {
+    let sums = hourly(batch);
+    on_pool!(pool, |p| {
+        let mut tx = p.begin().await?;
+        for chunk in chunks(batch) {
+            insert!(chunk).execute(&mut *tx).await?;
+        }
+        for ((hour, agent, provider, model), h) in &sums {
+            sqlx::query(UPSERT_HOURLY)
+                .bind(hour)
+                .bind(agent)
+                .bind(provider)
+                .bind(model)
+                .bind(h.calls)
+                .bind(h.failed_calls)
+                .bind(h.cache_hits)
+                .bind(h.input_tokens)
+                .bind(h.output_tokens)
+                .bind(h.cached_tokens)
+                .bind(h.cache_write_tokens)
+                .bind(h.cost_usd)
+                .bind(h.cache_saved_usd)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
     })
 }
 
 impl Store {
     /// Queues one model call's row (written behind the request).
     pub fn usage_record(&self, u: UsageRow) -> Result<(), GatewayError> {
+        self.usage.queued.fetch_add(1, Ordering::Relaxed);
         self.usage
             .tx
             .send(Item::Row(u))
             .map_err(|_| GatewayError::Internal("usage writer stopped".into()))
+    }
+
+    /// Queues one observability row (written behind the request); dropped and counted when
+    /// [`MAX_QUEUED_OBS`] rows already wait.
+    pub fn obs_record(&self, row: ObsRow) {
+        let q = &self.usage;
+        if q.queued_obs.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED_OBS {
+            q.queued_obs.fetch_sub(1, Ordering::Relaxed);
+            crate::obs::metrics::recorder_dropped(row.kind());
+            return;
+        }
+        q.queued.fetch_add(1, Ordering::Relaxed);
+        if q.tx.send(Item::Obs(row)).is_err() {
+            q.queued.fetch_sub(1, Ordering::Relaxed);
+            q.queued_obs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Rows waiting for the writer (the `usage_writer` queue depth).
+    pub fn recorder_depth(&self) -> usize {
+        self.usage.depth()
     }
 
     /// Waits until every row queued so far is committed.

@@ -131,6 +131,7 @@ impl Webhooks {
         QueuePlace {
             queued: self.queued.clone(),
             slots: self.slots.clone(),
+            waiting: Some(crate::obs::metrics::WebhookQueued::enter()),
         }
     }
 
@@ -144,6 +145,7 @@ impl Webhooks {
         Some(QueuePlace {
             queued: self.queued.clone(),
             slots: self.slots.clone(),
+            waiting: Some(crate::obs::metrics::WebhookQueued::enter()),
         })
     }
 }
@@ -152,12 +154,16 @@ impl Webhooks {
 pub struct QueuePlace {
     queued: Arc<AtomicUsize>,
     slots: Arc<Semaphore>,
+    /// Counted in `agentgw_webhook_runs_queued` until the run has its slot (or is dropped).
+    waiting: Option<crate::obs::metrics::WebhookQueued>,
 }
 
 impl QueuePlace {
     /// Waits for a run slot.
-    async fn run_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.slots.clone().acquire_owned().await.ok()
+    async fn run_slot(&mut self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let slot = self.slots.clone().acquire_owned().await.ok();
+        self.waiting = None;
+        slot
     }
 }
 

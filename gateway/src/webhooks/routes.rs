@@ -252,6 +252,7 @@ async fn act(
     }
     // A place in the queue first: a delivery refused for a full queue leaves nothing behind.
     let Some(place) = hooks.reserve() else {
+        crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WebhookQueue);
         let mut resp = json_error(StatusCode::SERVICE_UNAVAILABLE, "Webhook run queue is full");
         resp.headers_mut().insert(
             http::header::RETRY_AFTER,
@@ -312,7 +313,7 @@ async fn act(
 /// Waits for a run slot, then runs the queued run to its end (the slot is held until then).
 pub(crate) async fn run_queued(
     engine: Arc<Engine>,
-    place: super::QueuePlace,
+    mut place: super::QueuePlace,
     row: RunRow,
     spec: RunSpec,
 ) {

@@ -362,6 +362,10 @@ export interface AgentTurnResult {
    * With finishReason error, why the model call failed (absent otherwise). response then holds a generic message naming this kind and the upstream's HTTP status, never the upstream's own error text (that goes to the gateway's log).
    */
   "errorKind"?: TurnErrorKind;
+  /**
+   * Designed addition: the id of this turn in the session index (obs.trace.search traceId, obs.explain traceId); absent for a turn that could not start.
+   */
+  "traceId"?: string;
 }
 
 /**
@@ -8751,6 +8755,14 @@ export interface ObsResetResultRowsDeleted {
    * Channel activity rows.
    */
   "channels": number;
+  /**
+   * Session index (trace) rows.
+   */
+  "traceIndex": number;
+  /**
+   * System prompt report rows.
+   */
+  "promptReports": number;
 }
 
 /**
@@ -8766,7 +8778,7 @@ export interface ObsResetTableParams {
 /**
  * The table to clear.
  */
-export type ObsResetTableParamsTable = "token_usage" | "delivery" | "diagnostics" | "channels";
+export type ObsResetTableParamsTable = "token_usage" | "delivery" | "diagnostics" | "channels" | "trace_index" | "prompt_reports";
 
 /**
  * Result of `obs.reset.table`.
@@ -8789,7 +8801,7 @@ export interface ObsResetTableResult {
 /**
  * The table cleared.
  */
-export type ObsResetTableResultTable = "token_usage" | "delivery" | "diagnostics" | "channels";
+export type ObsResetTableResultTable = "token_usage" | "delivery" | "diagnostics" | "channels" | "trace_index" | "prompt_reports";
 
 /**
  * The highest-ranked likely root cause of a report, with what to do next.
@@ -9002,7 +9014,7 @@ export interface ObsTraceExportResult {
 }
 
 /**
- * One row of the session index (an inbound or outbound message, a tool call, a turn end), content-free.
+ * One row of the session index (an inbound or outbound message, a tool result, a turn end), content-free: ids, names, counts, timings and codes, never message text or tool output. Stored sessions get an inbound row, one tool_result row per tool call, an outbound row and a turn_end row per turn; an ephemeral turn (a /v1 completion) only its turn_end row.
  */
 export interface ObsTraceRow {
   /**
@@ -9065,6 +9077,14 @@ export interface ObsTraceRow {
    * True for rows produced by the gateway itself (heartbeats, cron wake gates, probes) rather than a user.
    */
   "synthetic": boolean;
+  /**
+   * Designed addition - why the turn ended, for turn_end rows.
+   */
+  "finishReason"?: FinishReason;
+  /**
+   * Designed addition - the short error classification of a failed tool result (timeout, denied, not_found, invalid_args, failed) or of a failed turn (the model call's error kind, circuit_open, ...).
+   */
+  "errorKind"?: string;
 }
 
 /**
@@ -11505,9 +11525,9 @@ export interface TokensRotateResult {
 }
 
 /**
- * A scope a gateway API token can carry (as in scopes.yaml): rpc, admin, * (every scope), api (only the /v1 API) and mcp-client (a narrow token for MCP clients).
+ * A scope a gateway API token can carry (as in scopes.yaml): rpc, admin, * (every scope), api (only the /v1 API), mcp-client (a narrow token for MCP clients) and metrics (only GET /metrics).
  */
-export type TokensScope = "rpc" | "admin" | "*" | "api" | "mcp-client";
+export type TokensScope = "rpc" | "admin" | "*" | "api" | "mcp-client" | "metrics";
 
 /**
  * Token counts of one agent turn, summed over all model steps of the turn.

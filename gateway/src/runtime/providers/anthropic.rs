@@ -503,6 +503,7 @@ impl From<WireUsage> for Usage {
                 + usage.cache_creation_input_tokens.unwrap_or(0),
             output: usage.output_tokens.unwrap_or(0),
             cached_input: cached,
+            cache_write: usage.cache_creation_input_tokens.unwrap_or(0),
         }
     }
 }
@@ -616,7 +617,8 @@ mod tests {
             Usage {
                 input: 113,
                 output: 5,
-                cached_input: 100
+                cached_input: 100,
+                cache_write: 3,
             }
         );
     }

@@ -151,6 +151,9 @@ pub struct Usage {
     pub output: u64,
     /// Prompt tokens served from the provider's prompt cache (0 when unknown).
     pub cached_input: u64,
+    /// Prompt tokens written to the provider's prompt cache (0 when unknown).
+    #[serde(default)]
+    pub cache_write: u64,
 }
 
 /// Why the model stopped producing this response.

@@ -542,6 +542,7 @@ impl From<WireUsage> for Usage {
                 .prompt_tokens_details
                 .and_then(|d| d.cached_tokens)
                 .unwrap_or(0),
+            cache_write: 0,
         }
     }
 }

@@ -153,6 +153,7 @@ impl Provider for ScriptedProvider {
                     input: u.input.max(0) as u64,
                     output: u.output.max(0) as u64,
                     cached_input: u.cached.unwrap_or(0).max(0) as u64,
+                    cache_write: 0,
                 },
                 None => Usage {
                     input: prompt_tokens(req),
@@ -161,7 +162,7 @@ impl Provider for ScriptedProvider {
                             .iter()
                             .map(|c| estimate_tokens(&c.arguments.to_string()) + 1)
                             .sum::<u64>(),
-                    cached_input: 0,
+                    ..Usage::default()
                 },
             };
             let stop = if calls.is_empty() {

@@ -718,7 +718,7 @@ class _TypedMethods:
         return self.call("obs.getCacheStats", dict(params or {}))
 
     def obs_reset(self, params: "Optional[types.ObsResetParams]" = None) -> "types.ObsResetResult":
-        """`obs.reset` (scope admin): Deletes all observability data (token usage, delivery, diagnostics, channel snapshots)."""
+        """`obs.reset` (scope admin): Deletes all observability data (token usage, delivery, diagnostics, channel snapshots, the trace index, prompt reports)."""
         return self.call("obs.reset", dict(params or {}))
 
     def obs_reset_table(self, params: "Optional[types.ObsResetTableParams]" = None) -> "types.ObsResetTableResult":

@@ -63,8 +63,8 @@ ObsLearningStatsOutcome = Literal["success", "failure", "corrected", "unknown"]
 ObsOrchestrateRunFailureClass = Literal["timeout", "stdout_cap", "nonzero_exit", "spawn_fail", "lease_absent"]
 ObsOrchestrateRunOutcome = Literal["success", "failure"]
 ObsOrchestrateRunToolCallsItemDecision = Literal["allowed", "denied"]
-ObsResetTableParamsTable = Literal["token_usage", "delivery", "diagnostics", "channels"]
-ObsResetTableResultTable = Literal["token_usage", "delivery", "diagnostics", "channels"]
+ObsResetTableParamsTable = Literal["token_usage", "delivery", "diagnostics", "channels", "trace_index", "prompt_reports"]
+ObsResetTableResultTable = Literal["token_usage", "delivery", "diagnostics", "channels", "trace_index", "prompt_reports"]
 ObsTraceRowKind = Literal["inbound", "outbound", "tool_call", "tool_result", "turn_end", "error"]
 ObsTraceRowStatus = Literal["ok", "error", "skipped"]
 ObsTruncationReason = Literal["depth_cap", "size_cap"]
@@ -84,7 +84,7 @@ SubagentRunStatus = Literal["queued", "running", "completed", "failed", "timeout
 SubagentSteerResultStatus = Literal["steered_inject", "steered"]
 SubagentWaitResultResultsItemStatus = Literal["completed", "denied_unknown", "timeout", "cancelled"]
 TokensListResultTokensItemOrigin = Literal["config", "store"]
-TokensScope = Literal["rpc", "admin", "*", "api", "mcp-client"]
+TokensScope = Literal["rpc", "admin", "*", "api", "mcp-client", "metrics"]
 ToolInvokeResultRoutedTo = Literal["rpc", "builtin"]
 TtsAutoCheckResultMode = Literal["off", "always", "inbound", "tagged"]
 TtsSynthesizeParamsFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
@@ -226,6 +226,7 @@ AgentTurnResult = TypedDict("AgentTurnResult", {
     "tokensUsed": "Required[TokensUsed]",
     "finishReason": "Required[FinishReason]",
     "errorKind": "NotRequired[TurnErrorKind]",
+    "traceId": "NotRequired[str]",
 }, total=False)
 
 # Spending limits of one agent turn (a run of agent.execute or a sub-agent run). A turn that would go past a limit ends with finishReason budget_exceeded. An absent member is unlimited; an empty object removes every limit.
@@ -3242,6 +3243,8 @@ ObsResetResultRowsDeleted = TypedDict("ObsResetResultRowsDeleted", {
     "delivery": "Required[int]",
     "diagnostics": "Required[int]",
     "channels": "Required[int]",
+    "traceIndex": "Required[int]",
+    "promptReports": "Required[int]",
 }, total=False)
 
 # Parameters of `obs.reset.table`.
@@ -3336,7 +3339,7 @@ ObsTraceExportResult = TypedDict("ObsTraceExportResult", {
     "createdAt": "Required[int]",
 }, total=False)
 
-# One row of the session index (an inbound or outbound message, a tool call, a turn end), content-free.
+# One row of the session index (an inbound or outbound message, a tool result, a turn end), content-free: ids, names, counts, timings and codes, never message text or tool output. Stored sessions get an inbound row, one tool_result row per tool call, an outbound row and a turn_end row per turn; an ephemeral turn (a /v1 completion) only its turn_end row.
 ObsTraceRow = TypedDict("ObsTraceRow", {
     "ts": "Required[int]",
     "seq": "Required[int]",
@@ -3353,6 +3356,8 @@ ObsTraceRow = TypedDict("ObsTraceRow", {
     "tokens": "NotRequired[int]",
     "costUsd": "NotRequired[float]",
     "synthetic": "Required[bool]",
+    "finishReason": "NotRequired[FinishReason]",
+    "errorKind": "NotRequired[str]",
 }, total=False)
 
 # Parameters of `obs.trace.search`.

@@ -348,7 +348,7 @@ impl ChatModel {
             usage: Usage {
                 input: prompt.len() as u64,
                 output: generated as u64,
-                cached_input: 0,
+                ..Usage::default()
             },
             stop,
         })

@@ -1,0 +1,156 @@
+//! The stored facts the post-mortem reports are built from: read by `store/obs.rs`, turned
+//! into reports by [`super::explain`] and [`super::fleet`], which are pure functions of these
+//! (no clock, no store), so the same facts always give the same bytes.
+//!
+//! Everything here is content-free: names, counts, timings, codes and digests.
+
+use crate::rpc::generated::types::{ObsContextBudget, ObsCronWakeGateRun};
+
+/// Which parameter of `obs.explain` named the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefKind {
+    SessionKey,
+    TraceId,
+    RootRunId,
+}
+
+impl RefKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SessionKey => "sessionKey",
+            Self::TraceId => "traceId",
+            Self::RootRunId => "rootRunId",
+        }
+    }
+}
+
+/// `depth` of `obs.explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// About 6 KB, capped lists.
+    Summary,
+    /// Relaxed caps.
+    Full,
+}
+
+/// What `obs.explain` was asked, and what the store found for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExplainInput {
+    pub kind: RefKind,
+    /// The reference as given.
+    pub value: String,
+    pub depth: Depth,
+    /// None when the reference resolved to no session.
+    pub session: Option<SessionFacts>,
+}
+
+/// One session's stored records.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionFacts {
+    pub session_key: String,
+    pub agent_id: Option<String>,
+    /// The channel kind (api, webhook, cron, heartbeat, v1).
+    pub channel: Option<String>,
+    /// First and last change of the session, epoch ms.
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// Turns run (the session's counter; for an ephemeral turn 1).
+    pub turns: i64,
+    /// The last turn's finish reason (stop, max_steps, budget_exceeded, circuit_open,
+    /// context_loop, error); None when no turn was recorded.
+    pub last_finish_reason: Option<String>,
+    /// With finish reason error: the model call's error kind (timeout, rate_limited, ...).
+    pub last_error_kind: Option<String>,
+    /// The trace id of the last turn, when the index still has it.
+    pub last_trace_id: Option<String>,
+    /// Every tool result of the transcript, in transcript order (seq ascending).
+    pub tool_results: Vec<ToolResultFact>,
+    /// The session's model calls.
+    pub usage: UsageFacts,
+    /// The session's rows of the session index (seq, then id order); empty when swept.
+    pub trace: Vec<TraceFact>,
+    /// The context budget of the last turn, when its turn_end row is still indexed.
+    pub context_budget: Option<ObsContextBudget>,
+    /// The cron wake gate decision of the fire that ran the session, if one did.
+    pub cron_gate: Option<ObsCronWakeGateRun>,
+    /// Synthetic records (heartbeats, wake gates, probes) are counted.
+    pub include_synthetic: bool,
+}
+
+/// One tool result of the transcript.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResultFact {
+    /// Its position in the transcript.
+    pub seq: i64,
+    pub tool_name: String,
+    pub is_error: bool,
+    /// `sha256:` + the first 16 hex digits of the SHA-256 of the result text.
+    pub digest: String,
+    /// Size of the result text in bytes.
+    pub bytes: i64,
+    /// For failures: the classification of [`crate::obs::classify_tool_error`].
+    pub error_kind: Option<String>,
+    /// For memory_search results: how many memories were returned.
+    pub recall_hits: Option<i64>,
+}
+
+/// The model calls of a session, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct UsageFacts {
+    pub calls: i64,
+    pub failed_calls: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_tokens: i64,
+    pub cost_usd: f64,
+}
+
+/// One row of the session index.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TraceFact {
+    pub ts: i64,
+    pub seq: i64,
+    /// inbound | outbound | tool_result | turn_end | error
+    pub kind: String,
+    pub trace_id: String,
+    pub session_key: String,
+    pub agent_id: Option<String>,
+    pub tool_name: Option<String>,
+    /// ok | error | skipped
+    pub status: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub tokens: Option<i64>,
+    pub cost_usd: Option<f64>,
+    pub finish_reason: Option<String>,
+    pub error_kind: Option<String>,
+    pub synthetic: bool,
+}
+
+/// What `obs.fleet.health` reads for its window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetInput {
+    pub since_hours: f64,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    /// The turn_end and tool_result rows of the window (non-synthetic), in (ts, id) order.
+    pub rows: Vec<TraceFact>,
+    /// Model calls of the window (from the billing rollup).
+    pub cost: UsageFacts,
+    /// Turns whose served model was not the agent's configured primary (a fallback answered).
+    pub served_below_configured: i64,
+    /// Failed model calls of the window, per error kind (provider health).
+    pub provider_failures: Vec<(String, i64)>,
+    /// Gated cron fires of the window: (agent id, decision: wake | skip | failed_open,
+    /// tool calls, estimated turns saved).
+    pub gate_fires: Vec<GateFire>,
+}
+
+/// One gated cron fire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateFire {
+    pub agent_id: String,
+    pub skipped: bool,
+    pub failed_open: bool,
+    pub tool_calls: i64,
+    pub turns_saved: i64,
+}
