@@ -458,7 +458,10 @@ impl ObsApi for Rpc {
             .into_iter()
             .filter(|c| now - c.ts > p.threshold_ms)
             .collect();
-        stale.sort_by(|a, b| a.ts.cmp(&b.ts).then_with(|| a.channel_id.cmp(&b.channel_id)));
+        stale.sort_by(|a, b| {
+            a.ts.cmp(&b.ts)
+                .then_with(|| a.channel_id.cmp(&b.channel_id))
+        });
         Ok(ObsChannelsStaleResult {
             stale: stale.into_iter().map(channel_activity).collect(),
         })
@@ -495,9 +498,7 @@ impl ObsApi for Rpc {
         p: ObsContextDagParams,
     ) -> Result<ObsContextDagResult, GatewayError> {
         let store = &self.engine().store;
-        let shapes = store
-            .session_shapes(p.agent_id.as_deref(), p.limit)
-            .await?;
+        let shapes = store.session_shapes(p.agent_id.as_deref(), p.limit).await?;
         let mut snapshots = Vec::with_capacity(shapes.len());
         for s in shapes {
             let compactions = store.compactions_of(&s.session_key, 20).await?;
@@ -560,8 +561,9 @@ impl ObsApi for Rpc {
                         "history",
                         last.as_ref()
                             .map_or(input, |b| b.budgeted_history_tokens.max(0) as u64),
-                        last.as_ref()
-                            .map(|b| b.assembled_input_tokens - b.system_tokens - b.fresh_tail_tokens),
+                        last.as_ref().map(|b| {
+                            b.assembled_input_tokens - b.system_tokens - b.fresh_tail_tokens
+                        }),
                     ),
                     layer("message", input, last.as_ref().map(|b| b.fresh_tail_tokens)),
                 ],
@@ -684,7 +686,13 @@ impl ObsApi for Rpc {
         let name: String = p
             .session_id
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(100)
             .collect();
         let path = dir.join(format!("{name}-{created_at}.json"));
@@ -716,9 +724,7 @@ impl ObsApi for Rpc {
             .prompt_reports(&p.session_id, Some(&p.agent_id), p.run_id.as_deref(), 1)
             .await?;
         Ok(ObsSystemPromptReportLatestResult {
-            report: reports
-                .first()
-                .and_then(|r| serde_json::from_str(r).ok()),
+            report: reports.first().and_then(|r| serde_json::from_str(r).ok()),
         })
     }
 
@@ -783,9 +789,10 @@ impl ObsApi for Rpc {
             ObsResetTableParamsTable::TraceIndex => {
                 (ObsTable::TraceIndex, ObsResetTableResultTable::TraceIndex)
             }
-            ObsResetTableParamsTable::PromptReports => {
-                (ObsTable::PromptReports, ObsResetTableResultTable::PromptReports)
-            }
+            ObsResetTableParamsTable::PromptReports => (
+                ObsTable::PromptReports,
+                ObsResetTableResultTable::PromptReports,
+            ),
         };
         let rows_deleted = self.engine().store.obs_reset(table).await?;
         self.engine().emit_operator(
@@ -875,10 +882,7 @@ mod tests {
         assert_eq!(parse_since("6h", now).unwrap(), now - 6 * 3_600_000);
         assert_eq!(parse_since("1d", now).unwrap(), now - 86_400_000);
         assert_eq!(parse_since("250ms", now).unwrap(), now - 250);
-        assert_eq!(
-            parse_since("2026-11-23", now).unwrap(),
-            1_795_392_000_000
-        );
+        assert_eq!(parse_since("2026-11-23", now).unwrap(), 1_795_392_000_000);
         assert_eq!(
             parse_since("2026-11-23T10:00:00Z", now).unwrap(),
             1_795_392_000_000 + 36_000_000

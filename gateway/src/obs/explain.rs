@@ -321,12 +321,19 @@ fn resolved(
     let breaker = breaker_timeline(&trace);
     let recall = recall_stats(&facts.tool_results);
 
+    // A repeated call the gateway refused to run (the context loop guard) is an error result,
+    // but not a tool failure: the loop itself is the cause.
+    let tool_failures = facts
+        .tool_results
+        .iter()
+        .filter(|t| t.is_error && t.error_kind.as_deref() != Some("repeated_call"))
+        .count() as i64;
     let ctx = Ctx {
         facts,
         end: &end,
         degraded,
         tally: &tally,
-        failed_total,
+        failed_total: tool_failures,
         breaker: &breaker,
         recall: recall.as_ref(),
     };
@@ -448,7 +455,7 @@ fn resolved(
 fn failures_newest_first(results: &[ToolResultFact]) -> Vec<ObsExplainFailure> {
     let mut failed: Vec<&ToolResultFact> = results.iter().filter(|t| t.is_error).rev().collect();
     // Stable: at an equal seq the later transcript entry stays first.
-    failed.sort_by(|a, b| b.seq.cmp(&a.seq));
+    failed.sort_by_key(|t| std::cmp::Reverse(t.seq));
     failed
         .into_iter()
         .map(|t| ObsExplainFailure {
@@ -513,6 +520,7 @@ struct Ctx<'a> {
     end: &'a str,
     degraded: bool,
     tally: &'a BTreeMap<String, ToolTally>,
+    /// Failed tool calls, the context loop guard's refusals left out.
     failed_total: i64,
     breaker: &'a [ObsBreakerEvent],
     recall: Option<&'a ObsRecallStats>,

@@ -94,7 +94,6 @@ pub fn install() {
 
 /// The exposition (text format 0.0.4).
 pub fn render() -> String {
-    eprintln!("DEBUG render {:?}", std::time::SystemTime::now());
     handle().render()
 }
 
@@ -540,7 +539,6 @@ pub struct SseSubscriber(());
 impl SseSubscriber {
     pub fn open() -> Self {
         SSE_GAUGE.increment(1.0);
-        eprintln!("DEBUG sse open {:?}", std::time::SystemTime::now());
         Self(())
     }
 }
@@ -548,7 +546,6 @@ impl SseSubscriber {
 impl Drop for SseSubscriber {
     fn drop(&mut self) {
         SSE_GAUGE.decrement(1.0);
-        eprintln!("DEBUG sse close {:?}", std::time::SystemTime::now());
     }
 }
 

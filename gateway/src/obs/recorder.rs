@@ -66,6 +66,8 @@ pub struct TurnEnd<'a> {
     pub fallback: bool,
     /// A session created by this turn.
     pub created: bool,
+    /// The turn ended with an answer (its last message is the model's).
+    pub answered: bool,
 }
 
 impl TurnTrace {
@@ -117,9 +119,7 @@ impl TurnTrace {
             session_key: end.session_key.to_owned(),
             tenant_id: tenant.clone(),
             chat_id: chat_id.clone(),
-            message_id: end
-                .first_seq
-                .map(|_| format!("{}#{seq}", end.session_key)),
+            message_id: end.first_seq.map(|_| format!("{}#{seq}", end.session_key)),
             trace_id: self.trace_id.clone(),
             agent_id: Some(end.agent_id.to_owned()),
             channel: Some(end.channel.to_owned()),
@@ -145,7 +145,7 @@ impl TurnTrace {
                     ..row("tool_result", seq_of(t.index))
                 });
             }
-            if end.finish != FinishReason::Error {
+            if end.answered {
                 store.trace_record(row("outbound", last_seq));
             }
         } else {
@@ -227,7 +227,7 @@ impl TurnTrace {
             channel_type: end.channel.to_owned(),
             ts: now,
             received: 1,
-            sent: i64::from(end.finish != FinishReason::Error),
+            sent: i64::from(end.answered),
         }));
     }
 }
@@ -309,12 +309,14 @@ pub fn prompt_report(
         .sections
         .iter()
         .filter(|(_, text, _)| !text.is_empty())
-        .map(|(name, text, truncated)| ObsSystemPromptReportSectionsItem {
-            name: (*name).to_owned(),
-            chars: text.chars().count() as i64,
-            estimated_tokens: tokens(text),
-            truncated: *truncated,
-        })
+        .map(
+            |(name, text, truncated)| ObsSystemPromptReportSectionsItem {
+                name: (*name).to_owned(),
+                chars: text.chars().count() as i64,
+                estimated_tokens: tokens(text),
+                truncated: *truncated,
+            },
+        )
         .collect();
     let report = ObsSystemPromptReport {
         agent_id: agent_id.to_owned(),

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Principal;
-use crate::obs::recorder::{prompt_report, PromptParts, TurnEnd, TurnTrace};
 use crate::error::GatewayError;
+use crate::obs::recorder::{prompt_report, PromptParts, TurnEnd, TurnTrace};
 use crate::rpc::generated::methods::RecordKind;
 use crate::rpc::generated::types::{
     AgentTurnResult, FinishReason, ObsContextBudget, ObsContextBudgetVerdict, TokensUsed,
@@ -608,7 +608,11 @@ impl Engine {
                     whole: &system,
                     sections: vec![
                         ("agent", agent_prompt.as_str(), false),
-                        ("conversation summary", summary.as_deref().unwrap_or(""), false),
+                        (
+                            "conversation summary",
+                            summary.as_deref().unwrap_or(""),
+                            false,
+                        ),
                     ],
                     tool_count: tools.len(),
                     tool_schema_chars: serde_json::to_string(&tools).map_or(0, |t| t.len()),
@@ -633,6 +637,10 @@ impl Engine {
                 steps: out.steps,
                 fallback: out.model != context_model.id(),
                 created,
+                answered: out.finish != FinishReason::Error
+                    && messages
+                        .last()
+                        .is_some_and(|m| m.role == crate::runtime::providers::Role::Assistant),
             },
         );
         self.emit_owned(

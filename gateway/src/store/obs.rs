@@ -145,7 +145,8 @@ impl ObsBatch {
     }
 }
 
-const INSERT_TRACE: &str = "INSERT INTO trace_rows (ts, seq, kind, session_key, tenant_id, chat_id, \
+const INSERT_TRACE: &str =
+    "INSERT INTO trace_rows (ts, seq, kind, session_key, tenant_id, chat_id, \
      message_id, trace_id, agent_id, channel, tool_name, status, duration_ms, tokens, cost_usd, \
      synthetic, finish_reason, error_kind, result_digest, result_bytes, detail, fallback) VALUES \
      ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
@@ -154,7 +155,8 @@ const INSERT_TRACE: &str = "INSERT INTO trace_rows (ts, seq, kind, session_key, 
 const INSERT_DIAG: &str = "INSERT INTO diagnostics (ts, category, type, tenant_id, agent_id, \
      session_key, channel_id, data) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
-const INSERT_PROMPT: &str = "INSERT INTO prompt_reports (session_key, agent_id, run_id, created_at, \
+const INSERT_PROMPT: &str =
+    "INSERT INTO prompt_reports (session_key, agent_id, run_id, created_at, \
      report) VALUES ($1, $2, $3, $4, $5)";
 
 const UPSERT_CHANNEL: &str = "INSERT INTO channel_activity (channel_id, channel_type, last_active_at, \
@@ -733,7 +735,11 @@ impl Store {
                 let gate: String = r.col("gate")?;
                 let decision = serde_json::from_str::<serde_json::Value>(&gate)
                     .ok()
-                    .and_then(|v| v.get("decision").and_then(|d| d.as_str()).map(str::to_owned))
+                    .and_then(|v| {
+                        v.get("decision")
+                            .and_then(|d| d.as_str())
+                            .map(str::to_owned)
+                    })
                     .unwrap_or_default();
                 out.push(GateFire {
                     agent_id: r.col("agent_id")?,

@@ -135,7 +135,9 @@ async fn write_loop(
             next = rx.try_recv().ok();
         }
         let taken = rows.len() + obs.len();
-        let left = queued.fetch_sub(taken, Ordering::Relaxed).saturating_sub(taken);
+        let left = queued
+            .fetch_sub(taken, Ordering::Relaxed)
+            .saturating_sub(taken);
         crate::obs::metrics::set_queue_depth("usage_writer", left);
         if !rows.is_empty() {
             if let Err(e) = insert_batch(&pool, &rows).await {
