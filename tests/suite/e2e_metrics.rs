@@ -100,10 +100,16 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .map_or(0.0, |s| s.value)
 }
 
+/// Each scrape is a client of its own (a /64 named by X-Forwarded-For, believed only where
+/// the test trusts the loopback proxy), so a test's tight rate limit never refuses it.
+static SCRAPES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
 async fn scrape(gw: &Gateway) -> String {
+    let n = SCRAPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 0xffff;
     let r = client()
         .get(gw.url("/metrics"))
         .bearer_auth(ADMIN)
+        .header("x-forwarded-for", format!("2001:db8:{n:x}::1"))
         .send()
         .await
         .unwrap();
@@ -357,4 +363,43 @@ async fn the_websocket_gauge_follows_open_connections() {
         seen.push((before, open, after));
     }
     panic!("the gauge never followed one connection undisturbed: {seen:?}");
+}
+
+#[tokio::test]
+async fn refusals_of_the_global_rate_limit_are_counted() {
+    // Two requests per client a minute; the test's clients are named by X-Forwarded-For (the
+    // scrapes, without it, are another client).
+    let gw =
+        start("  rateLimit: {windowMs: 60000, maxRequests: 2}\n  trustedProxies: [127.0.0.1]\n")
+            .await;
+    let c = client();
+    let round = std::sync::atomic::AtomicU8::new(1);
+    let limited = [("limiter", "http")];
+    moves_by_exactly(&gw, "agentgw_rate_limited_total", &limited, 3.0, || async {
+        let client_ip = format!(
+            "203.0.113.{}",
+            round.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            let r = c
+                .get(gw.url("/v1/models"))
+                .bearer_auth(RPC)
+                .header("x-forwarded-for", &client_ip)
+                .send()
+                .await
+                .unwrap();
+            statuses.push(r.status().as_u16());
+        }
+        assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    })
+    .await;
+    let text = scrape(&gw).await;
+    let refused = [
+        ("route", "/v1/models"),
+        ("method", "GET"),
+        ("status", "429"),
+    ];
+    assert!(value(&parse(&text), "agentgw_http_requests_total", &refused) >= 3.0);
+    gw.stop().await;
 }

@@ -145,9 +145,12 @@ fn describe() {
     );
 }
 
+/// One row of a [`Table`]: its cells, each filled on first use.
+type Row<T> = Box<[OnceLock<T>]>;
+
 /// Rows of `cols` cells each, a row allocated when first used.
 struct Table<T> {
-    rows: Box<[OnceLock<Box<[OnceLock<T>]>>]>,
+    rows: Box<[OnceLock<Row<T>>]>,
     cols: usize,
 }
 
@@ -497,6 +500,12 @@ pub fn rpc_call(method: RpcMethod, outcome: Result<(), i64>, elapsed: Duration) 
     if let Some(h) = RPC_TIMES.get(row, 0, || histogram!(RPC_DURATION, "method" => name)) {
         h.record(elapsed.as_secs_f64());
     }
+}
+
+/// Counts a JSON-RPC message the transport refused before the envelope read it (over the
+/// size cap, over the WebSocket message rate, binary, not UTF-8): `method="unknown"`.
+pub fn rpc_refused(code: i64) {
+    rpc_call(RpcMethod::UNKNOWN, Err(code), Duration::ZERO);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -35,14 +35,15 @@ pub async fn handle(
     let body = match read_gateway_body(req, body, g).await {
         Ok(b) => b,
         Err(BodyError::TooLarge) => {
+            let refusal = RpcError::invalid_request(&format!(
+                "body exceeds httpBodyLimitBytes ({})",
+                g.http_body_limit_bytes
+            ));
+            crate::obs::metrics::rpc_refused(refusal.code);
             return rpc_body(
                 http::StatusCode::PAYLOAD_TOO_LARGE,
-                RpcError::invalid_request(&format!(
-                    "body exceeds httpBodyLimitBytes ({})",
-                    g.http_body_limit_bytes
-                ))
-                .response(Value::Null),
-            )
+                refusal.response(Value::Null),
+            );
         }
         Err(BodyError::Timeout) => {
             return json_error(
@@ -58,10 +59,9 @@ pub async fn handle(
         }
     };
     let Ok(text) = std::str::from_utf8(&body) else {
-        return rpc_body(
-            http::StatusCode::OK,
-            RpcError::parse_error().response(Value::Null),
-        );
+        let refusal = RpcError::parse_error();
+        crate::obs::metrics::rpc_refused(refusal.code);
+        return rpc_body(http::StatusCode::OK, refusal.response(Value::Null));
     };
     // The request itself was counted by the front layer; a batch counts its other items.
     let items = batch_items(text, g.max_batch_size);

@@ -385,13 +385,16 @@ async fn connection(
                     let refusal = RpcError::invalid_request(&format!(
                         "message exceeds wsMaxMessageBytes ({max_chars})"
                     ));
+                    crate::obs::metrics::rpc_refused(refusal.code);
                     outbox.push(refusal.response(Value::Null).to_string());
                     continue;
                 }
                 let items = crate::rpc::http::batch_items(&text, max_batch) as usize;
                 if !window.admit(Instant::now(), items) {
                     crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WsMessages);
-                    outbox.push(RpcError::rate_limited().response(Value::Null).to_string());
+                    let refusal = RpcError::rate_limited();
+                    crate::obs::metrics::rpc_refused(refusal.code);
+                    outbox.push(refusal.response(Value::Null).to_string());
                     continue;
                 }
                 let rpc = Rpc::new(state.clone());
@@ -418,6 +421,7 @@ async fn connection(
                     crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WsMessages);
                     RpcError::rate_limited()
                 };
+                crate::obs::metrics::rpc_refused(v.code);
                 outbox.push(v.response(Value::Null).to_string());
             }
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
