@@ -134,13 +134,19 @@ async fn long_session(store: &Store, n: i64, now: i64) {
                 } else {
                     format!("{{\"result\": \"{}\"}}", "x".repeat(200))
                 };
-                ("tool", Some(format!("tool{}", i % 7)), Some(failed), content)
+                (
+                    "tool",
+                    Some(format!("tool{}", i % 7)),
+                    Some(failed),
+                    content,
+                )
             }
         };
         messages.push(MessageRow {
             role: role.to_owned(),
-            tool_calls: (role == "assistant")
-                .then(|| json!([{"id": format!("c{i}"), "name": "tool", "arguments": {}}]).to_string()),
+            tool_calls: (role == "assistant").then(|| {
+                json!([{"id": format!("c{i}"), "name": "tool", "arguments": {}}]).to_string()
+            }),
             tool_call_id: tool_name.as_ref().map(|_| format!("c{}", i - 1)),
             tool_name,
             is_error,
@@ -172,7 +178,11 @@ async fn long_session(store: &Store, n: i64, now: i64) {
             session_key: SESSION.to_owned(),
             trace_id: format!("{:032x}", i / 30),
             tool_name: m.tool_name.clone(),
-            status: Some(if m.is_error == Some(true) { "error" } else { "ok" }),
+            status: Some(if m.is_error == Some(true) {
+                "error"
+            } else {
+                "ok"
+            }),
             error_kind: (m.is_error == Some(true)).then(|| "not_found".to_owned()),
             ..TraceRow::default()
         });
@@ -237,8 +247,22 @@ fn main() {
         println!("obs.billing.total = {total}");
         let mid = now - 7 * DAY - 1_234_567;
         time(&client, port, "obs.billing.total", json!({}), calls).await;
-        time(&client, port, "obs.billing.total", json!({"sinceMs": mid}), calls).await;
-        time(&client, port, "obs.billing.byAgent", json!({"agentId": "a7"}), calls).await;
+        time(
+            &client,
+            port,
+            "obs.billing.total",
+            json!({"sinceMs": mid}),
+            calls,
+        )
+        .await;
+        time(
+            &client,
+            port,
+            "obs.billing.byAgent",
+            json!({"agentId": "a7"}),
+            calls,
+        )
+        .await;
         time(
             &client,
             port,
@@ -266,7 +290,14 @@ fn main() {
             report["toolStats"].as_object().map_or(0, |m| m.len()),
             report["truncations"]
         );
-        time(&client, port, "obs.explain", json!({"sessionKey": SESSION}), calls).await;
+        time(
+            &client,
+            port,
+            "obs.explain",
+            json!({"sessionKey": SESSION}),
+            calls,
+        )
+        .await;
         time(
             &client,
             port,

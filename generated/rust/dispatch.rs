@@ -1138,6 +1138,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ObsBillingBySessionParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_key)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::ObsApi>::billing_by_session(
                     handlers,
                     ctx,
@@ -1282,6 +1286,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ObsExplainParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.session_key.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::ObsApi>::explain(handlers, ctx, params)
                 .await?;
             support::encode_result(&result)
@@ -1334,6 +1342,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ObsSystemPromptReportLatestParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_id)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::ObsApi>::system_prompt_report_latest(
                     handlers,
                     ctx,

@@ -634,9 +634,6 @@ const PENDING: &[&str] = &[
     "graph.status",
     "lease.revoke",
     "memory.recall_trace",
-    "obs.billing.bySession",
-    "obs.explain",
-    "obs.systemPromptReport.latest",
     "run.kill",
 ];
 

@@ -374,6 +374,33 @@ async fn mapped_endpoints_route_run_and_acknowledge() {
         "{events}"
     );
     assert!(events.contains("webhook.rejected"), "{events}");
+    // The same deliveries as diagnostic events, content-free, for the operator only.
+    let diag = gw
+        .call(
+            ADMIN,
+            "obs.diagnostics",
+            json!({"category": "webhook", "limit": 1000}),
+        )
+        .await;
+    let kinds: Vec<&str> = diag["result"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    for kind in ["webhook.rejected", "webhook.received", "webhook.unmatched"] {
+        assert!(kinds.contains(&kind), "{kind}: {diag}");
+    }
+    assert!(diag["result"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "webhook.received")
+        .all(|e| e["channelId"].as_str().unwrap().starts_with("webhook:")));
+    let own = gw
+        .call(RPC, "obs.diagnostics", json!({"category": "webhook"}))
+        .await;
+    assert_eq!(own["result"]["events"], json!([]), "{own}");
     gw.stop().await;
 }
 

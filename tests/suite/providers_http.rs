@@ -1003,7 +1003,7 @@ async fn anthropic_non_streaming_text() {
             input: 115,
             output: 7,
             cached_input: 100,
-            ..Usage::default()
+            cache_write: 5,
         }
     );
     let request = fixture.only_request();

@@ -6,8 +6,8 @@ pub mod explain;
 pub mod filter;
 pub mod fleet;
 pub mod metrics;
-pub mod records;
 pub mod recorder;
+pub mod records;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -101,7 +101,13 @@ pub fn classify_tool_error(text: &str) -> &'static str {
         "invalid_args"
     } else if has(&["timed out", "timeout", "deadline"]) {
         "timeout"
-    } else if has(&["denied", "forbidden", "not allowed", "permission", "unauthorized"]) {
+    } else if has(&[
+        "denied",
+        "forbidden",
+        "not allowed",
+        "permission",
+        "unauthorized",
+    ]) {
         "denied"
     } else if has(&["not found", "no such", "does not exist"]) {
         "not_found"
@@ -137,7 +143,10 @@ mod tests {
         for (text, kind) in [
             ("unknown tool: x", "not_available"),
             ("tool not available to this agent: x", "not_available"),
-            ("not run: the same call was already made in this turn", "repeated_call"),
+            (
+                "not run: the same call was already made in this turn",
+                "repeated_call",
+            ),
             ("invalid arguments: 'query' is required", "invalid_args"),
             ("request timed out after 30 s", "timeout"),
             ("Permission denied", "denied"),

@@ -343,3 +343,24 @@ pub fn prompt_report(
         report: json,
     }));
 }
+
+/// Queues a diagnostic event of a webhook delivery (operator only: no token is a mapping's
+/// tenant). `data` must be content-free (names, codes, counts).
+pub fn webhook_event(
+    store: &Store,
+    kind: &'static str,
+    mapping: Option<&str>,
+    session_key: Option<&str>,
+    data: serde_json::Value,
+) {
+    store.obs_record(ObsRow::Diag(DiagRow {
+        ts: now_ms(),
+        category: "webhook",
+        kind,
+        tenant_id: None,
+        agent_id: None,
+        session_key: session_key.map(str::to_owned),
+        channel_id: mapping.map(|m| format!("webhook:{m}")),
+        data: data.to_string(),
+    }));
+}

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use super::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
 use super::{message_of, session_part, untrusted, RequestContext, Webhooks};
 use crate::auth::Principal;
+use crate::obs::recorder::webhook_event;
 use crate::rpc::generated::methods::Scope;
 use crate::runtime::engine::Engine;
 use crate::runtime::runs::RunSpec;
@@ -103,6 +104,13 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
                     "audit:event",
                     json!({"kind": "webhook.rejected", "path": path, "reason": rejection.message()}),
                 );
+                webhook_event(
+                    &engine.store,
+                    "webhook.rejected",
+                    None,
+                    None,
+                    json!({"strict": strict, "reason": rejection.message()}),
+                );
                 return json_error(StatusCode::UNAUTHORIZED, rejection.message());
             }
         },
@@ -137,6 +145,7 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
             );
             return ok(json!({"received": true}));
         }
+        webhook_event(&engine.store, "webhook.unmatched", None, None, json!({}));
         return json_error(StatusCode::NOT_FOUND, "No matching webhook mapping");
     };
     let ack = if strict {
@@ -158,6 +167,13 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
         {
             Ok(Delivery::First) => {}
             Ok(Delivery::Repeat) => {
+                webhook_event(
+                    &engine.store,
+                    "webhook.replayed",
+                    Some(&mapping.id),
+                    None,
+                    json!({"mapping": mapping.id}),
+                );
                 engine.emit(
                     "webhook:received",
                     json!({"path": path, "mapping": mapping.id, "replay": true}),
@@ -222,6 +238,13 @@ async fn act(
     // What `webhook:received` says about a mapping that acted (wakeMode only for wakes).
     let received = |session_key: Option<&str>| {
         let wake_mode = (m.action == Action::Wake).then(|| m.wake_mode.as_str());
+        webhook_event(
+            &engine.store,
+            "webhook.received",
+            Some(&m.id),
+            session_key,
+            json!({"mapping": m.id, "action": m.action.as_str(), "agentId": agent.id}),
+        );
         engine.emit(
             "webhook:received",
             json!({"path": ctx.path, "mapping": m.id, "action": m.action.as_str(),
@@ -253,6 +276,13 @@ async fn act(
     // A place in the queue first: a delivery refused for a full queue leaves nothing behind.
     let Some(place) = hooks.reserve() else {
         crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WebhookQueue);
+        webhook_event(
+            &engine.store,
+            "webhook.refused",
+            Some(&m.id),
+            None,
+            json!({"mapping": m.id, "reason": "queue_full"}),
+        );
         let mut resp = json_error(StatusCode::SERVICE_UNAVAILABLE, "Webhook run queue is full");
         resp.headers_mut().insert(
             http::header::RETRY_AFTER,
