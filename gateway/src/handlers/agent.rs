@@ -15,7 +15,6 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
-use crate::runtime::catalog::CACHED_INPUT_PRICE_SHARE;
 use crate::runtime::sessions::{SessionIdent, DEFAULT_CHANNEL, DEFAULT_USER};
 use crate::runtime::turn::TurnRequest;
 use crate::scopes::Scopes;
@@ -120,40 +119,37 @@ impl AgentApi for Rpc {
         if let Some(id) = &p.agent_id {
             engine.agents.require(id)?;
         }
-        let figures = engine
+        let by_provider = engine
             .store
-            .usage_cache_figures(p.agent_id.as_deref(), p.since_ms)
-            .await?;
-        let snap = engine.providers.snapshot();
-        let saved: f64 = engine
-            .store
-            .usage_cached_by_model(p.agent_id.as_deref(), p.since_ms)
-            .await?
-            .into_iter()
-            .filter_map(|(model, cached)| {
-                snap.model(&model).map(|m| {
-                    cached as f64 * m.input_price * (1.0 - CACHED_INPUT_PRICE_SHARE) / 1_000_000.0
-                })
+            .usage_sums(crate::store::obs::UsageWindow {
+                since: p.since_ms,
+                agent: p.agent_id.as_deref(),
+                ..Default::default()
             })
-            .sum();
-        let hits: i64 = figures.iter().map(|f| f.hits).sum();
-        let misses: i64 = figures.iter().map(|f| f.misses).sum();
-        Ok(AgentCacheStatsResult {
-            hits,
-            misses,
-            hit_rate: if hits + misses > 0 {
-                hits as f64 / (hits + misses) as f64
+            .await?;
+        let rate = |hits: i64, calls: i64| {
+            if calls > 0 {
+                hits as f64 / calls as f64
             } else {
                 0.0
-            },
-            cached_tokens: figures.iter().map(|f| f.cached_tokens).sum(),
-            total_cache_saved: saved,
-            providers: figures
+            }
+        };
+        let hits: i64 = by_provider.values().map(|f| f.cache_hits).sum();
+        let calls: i64 = by_provider.values().map(|f| f.calls).sum();
+        Ok(AgentCacheStatsResult {
+            hits,
+            misses: calls - hits,
+            hit_rate: rate(hits, calls),
+            cached_tokens: by_provider.values().map(|f| f.cached_tokens).sum(),
+            // Priced when each call was made (the same figure as obs.getCacheStats).
+            total_cache_saved: by_provider.values().map(|f| f.cache_saved_usd).sum(),
+            providers: by_provider
                 .into_iter()
-                .map(|f| AgentCacheStatsResultProvidersItem {
-                    provider: f.provider,
-                    hits: f.hits,
-                    misses: f.misses,
+                .filter(|(_, f)| f.calls > 0)
+                .map(|(provider, f)| AgentCacheStatsResultProvidersItem {
+                    provider,
+                    hits: f.cache_hits,
+                    misses: f.calls - f.cache_hits,
                     cached_tokens: f.cached_tokens,
                 })
                 .collect(),

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::obs::UsageWindow;
 use super::registry::Table;
 use super::runs::{Delivery, RunRow};
 use super::sessions::{MessageRow, NewSession, SessionFilter, TurnTotals};
@@ -394,18 +395,24 @@ async fn usage_batches_and_figures(s: Store) {
         })
         .unwrap();
     }
-    let figures = s.usage_cache_figures(None, None).await.unwrap();
+    let window = |agent, since| UsageWindow {
+        since,
+        agent,
+        ..UsageWindow::default()
+    };
+    let figures = s.usage_sums(window(None, None)).await.unwrap();
     let got: Vec<(String, i64, i64, i64)> = figures
         .into_iter()
-        .map(|f| (f.provider, f.hits, f.misses, f.cached_tokens))
+        .map(|(p, f)| (p, f.cache_hits, f.calls - f.cache_hits, f.cached_tokens))
         .collect();
     // p1: i in {0,3,...,24} (9 rows; 26 is p2 and failed); hits i<10: 0,3,6,9.
     assert_eq!(got, [("p1".into(), 4, 5, 20), ("p2".into(), 6, 11, 30)]);
-    let since = s.usage_cache_figures(Some("a"), Some(10)).await.unwrap();
-    assert_eq!(since.iter().map(|f| f.hits).sum::<i64>(), 0);
+    let since = s.usage_sums(window(Some("a"), Some(10))).await.unwrap();
+    assert_eq!(since.values().map(|f| f.cache_hits).sum::<i64>(), 0);
+    assert_eq!(since.values().map(|f| f.calls).sum::<i64>(), 8);
     assert_eq!(
-        s.usage_cached_by_model(None, None).await.unwrap(),
-        [("m0".to_owned(), 25), ("m1".to_owned(), 25)]
+        s.usage_sums_of_session("none", None).await.unwrap().calls,
+        0
     );
 }
 

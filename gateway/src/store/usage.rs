@@ -19,7 +19,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use super::obs::{ObsBatch, ObsRow};
-use super::{on_pool, Pool, Store, StoreRow};
+use super::{on_pool, Pool, Store};
 use crate::error::GatewayError;
 
 /// One model call.
@@ -42,15 +42,6 @@ pub struct UsageRow {
     pub latency_ms: i64,
     pub ok: bool,
     pub error_kind: Option<String>,
-}
-
-/// Prompt-cache figures of one provider (or of all).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CacheFigures {
-    pub provider: String,
-    pub hits: i64,
-    pub misses: i64,
-    pub cached_tokens: i64,
 }
 
 /// Rows per transaction at most (15 bound values each, well under SQLite's limit).
@@ -357,65 +348,6 @@ impl Store {
             .map_err(|_| GatewayError::Internal("usage writer stopped".into()))?;
         done.await
             .map_err(|_| GatewayError::Internal("usage writer stopped".into()))
-    }
-
-    /// Cache hits/misses per provider over successful calls, optionally for one agent and
-    /// from a time on.
-    pub async fn usage_cache_figures(
-        &self,
-        agent_id: Option<&str>,
-        since_ms: Option<i64>,
-    ) -> Result<Vec<CacheFigures>, GatewayError> {
-        self.usage_flush().await?;
-        // CAST: PostgreSQL sums BIGINT as numeric; the same value on SQLite.
-        Ok(on_pool!(self.pool(), |p| {
-            let rows = sqlx::query(
-                "SELECT provider, CAST(SUM(CASE WHEN cached_tokens > 0 THEN 1 ELSE 0 END) AS BIGINT) AS hits, \
-                 CAST(SUM(CASE WHEN cached_tokens > 0 THEN 0 ELSE 1 END) AS BIGINT) AS misses, \
-                 CAST(SUM(cached_tokens) AS BIGINT) AS cached FROM usage \
-                 WHERE ok = 1 AND ($1 IS NULL OR agent_id = $1) AND ($2 IS NULL OR ts >= $2) \
-                 GROUP BY provider ORDER BY provider",
-            )
-            .bind(agent_id)
-            .bind(since_ms)
-            .fetch_all(p)
-            .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for r in &rows {
-                out.push(CacheFigures {
-                    provider: r.col("provider")?,
-                    hits: r.col("hits")?,
-                    misses: r.col("misses")?,
-                    cached_tokens: r.col("cached")?,
-                });
-            }
-            out
-        }))
-    }
-
-    /// Cached tokens per model (for the saving estimate), same filters.
-    pub async fn usage_cached_by_model(
-        &self,
-        agent_id: Option<&str>,
-        since_ms: Option<i64>,
-    ) -> Result<Vec<(String, i64)>, GatewayError> {
-        self.usage_flush().await?;
-        Ok(on_pool!(self.pool(), |p| {
-            let rows = sqlx::query(
-                "SELECT model, CAST(SUM(cached_tokens) AS BIGINT) AS cached FROM usage \
-                 WHERE ok = 1 AND cached_tokens > 0 AND ($1 IS NULL OR agent_id = $1) AND ($2 IS NULL OR ts >= $2) \
-                 GROUP BY model ORDER BY model",
-            )
-            .bind(agent_id)
-            .bind(since_ms)
-            .fetch_all(p)
-            .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for r in &rows {
-                out.push((r.col("model")?, r.col("cached")?));
-            }
-            out
-        }))
     }
 }
 
