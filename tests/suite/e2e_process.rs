@@ -845,3 +845,52 @@ async fn control_state_survives_kill_9_and_the_file_is_never_half_written() {
     signal(&child, "-TERM");
     wait_exit(&mut child);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observability_records_survive_kill_9_once_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, port) = spawn_configured(dir.path(), SCRIPTED).await;
+    let mut trace = String::new();
+    for i in 0..3 {
+        let r = turn(port, &format!("recorded turn {i}")).await.unwrap();
+        trace = r["traceId"].as_str().unwrap().to_owned();
+    }
+    let key = "agent:default:api:client:durable";
+    // A read flushes the writer: everything answered before it is committed.
+    let billing = rpc(port, ADMIN, "obs.billing.total", serde_json::json!({})).await;
+    assert_eq!(billing["result"]["callCount"], 3, "{billing}");
+    let explain = rpc(
+        port,
+        ADMIN,
+        "obs.explain",
+        serde_json::json!({"sessionKey": key}),
+    )
+    .await;
+    assert_eq!(explain["result"]["timing"]["turnCount"], 3, "{explain}");
+    let rows = rpc(port, ADMIN, "obs.trace.search", serde_json::json!({})).await;
+    signal(&child, "-KILL");
+    wait_exit(&mut child);
+    let (child, port) = spawn_configured(dir.path(), SCRIPTED).await;
+    let after = rpc(port, ADMIN, "obs.billing.total", serde_json::json!({})).await;
+    assert_eq!(after["result"], billing["result"]);
+    let again = rpc(
+        port,
+        ADMIN,
+        "obs.explain",
+        serde_json::json!({"sessionKey": key}),
+    )
+    .await;
+    assert_eq!(again["result"], explain["result"]);
+    let by_trace = rpc(
+        port,
+        ADMIN,
+        "obs.explain",
+        serde_json::json!({"traceId": trace}),
+    )
+    .await;
+    assert_eq!(by_trace["result"]["sessionKey"], key);
+    let rows_after = rpc(port, ADMIN, "obs.trace.search", serde_json::json!({})).await;
+    assert_eq!(rows_after["result"], rows["result"]);
+    assert_eq!(rows["result"]["rows"].as_array().unwrap().len(), 9);
+    signal(&child, "-KILL");
+}

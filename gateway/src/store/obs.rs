@@ -300,7 +300,17 @@ const SUM_RAW: &str = "SELECT provider, \
      SUM(CASE WHEN ok = 1 THEN cost_usd ELSE 0.0 END) AS cost_usd, \
      SUM(CASE WHEN ok = 1 THEN cache_saved_usd ELSE 0.0 END) AS cache_saved_usd \
      FROM usage WHERE ts >= $1 AND ts < $2 AND ($3 IS NULL OR agent_id = $3) \
-     AND ($4 IS NULL OR provider = $4) AND ($5 IS NULL OR session_key = $5) GROUP BY provider";
+     AND ($4 IS NULL OR provider = $4) GROUP BY provider";
+
+/// [`SUM_RAW`]'s sums over one session's rows, by the `usage_by_session` index (a disjunction on
+/// the session would make the planner scan the time index instead).
+fn sum_session_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let head = &SUM_RAW[..SUM_RAW.find(" FROM usage WHERE").unwrap_or(SUM_RAW.len())];
+        format!("{head} FROM usage WHERE session_key = $1 AND ts >= $2 GROUP BY provider")
+    })
+}
 
 const SUM_HOURLY: &str = "SELECT provider, CAST(SUM(calls) AS BIGINT) AS calls, \
      CAST(SUM(failed_calls) AS BIGINT) AS failed_calls, CAST(SUM(cache_hits) AS BIGINT) AS cache_hits, \
@@ -469,15 +479,13 @@ impl Store {
         for (hourly, from, to) in parts {
             let sql = if hourly { SUM_HOURLY } else { SUM_RAW };
             let rows: Vec<(String, Sums)> = on_pool!(self.pool(), |p| {
-                let mut q = sqlx::query(sql)
+                let rows = sqlx::query(sql)
                     .bind(from)
                     .bind(to)
                     .bind(w.agent)
-                    .bind(w.provider);
-                if !hourly {
-                    q = q.bind(None::<String>);
-                }
-                let rows = q.fetch_all(p).await?;
+                    .bind(w.provider)
+                    .fetch_all(p)
+                    .await?;
                 let mut v = Vec::with_capacity(rows.len());
                 for r in &rows {
                     v.push((r.col("provider")?, Sums::of(r)?));
@@ -499,12 +507,9 @@ impl Store {
     ) -> Result<Sums, GatewayError> {
         self.usage_flush().await?;
         let rows: Vec<Sums> = on_pool!(self.pool(), |p| {
-            let rows = sqlx::query(SUM_RAW)
-                .bind(since.unwrap_or(i64::MIN))
-                .bind(i64::MAX)
-                .bind(None::<String>)
-                .bind(None::<String>)
+            let rows = sqlx::query(sum_session_sql())
                 .bind(text(session_key))
+                .bind(since.unwrap_or(i64::MIN))
                 .fetch_all(p)
                 .await?;
             let mut v = Vec::with_capacity(rows.len());
@@ -1080,6 +1085,78 @@ pub fn usage_facts(s: &Sums) -> UsageFacts {
 mod tests {
     use super::*;
     use crate::store::usage::UsageRow;
+
+    /// The sweep deletes index rows and diagnostics past their retention and all but the newest
+    /// prompt reports of each session; the limit of the obs queue drops rows, never usage.
+    #[tokio::test]
+    async fn sweeps_keep_what_retention_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        for ts in [10, 20, 30] {
+            store.trace_record(TraceRow {
+                ts,
+                kind: "turn_end",
+                session_key: "k".into(),
+                trace_id: format!("t{ts}"),
+                ..TraceRow::default()
+            });
+            store.obs_record(ObsRow::Diag(DiagRow {
+                ts,
+                category: "message",
+                kind: "message.completed",
+                data: "{}".into(),
+                ..DiagRow::default()
+            }));
+        }
+        for (key, n) in [("a", 5), ("b", 2)] {
+            for i in 0..n {
+                store.obs_record(ObsRow::Prompt(PromptRow {
+                    session_key: key.into(),
+                    agent_id: "x".into(),
+                    run_id: Some(format!("r{i}")),
+                    created_at: i,
+                    report: "{}".into(),
+                }));
+            }
+        }
+        store.usage_flush().await.unwrap();
+        // Index rows before 25, diagnostics before 15, reports beyond 3 per session.
+        assert_eq!(store.obs_sweep(25, 15, 3).await.unwrap(), 2 + 1 + 2);
+        let rows = store
+            .trace_search(&TraceQuery {
+                limit: 10,
+                ..TraceQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].fact.ts, 30);
+        let admin = Tenant::for_principal("", true);
+        let (events, counts) = store.diagnostics(&admin, None, 0, 10).await.unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(counts["message"], 2);
+        let a = store.prompt_reports("a", None, None, 10).await.unwrap();
+        assert_eq!(a.len(), 3);
+        assert_eq!(
+            store
+                .prompt_reports("b", None, None, 10)
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        // The newest are the ones kept.
+        let newest = store
+            .prompt_reports("a", None, Some("r4"), 10)
+            .await
+            .unwrap();
+        assert_eq!(newest.len(), 1);
+        let oldest = store
+            .prompt_reports("a", None, Some("r0"), 10)
+            .await
+            .unwrap();
+        assert!(oldest.is_empty());
+    }
 
     /// Windows cut anywhere (inside an hour, on hour starts, across many hours) sum exactly the
     /// rows inside them, whichever part comes from the rollup and which from the rows.

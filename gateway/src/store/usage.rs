@@ -8,13 +8,16 @@
 //! commit), so a model call never waits for the database and under load one commit serves
 //! many calls. Readers call `usage_flush` first (the writer answers once every row queued
 //! before it is committed), so they always see every call that finished before them;
-//! shutdown flushes too. A killed process loses at most the rows of the last few milliseconds.
+//! shutdown flushes too. A killed process loses at most the usage rows of the last few
+//! milliseconds, and the observability rows of the last second (they wait longer, so that one
+//! commit serves many turns).
 //! Usage rows are never dropped; observability rows are dropped (and counted) when more than
 //! [`MAX_QUEUED_OBS`] wait, so a stalled database cannot grow the queue without bound.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -86,6 +89,11 @@ impl UsageQueue {
     }
 }
 
+/// How long observability rows wait for more at most (they are committed together).
+const OBS_GATHER: std::time::Duration = std::time::Duration::from_secs(1);
+/// Observability rows per transaction at most.
+const MAX_OBS_BATCH: usize = 2000;
+
 /// How long the writer lets rows gather after the first one: under load a batch holds
 /// every row of the window (a few large INSERTs and one commit instead of many small ones);
 /// alone, a row waits this long (readers and shutdown flush first, so nobody sees the wait).
@@ -97,35 +105,62 @@ async fn write_loop(
     queued: Arc<AtomicUsize>,
     queued_obs: Arc<AtomicUsize>,
 ) {
-    while let Some(first) = rx.recv().await {
+    // Observability rows wait across batches, up to OBS_GATHER or MAX_OBS_BATCH: one commit
+    // then serves many turns even when calls come one at a time (a commit's page writes cost
+    // more than a row's inserts).
+    let mut obs = ObsBatch::default();
+    let mut obs_since: Option<Instant> = None;
+    loop {
+        let first = match obs_since {
+            Some(t) => {
+                match tokio::time::timeout(OBS_GATHER.saturating_sub(t.elapsed()), rx.recv()).await
+                {
+                    Ok(Some(item)) => Some(item),
+                    Ok(None) => break,
+                    Err(_) => None,
+                }
+            }
+            None => match rx.recv().await {
+                Some(item) => Some(item),
+                None => break,
+            },
+        };
         let mut rows = Vec::new();
-        let mut obs = ObsBatch::default();
         let mut flushes = Vec::new();
-        let mut next = Some(first);
-        let mut waited = false;
+        let mut taken = 0;
+        let mut next = first;
+        let mut waited = next.is_none();
         loop {
             while let Some(item) = next.take() {
+                taken += 1;
                 match item {
                     Item::Row(r) => rows.push(r),
                     Item::Obs(r) => {
                         queued_obs.fetch_sub(1, Ordering::Relaxed);
+                        obs_since.get_or_insert_with(Instant::now);
                         obs.push(r);
                     }
-                    Item::Flush(f) => flushes.push(f),
+                    Item::Flush(f) => {
+                        taken -= 1;
+                        flushes.push(f);
+                    }
                 }
-                if rows.len() + obs.len() < MAX_BATCH {
+                if rows.len() < MAX_BATCH && obs.len() < MAX_OBS_BATCH {
                     next = rx.try_recv().ok();
                 }
             }
             // A flush is answered at once; otherwise let the batch fill for a moment.
-            if waited || !flushes.is_empty() || rows.len() + obs.len() >= MAX_BATCH {
+            if waited
+                || !flushes.is_empty()
+                || rows.len() >= MAX_BATCH
+                || obs.len() >= MAX_OBS_BATCH
+            {
                 break;
             }
             tokio::time::sleep(GATHER).await;
             waited = true;
             next = rx.try_recv().ok();
         }
-        let taken = rows.len() + obs.len();
         let left = queued
             .fetch_sub(taken, Ordering::Relaxed)
             .saturating_sub(taken);
@@ -135,14 +170,25 @@ async fn write_loop(
                 tracing::error!(error = %e, rows = rows.len(), "usage rows not recorded");
             }
         }
-        if !obs.is_empty() {
-            if let Err(e) = super::obs::write_batch(&pool, &obs).await {
-                tracing::error!(error = %e, rows = obs.len(), "observability rows not recorded");
-            }
+        let due = obs_since.is_some_and(|t| t.elapsed() >= OBS_GATHER);
+        if !obs.is_empty() && (due || !flushes.is_empty() || obs.len() >= MAX_OBS_BATCH) {
+            write_obs(&pool, &mut obs).await;
+            obs_since = None;
         }
         for f in flushes {
             let _ = f.send(());
         }
+    }
+    // The queue closed (the store is gone): what waits is still written.
+    if !obs.is_empty() {
+        write_obs(&pool, &mut obs).await;
+    }
+}
+
+async fn write_obs(pool: &Pool, obs: &mut ObsBatch) {
+    let batch = std::mem::take(obs);
+    if let Err(e) = super::obs::write_batch(pool, &batch).await {
+        tracing::error!(error = %e, rows = batch.len(), "observability rows not recorded");
     }
 }
 
