@@ -259,6 +259,17 @@ pub async fn assert_ping(ws: &mut Ws, id: u64) {
 }
 
 /// Checks a result against its method's result schema.
+/// The result of a call that must succeed, checked against the method's result schema.
+pub async fn ok(gw: &Gateway, token: &str, method: &str, params: Value) -> Value {
+    let r = gw.call(token, method, params.clone()).await;
+    let result = r
+        .get("result")
+        .cloned()
+        .unwrap_or_else(|| panic!("{method} {params}: {r}"));
+    validate_result(method, &result);
+    result
+}
+
 pub fn validate_result(method: &str, result: &Value) {
     let info = agent_gateway::rpc::generated::methods::METHODS
         .iter()

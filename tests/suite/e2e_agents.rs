@@ -98,16 +98,6 @@ async fn execute(gw: &Gateway, token: &str, params: Value) -> Value {
         .unwrap_or_else(|| panic!("agent.execute {params}: {r}"))
 }
 
-async fn ok(gw: &Gateway, token: &str, method: &str, params: Value) -> Value {
-    let r = gw.call(token, method, params.clone()).await;
-    let result = r
-        .get("result")
-        .cloned()
-        .unwrap_or_else(|| panic!("{method} {params}: {r}"));
-    validate_result(method, &result);
-    result
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_finish_reason() {
     let gw = engine().await;

@@ -80,16 +80,6 @@ agents:
 agentDefaults: {circuitBreakerThreshold: 3}
 "#;
 
-async fn ok(gw: &Gateway, token: &str, method: &str, params: Value) -> Value {
-    let r = gw.call(token, method, params.clone()).await;
-    let result = r
-        .get("result")
-        .cloned()
-        .unwrap_or_else(|| panic!("{method} {params}: {r}"));
-    validate_result(method, &result);
-    result
-}
-
 async fn turn(gw: &Gateway, token: &str, agent: &str, user: Option<&str>, message: &str) -> Value {
     let mut params = json!({"agentId": agent, "message": message});
     if let Some(u) = user {
