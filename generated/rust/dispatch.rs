@@ -1358,6 +1358,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ObsSystemPromptReportListParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_id)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::ObsApi>::system_prompt_report_list(
                     handlers,
                     ctx,
@@ -1370,6 +1374,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ObsTraceExportParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.session_id)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::ObsApi>::trace_export(
                     handlers,
                     ctx,

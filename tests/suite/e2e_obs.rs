@@ -340,6 +340,27 @@ async fn explain_reports_every_finish_reason_from_stored_records() {
     }
     let r = ok(&gw, ADMIN, "obs.fleet.health", json!({"sinceHours": 720})).await;
     assert_eq!(r["window"]["sinceHours"], 720.0);
+    // An ephemeral turn (no session) is explained from its index rows, digests included.
+    let eph = turn(&gw, ADMIN, "a1", None, "break things").await;
+    let report = ok(
+        &gw,
+        ADMIN,
+        "obs.explain",
+        json!({"traceId": eph["traceId"], "depth": "full"}),
+    )
+    .await;
+    assert_eq!(report["reference"]["resolved"], true, "{report}");
+    assert_eq!(report["outcome"]["endReason"], "circuit_open");
+    assert_eq!(report["likelyRootCause"]["code"], "tool_circuit_open");
+    let failures = report["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 3, "{report}");
+    for f in failures {
+        assert!(
+            f["resultDigest"].as_str().unwrap().starts_with("sha256:"),
+            "{f}"
+        );
+        assert!(f["resultBytes"].as_i64().unwrap() > 0, "{f}");
+    }
     gw.stop().await;
 }
 
@@ -444,6 +465,14 @@ async fn the_session_index_is_searched_filtered_tailed_and_exported() {
     assert_eq!(bundle["sessionKey"], key.as_str());
     assert_eq!(bundle["trajectory"].as_array().unwrap().len(), 5);
     assert!(!bundle["messages"].as_array().unwrap().is_empty());
+    // The session's own diagnostics only (created, failed), not the other session's.
+    let kinds: Vec<&str> = bundle["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["message.failed", "session.created"], "{bundle}");
     assert_eq!(export["bytes"], std::fs::metadata(&path).unwrap().len());
     let r = gw
         .call(ADMIN, "obs.trace.export", json!({"sessionId": "nope"}))

@@ -90,6 +90,7 @@ CREATE TABLE diagnostics (
 );
 CREATE INDEX diagnostics_by_time ON diagnostics (ts);
 CREATE INDEX diagnostics_by_tenant ON diagnostics (tenant_id, ts);
+CREATE INDEX diagnostics_by_session ON diagnostics (session_key, ts) WHERE session_key IS NOT NULL;
 
 -- How system prompts were assembled (sizes only); the newest few per session are kept.
 CREATE TABLE prompt_reports (

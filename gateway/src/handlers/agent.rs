@@ -127,29 +127,21 @@ impl AgentApi for Rpc {
                 ..Default::default()
             })
             .await?;
-        let rate = |hits: i64, calls: i64| {
-            if calls > 0 {
-                hits as f64 / calls as f64
-            } else {
-                0.0
-            }
-        };
-        let hits: i64 = by_provider.values().map(|f| f.cache_hits).sum();
-        let calls: i64 = by_provider.values().map(|f| f.calls).sum();
+        let all = crate::store::obs::Sums::total(by_provider.values());
         Ok(AgentCacheStatsResult {
-            hits,
-            misses: calls - hits,
-            hit_rate: rate(hits, calls),
-            cached_tokens: by_provider.values().map(|f| f.cached_tokens).sum(),
+            hits: all.cache_hits,
+            misses: all.misses(),
+            hit_rate: all.hit_rate(),
+            cached_tokens: all.cached_tokens,
             // Priced when each call was made (the same figure as obs.getCacheStats).
-            total_cache_saved: by_provider.values().map(|f| f.cache_saved_usd).sum(),
+            total_cache_saved: all.cache_saved_usd,
             providers: by_provider
                 .into_iter()
                 .filter(|(_, f)| f.calls > 0)
                 .map(|(provider, f)| AgentCacheStatsResultProvidersItem {
                     provider,
                     hits: f.cache_hits,
-                    misses: f.calls - f.cache_hits,
+                    misses: f.misses(),
                     cached_tokens: f.cached_tokens,
                 })
                 .collect(),

@@ -2,8 +2,6 @@
 //! (search, tail, export), post-mortems and fleet health, system prompt reports, context
 //! pipeline and DAG snapshots, channel activity, resets.
 
-use std::collections::BTreeMap;
-
 use super::Rpc;
 use crate::error::GatewayError;
 use crate::obs::filter;
@@ -12,36 +10,14 @@ use crate::rpc::generated::handlers::ObsApi;
 use crate::rpc::generated::types::*;
 use crate::rpc::CallContext;
 use crate::store::now_ms;
-use crate::store::obs::{usage_facts, ObsTable, Sums, TraceQuery, TraceView, UsageWindow};
+use crate::store::obs::{
+    usage_facts, DiagQuery, ObsTable, Sums, TraceQuery, TraceView, UsageWindow,
+};
 use crate::store::usage::{hour_of, HOUR_MS};
 
 /// Rounds a dollar figure to micro-dollars, so sums over different groupings read alike.
 fn usd(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
-}
-
-fn rate(part: i64, whole: i64) -> f64 {
-    if whole > 0 {
-        part as f64 / whole as f64
-    } else {
-        0.0
-    }
-}
-
-fn total(sums: &BTreeMap<String, Sums>) -> Sums {
-    let mut t = Sums::default();
-    for s in sums.values() {
-        t.calls += s.calls;
-        t.failed_calls += s.failed_calls;
-        t.cache_hits += s.cache_hits;
-        t.input_tokens += s.input_tokens;
-        t.output_tokens += s.output_tokens;
-        t.cached_tokens += s.cached_tokens;
-        t.cache_write_tokens += s.cache_write_tokens;
-        t.cost_usd += s.cost_usd;
-        t.cache_saved_usd += s.cache_saved_usd;
-    }
-    t
 }
 
 fn totals(s: &Sums) -> ObsBillingTotals {
@@ -201,8 +177,8 @@ impl Rpc {
                         seq: t.seq,
                         tool_name: t.tool_name.clone().unwrap_or_default(),
                         is_error: t.status.as_deref() == Some("error"),
-                        digest: String::new(),
-                        bytes: 0,
+                        digest: t.result_digest.clone().unwrap_or_default(),
+                        bytes: t.result_bytes.unwrap_or(0),
                         error_kind: t.error_kind.clone(),
                         recall_hits: None,
                     })
@@ -225,9 +201,12 @@ impl ObsApi for Rpc {
             .store
             .diagnostics(
                 ctx.tenant(),
-                p.category.map(|c| c.as_str()),
-                p.since_ms.unwrap_or(0),
-                p.limit,
+                DiagQuery {
+                    category: p.category.map(|c| c.as_str()),
+                    session_key: None,
+                    since: p.since_ms.unwrap_or(0),
+                    limit: p.limit,
+                },
             )
             .await?;
         Ok(ObsDiagnosticsResult {
@@ -265,7 +244,7 @@ impl ObsApi for Rpc {
                 ..UsageWindow::default()
             })
             .await?;
-        Ok(totals(&total(&sums)))
+        Ok(totals(&Sums::total(sums.values())))
     }
 
     async fn billing_by_agent(
@@ -282,7 +261,7 @@ impl ObsApi for Rpc {
                 ..UsageWindow::default()
             })
             .await?;
-        Ok(totals(&total(&sums)))
+        Ok(totals(&Sums::total(sums.values())))
     }
 
     async fn billing_by_session(
@@ -357,12 +336,11 @@ impl ObsApi for Rpc {
             .store
             .usage_sums(UsageWindow::default())
             .await?;
-        let all = total(&sums);
-        let misses = |s: &Sums| s.calls - s.cache_hits;
+        let all = Sums::total(sums.values());
         Ok(ObsGetCacheStatsResult {
             hits: all.cache_hits,
-            misses: misses(&all),
-            hit_rate: rate(all.cache_hits, all.calls),
+            misses: all.misses(),
+            hit_rate: all.hit_rate(),
             cached_tokens: all.cached_tokens,
             total_cache_saved: usd(all.cache_saved_usd),
             providers: sums
@@ -371,8 +349,8 @@ impl ObsApi for Rpc {
                 .map(|(provider, s)| ObsGetCacheStatsResultProvidersItem {
                     provider: provider.clone(),
                     hits: s.cache_hits,
-                    misses: misses(s),
-                    hit_rate: rate(s.cache_hits, s.calls),
+                    misses: s.misses(),
+                    hit_rate: s.hit_rate(),
                     cached_tokens: s.cached_tokens,
                 })
                 .collect(),
@@ -401,15 +379,15 @@ impl ObsApi for Rpc {
                 provider: p.provider.as_deref(),
             })
             .await?;
-        let s = total(&sums);
+        let s = Sums::total(sums.values());
         Ok(ObsCacheStatsWindowResult {
             window: ObsCacheStatsWindowResultWindow {
                 since_ms: p.since_ms,
                 until_ms: until,
                 call_count: s.calls,
                 hits: s.cache_hits,
-                misses: s.calls - s.cache_hits,
-                hit_rate: rate(s.cache_hits, s.calls),
+                misses: s.misses(),
+                hit_rate: s.hit_rate(),
                 input_tokens: s.input_tokens,
                 cached_tokens: s.cached_tokens,
                 cache_write_tokens: s.cache_write_tokens,
@@ -630,13 +608,12 @@ impl ObsApi for Rpc {
 
     async fn trace_export(
         &self,
-        _ctx: &CallContext,
+        ctx: &CallContext,
         p: ObsTraceExportParams,
     ) -> Result<ObsTraceExportResult, GatewayError> {
         let engine = self.engine();
         let store = &engine.store;
-        let admin = crate::tenancy::Tenant::for_principal("", true);
-        let session = store.session_get(&admin, &p.session_id).await?;
+        let session = store.session_get(ctx.tenant(), &p.session_id).await?;
         let (trace, _) = store.trace_of_session(&p.session_id).await?;
         if session.is_none() && trace.is_empty() {
             return Err(GatewayError::NotFound(format!(
@@ -645,10 +622,23 @@ impl ObsApi for Rpc {
             )));
         }
         let messages = match &session {
-            Some(_) => store.session_all_messages(&admin, &p.session_id).await?,
+            Some(_) => {
+                store
+                    .session_all_messages(ctx.tenant(), &p.session_id)
+                    .await?
+            }
             None => Vec::new(),
         };
-        let (diagnostics, _) = store.diagnostics(&admin, None, 0, 10_000).await?;
+        let (diagnostics, _) = store
+            .diagnostics(
+                ctx.tenant(),
+                DiagQuery {
+                    session_key: Some(&p.session_id),
+                    limit: 10_000,
+                    ..DiagQuery::default()
+                },
+            )
+            .await?;
         let bundle = serde_json::json!({
             "bundleVersion": 1,
             "sessionKey": p.session_id,
@@ -665,7 +655,6 @@ impl ObsApi for Rpc {
                 "errorKind": t.error_kind, "synthetic": t.synthetic,
             })).collect::<Vec<_>>(),
             "diagnostics": diagnostics.iter()
-                .filter(|d| d.session_key.as_deref() == Some(p.session_id.as_str()))
                 .map(|d| serde_json::json!({"ts": d.ts, "category": d.category, "type": d.kind,
                     "data": serde_json::from_str::<serde_json::Value>(&d.data).unwrap_or_default()}))
                 .collect::<Vec<_>>(),
@@ -863,7 +852,7 @@ impl ObsApi for Rpc {
             start_ms: start,
             end_ms: end,
             rows,
-            cost: usage_facts(&total(&sums)),
+            cost: usage_facts(&Sums::total(sums.values())),
             served_below_configured: store.trace_fallback_turns(start, end).await?,
             provider_failures: store.usage_failures(start, end).await?,
             gate_fires: store.gate_fires(start, end).await?,

@@ -54,6 +54,12 @@ async fn buffer_body(state: &AppState, req: &mut Request) -> Result<(), Response
     Err(refusal.into_area_response(Area::of(req.uri().path())))
 }
 
+/// Whether `path` is `prefix` or below it (whole segments): what follows, if so.
+pub fn under<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
+    path.strip_prefix(prefix)
+        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// The paths poem-openapi serves: `/health` itself and everything under each prefix. The
 /// route tree is mounted from this list and [`front`] reads the POST bodies of exactly these
 /// paths, so the two cannot disagree.
@@ -75,10 +81,10 @@ impl TypedPaths {
 
     fn contains(&self, path: &str) -> bool {
         path == Self::EXACT
-            || self.prefixes.iter().any(|prefix| {
-                path.strip_prefix(prefix)
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-            })
+            || self
+                .prefixes
+                .iter()
+                .any(|prefix| under(path, prefix).is_some())
     }
 }
 

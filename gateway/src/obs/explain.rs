@@ -982,6 +982,8 @@ mod tests {
             cost_usd: None,
             finish_reason: None,
             error_kind: Some(format!("{MARKER}-row-kind")),
+            result_digest: Some(format!("{MARKER}-row-digest")),
+            result_bytes: None,
             synthetic: false,
         }
     }

@@ -18,6 +18,7 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use crate::http::under;
 use crate::rpc::generated::methods::{error_codes, MethodId, METHODS};
 
 /// The content type of the exposition.
@@ -260,12 +261,6 @@ impl HttpRoute {
     pub fn as_str(self) -> &'static str {
         ROUTES.get(self.0 as usize).copied().unwrap_or("other")
     }
-}
-
-/// Whether `path` is `prefix` or below it (whole segments): what follows.
-fn under<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
-    path.strip_prefix(prefix)
-        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// The route template of a request path; `hooks` is the webhook base path when webhooks

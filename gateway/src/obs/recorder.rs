@@ -119,48 +119,39 @@ impl TurnTrace {
             session_key: end.session_key.to_owned(),
             tenant_id: tenant.clone(),
             chat_id: chat_id.clone(),
-            message_id: end.first_seq.map(|_| format!("{}#{seq}", end.session_key)),
             trace_id: self.trace_id.clone(),
             agent_id: Some(end.agent_id.to_owned()),
             channel: Some(end.channel.to_owned()),
             synthetic,
             ..TraceRow::default()
         };
-        let seq_of = |index: usize| match end.first_seq {
-            Some(first) => first + (index.saturating_sub(end.first_index)) as i64,
-            None => index.saturating_sub(end.first_index) as i64,
+        // Message rows (stored sessions only) carry the message's id.
+        let message = |kind: &'static str, seq: i64| TraceRow {
+            message_id: Some(format!("{}#{seq}", end.session_key)),
+            ..row(kind, seq)
+        };
+        let seq_of = |index: usize| {
+            end.first_seq.unwrap_or(0) + index.saturating_sub(end.first_index) as i64
         };
         let last_seq = seq_of(end.first_index + end.count.saturating_sub(1));
-        if end.first_seq.is_some() {
-            store.trace_record(row("inbound", seq_of(end.first_index)));
-            for t in &self.tools {
-                store.trace_record(TraceRow {
-                    tool_name: Some(t.name.clone()),
-                    status: Some(if t.is_error { "error" } else { "ok" }),
-                    duration_ms: Some(t.duration_ms),
-                    error_kind: t.error_kind.map(str::to_owned),
-                    result_digest: Some(t.digest.clone()),
-                    result_bytes: Some(t.bytes),
-                    message_id: None,
-                    ..row("tool_result", seq_of(t.index))
-                });
-            }
-            if end.answered {
-                store.trace_record(row("outbound", last_seq));
-            }
-        } else {
-            // An ephemeral turn keeps no transcript; its tool results are still counted.
-            for t in &self.tools {
-                store.trace_record(TraceRow {
-                    tool_name: Some(t.name.clone()),
-                    status: Some(if t.is_error { "error" } else { "ok" }),
-                    duration_ms: Some(t.duration_ms),
-                    error_kind: t.error_kind.map(str::to_owned),
-                    result_digest: Some(t.digest.clone()),
-                    result_bytes: Some(t.bytes),
-                    ..row("tool_result", seq_of(t.index))
-                });
-            }
+        let stored = end.first_seq.is_some();
+        if stored {
+            store.trace_record(message("inbound", seq_of(end.first_index)));
+        }
+        // An ephemeral turn keeps no transcript; its tool results are still indexed.
+        for t in &self.tools {
+            store.trace_record(TraceRow {
+                tool_name: Some(t.name.clone()),
+                status: Some(if t.is_error { "error" } else { "ok" }),
+                duration_ms: Some(t.duration_ms),
+                error_kind: t.error_kind.map(str::to_owned),
+                result_digest: Some(t.digest.clone()),
+                result_bytes: Some(t.bytes),
+                ..row("tool_result", seq_of(t.index))
+            });
+        }
+        if stored && end.answered {
+            store.trace_record(message("outbound", last_seq));
         }
         let degraded = end.finish != FinishReason::Stop;
         let detail = self
@@ -176,11 +167,9 @@ impl TurnTrace {
             error_kind: end.error_kind.map(str::to_owned),
             detail,
             fallback: end.fallback,
-            message_id: None,
             ..row("turn_end", last_seq)
         });
         // Diagnostics: every stored session's turn, and every degraded turn.
-        let stored = end.first_seq.is_some();
         if stored && end.created {
             store.obs_record(ObsRow::Diag(DiagRow {
                 ts: now,

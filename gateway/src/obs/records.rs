@@ -123,6 +123,9 @@ pub struct TraceFact {
     pub cost_usd: Option<f64>,
     pub finish_reason: Option<String>,
     pub error_kind: Option<String>,
+    /// For tool results: the digest and size of the result (as [`ToolResultFact`]).
+    pub result_digest: Option<String>,
+    pub result_bytes: Option<i64>,
     pub synthetic: bool,
 }
 

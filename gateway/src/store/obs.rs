@@ -261,6 +261,29 @@ impl Sums {
         self.cache_saved_usd += o.cache_saved_usd;
     }
 
+    /// Share of successful calls that read from the prompt cache (0 without calls).
+    pub fn hit_rate(&self) -> f64 {
+        if self.calls > 0 {
+            self.cache_hits as f64 / self.calls as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// Successful calls that did not read from the prompt cache.
+    pub fn misses(&self) -> i64 {
+        self.calls - self.cache_hits
+    }
+
+    /// The sums of several groups (providers) together.
+    pub fn total<'a>(groups: impl IntoIterator<Item = &'a Sums>) -> Sums {
+        let mut t = Sums::default();
+        for s in groups {
+            t.add(s);
+        }
+        t
+    }
+
     fn of(r: &impl StoreRow) -> Result<Self, sqlx::Error> {
         Ok(Self {
             calls: r.col::<Option<i64>>("calls")?.unwrap_or(0),
@@ -289,7 +312,9 @@ pub struct UsageWindow<'a> {
 
 // The sums of raw rows and of the hourly rollup, per provider; CAST because PostgreSQL sums
 // BIGINT as numeric.
-const SUM_RAW: &str = "SELECT provider, \
+macro_rules! sum_raw_columns {
+    () => {
+        "SELECT provider, \
      CAST(SUM(CASE WHEN ok = 1 THEN 1 ELSE 0 END) AS BIGINT) AS calls, \
      CAST(SUM(CASE WHEN ok = 1 THEN 0 ELSE 1 END) AS BIGINT) AS failed_calls, \
      CAST(SUM(CASE WHEN ok = 1 AND cached_tokens > 0 THEN 1 ELSE 0 END) AS BIGINT) AS cache_hits, \
@@ -298,19 +323,21 @@ const SUM_RAW: &str = "SELECT provider, \
      CAST(SUM(CASE WHEN ok = 1 THEN cached_tokens ELSE 0 END) AS BIGINT) AS cached_tokens, \
      CAST(SUM(CASE WHEN ok = 1 THEN cache_write_tokens ELSE 0 END) AS BIGINT) AS cache_write_tokens, \
      SUM(CASE WHEN ok = 1 THEN cost_usd ELSE 0.0 END) AS cost_usd, \
-     SUM(CASE WHEN ok = 1 THEN cache_saved_usd ELSE 0.0 END) AS cache_saved_usd \
-     FROM usage WHERE ts >= $1 AND ts < $2 AND ($3 IS NULL OR agent_id = $3) \
-     AND ($4 IS NULL OR provider = $4) GROUP BY provider";
-
-/// [`SUM_RAW`]'s sums over one session's rows, by the `usage_by_session` index (a disjunction on
-/// the session would make the planner scan the time index instead).
-fn sum_session_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        let head = &SUM_RAW[..SUM_RAW.find(" FROM usage WHERE").unwrap_or(SUM_RAW.len())];
-        format!("{head} FROM usage WHERE session_key = $1 AND ts >= $2 GROUP BY provider")
-    })
+     SUM(CASE WHEN ok = 1 THEN cache_saved_usd ELSE 0.0 END) AS cache_saved_usd"
+    };
 }
+const SUM_RAW: &str = concat!(
+    sum_raw_columns!(),
+    " FROM usage WHERE ts >= $1 AND ts < $2 AND ($3 IS NULL OR agent_id = $3) \
+     AND ($4 IS NULL OR provider = $4) GROUP BY provider"
+);
+
+/// [`SUM_RAW`]'s sums over one session's rows, by the `usage_by_session` index (a disjunction
+/// on the session would make the planner scan the time index instead).
+const SUM_SESSION: &str = concat!(
+    sum_raw_columns!(),
+    " FROM usage WHERE session_key = $1 AND ts >= $2 GROUP BY provider"
+);
 
 const SUM_HOURLY: &str = "SELECT provider, CAST(SUM(calls) AS BIGINT) AS calls, \
      CAST(SUM(failed_calls) AS BIGINT) AS failed_calls, CAST(SUM(cache_hits) AS BIGINT) AS cache_hits, \
@@ -322,9 +349,14 @@ const SUM_HOURLY: &str = "SELECT provider, CAST(SUM(calls) AS BIGINT) AS calls, 
      AND ($4 IS NULL OR provider = $4) GROUP BY provider";
 
 /// The columns of a trace row as the API shows it.
-const TRACE_COLUMNS: &str = "id, ts, seq, kind, session_key, chat_id, message_id, trace_id, \
-     agent_id, channel, tool_name, status, duration_ms, tokens, cost_usd, synthetic, finish_reason, \
-     error_kind";
+macro_rules! trace_columns {
+    () => {
+        "id, ts, seq, kind, session_key, chat_id, message_id, trace_id, agent_id, channel, \
+         tool_name, status, duration_ms, tokens, cost_usd, synthetic, finish_reason, error_kind, \
+         result_digest, result_bytes"
+    };
+}
+const TRACE_COLUMNS: &str = trace_columns!();
 
 fn trace_fact(r: &impl StoreRow) -> Result<TraceFact, sqlx::Error> {
     Ok(TraceFact {
@@ -341,6 +373,8 @@ fn trace_fact(r: &impl StoreRow) -> Result<TraceFact, sqlx::Error> {
         cost_usd: r.col("cost_usd")?,
         finish_reason: r.col("finish_reason")?,
         error_kind: r.col("error_kind")?,
+        result_digest: r.col("result_digest")?,
+        result_bytes: r.col("result_bytes")?,
         synthetic: r.col::<i64>("synthetic")? != 0,
     })
 }
@@ -385,6 +419,16 @@ pub struct DiagView {
     pub session_key: Option<String>,
     pub channel_id: Option<String>,
     pub data: String,
+}
+
+/// Which diagnostic events to read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiagQuery<'a> {
+    pub category: Option<&'a str>,
+    /// Only events of this session.
+    pub session_key: Option<&'a str>,
+    pub since: i64,
+    pub limit: i64,
 }
 
 /// A stored session's facts for `obs.explain` (the sessions row).
@@ -437,10 +481,12 @@ impl ObsTable {
 }
 
 /// Rows of the window's tool results and turn ends, for fleet health.
-const FLEET_ROWS: &str = "SELECT id, ts, seq, kind, session_key, chat_id, message_id, trace_id, \
-     agent_id, channel, tool_name, status, duration_ms, tokens, cost_usd, synthetic, finish_reason, \
-     error_kind FROM trace_rows WHERE ts >= $1 AND ts <= $2 AND synthetic = 0 \
-     AND kind IN ('turn_end', 'tool_result') ORDER BY ts, id";
+const FLEET_ROWS: &str = concat!(
+    "SELECT ",
+    trace_columns!(),
+    " FROM trace_rows WHERE ts >= $1 AND ts <= $2 AND synthetic = 0 \
+     AND kind IN ('turn_end', 'tool_result') ORDER BY ts, id"
+);
 
 impl Store {
     /// Sums of the model calls of a window per provider: whole hours from the rollup, the
@@ -507,7 +553,7 @@ impl Store {
     ) -> Result<Sums, GatewayError> {
         self.usage_flush().await?;
         let rows: Vec<Sums> = on_pool!(self.pool(), |p| {
-            let rows = sqlx::query(sum_session_sql())
+            let rows = sqlx::query(SUM_SESSION)
                 .bind(text(session_key))
                 .bind(since.unwrap_or(i64::MIN))
                 .fetch_all(p)
@@ -518,11 +564,7 @@ impl Store {
             }
             v
         });
-        let mut total = Sums::default();
-        for s in &rows {
-            total.add(s);
-        }
-        Ok(total)
+        Ok(Sums::total(&rows))
     }
 
     /// Tokens per hour from `from_hour` (epoch ms, an hour start) on.
@@ -828,21 +870,20 @@ impl Store {
     pub async fn diagnostics(
         &self,
         tenant: &Tenant,
-        category: Option<&str>,
-        since: i64,
-        limit: i64,
+        q: DiagQuery<'_>,
     ) -> Result<(Vec<DiagView>, BTreeMap<String, i64>), GatewayError> {
         self.usage_flush().await?;
         Ok(on_pool!(self.pool(), |p| {
             let rows = sqlx::query(
                 "SELECT ts, category, type, agent_id, session_key, channel_id, data FROM diagnostics \
                  WHERE ts >= $1 AND ($2 IS NULL OR tenant_id = $2) AND ($3 IS NULL OR category = $3) \
-                 ORDER BY ts DESC, id DESC LIMIT $4",
+                 AND ($5 IS NULL OR session_key = $5) ORDER BY ts DESC, id DESC LIMIT $4",
             )
-            .bind(since)
+            .bind(q.since)
             .bind(tenant.only())
-            .bind(category)
-            .bind(limit)
+            .bind(q.category)
+            .bind(q.limit)
+            .bind(q.session_key.map(text))
             .fetch_all(p)
             .await?;
             let mut events = Vec::with_capacity(rows.len());
@@ -859,10 +900,12 @@ impl Store {
             }
             let rows = sqlx::query(
                 "SELECT category, COUNT(*) AS n FROM diagnostics WHERE ts >= $1 \
-                 AND ($2 IS NULL OR tenant_id = $2) GROUP BY category",
+                 AND ($2 IS NULL OR tenant_id = $2) AND ($3 IS NULL OR session_key = $3) \
+                 GROUP BY category",
             )
-            .bind(since)
+            .bind(q.since)
             .bind(tenant.only())
+            .bind(q.session_key.map(text))
             .fetch_all(p)
             .await?;
             let mut counts = BTreeMap::new();
@@ -1132,7 +1175,11 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].fact.ts, 30);
         let admin = Tenant::for_principal("", true);
-        let (events, counts) = store.diagnostics(&admin, None, 0, 10).await.unwrap();
+        let all = DiagQuery {
+            limit: 10,
+            ..DiagQuery::default()
+        };
+        let (events, counts) = store.diagnostics(&admin, all).await.unwrap();
         assert_eq!(events.len(), 2);
         assert_eq!(counts["message"], 2);
         let a = store.prompt_reports("a", None, None, 10).await.unwrap();
@@ -1228,10 +1275,7 @@ mod tests {
                             want.failed_calls += 1;
                         }
                     }
-                    let mut t = Sums::default();
-                    for s in got.values() {
-                        t.add(s);
-                    }
+                    let t = Sums::total(got.values());
                     let what = format!("since {since:?} until {until:?} agent {agent:?}");
                     assert_eq!(t.calls, want.calls, "{what}");
                     assert_eq!(t.failed_calls, want.failed_calls, "{what}");

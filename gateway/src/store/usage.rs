@@ -132,18 +132,18 @@ async fn write_loop(
         let mut waited = next.is_none();
         loop {
             while let Some(item) = next.take() {
-                taken += 1;
                 match item {
-                    Item::Row(r) => rows.push(r),
+                    Item::Row(r) => {
+                        taken += 1;
+                        rows.push(r);
+                    }
                     Item::Obs(r) => {
+                        taken += 1;
                         queued_obs.fetch_sub(1, Ordering::Relaxed);
                         obs_since.get_or_insert_with(Instant::now);
                         obs.push(r);
                     }
-                    Item::Flush(f) => {
-                        taken -= 1;
-                        flushes.push(f);
-                    }
+                    Item::Flush(f) => flushes.push(f),
                 }
                 if rows.len() < MAX_BATCH && obs.len() < MAX_OBS_BATCH {
                     next = rx.try_recv().ok();
