@@ -43,6 +43,8 @@ pub struct OwnerKind {
     pub description: String,
     pub not_found: String,
     pub lookup: bool,
+    /// A refused caller gets -32603 (admin scope needed) rather than -32001.
+    pub refuse_as_scope: bool,
 }
 
 /// A method's ownership rule, resolved against its params type.

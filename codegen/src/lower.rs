@@ -736,7 +736,18 @@ pub fn lower(raw: RawCatalogue) -> Result<Catalogue, Problems> {
                 description: k.description.trim().to_owned(),
                 not_found: k.not_found.trim().to_owned(),
                 lookup: k.lookup,
+                refuse_as_scope: k.refusal == crate::raw::Refusal::Scope,
             });
+            if k.lookup && k.refusal == crate::raw::Refusal::Scope {
+                l.problems.push(file_problem(
+                    file,
+                    format!(
+                        "owner kind `{}`: `refusal: scope` is for tenant-id params (lookup false); \
+                         a looked-up record must not reveal that it exists",
+                        k.kind
+                    ),
+                ));
+            }
         }
     }
 

@@ -50,6 +50,20 @@ pub struct RawOwnerKind {
     pub not_found: String,
     /// Whether the store is asked who owns the record (false: the param is a tenant id).
     pub lookup: bool,
+    /// How a caller the rule refuses is answered (default `not_found`).
+    #[serde(default)]
+    pub refusal: Refusal,
+}
+
+/// How an ownership rule answers a caller it refuses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Refusal {
+    /// -32001 with the kind's `not_found` text: the record's existence is not revealed.
+    #[default]
+    NotFound,
+    /// -32603 `Insufficient scope: requires 'admin'`: naming another tenant is an admin power.
+    Scope,
 }
 
 #[derive(Debug, Deserialize)]

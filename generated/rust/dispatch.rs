@@ -458,15 +458,25 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::ContextConversationsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::ContextApi>::conversations(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::ContextTree => {
             let params = support::parse_params::<
                 super::types::ContextTreeParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.conversation_id)
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::ContextApi>::tree(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::CronAdd => {
             let params = support::parse_params::<
@@ -890,141 +900,261 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = support::parse_params::<
                 super::types::MemoryAskParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::MemoryApi>::ask(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryBrowse => {
             let params = support::parse_params::<
                 super::types::MemoryBrowseParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::browse(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryDelete => {
             let params = support::parse_params::<
                 super::types::MemoryDeleteParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::delete(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryEmbeddingCache => {
             let params = support::parse_params::<
                 super::types::MemoryEmbeddingCacheParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::MemoryApi>::embedding_cache(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryEntities => {
             let params = support::parse_params::<
                 super::types::MemoryEntitiesParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::entities(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryExport => {
             let params = support::parse_params::<
                 super::types::MemoryExportParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::export(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryFlush => {
             let params = support::parse_params::<
                 super::types::MemoryFlushParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::flush(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryGetFile => {
             let params = support::parse_params::<
                 super::types::MemoryGetFileParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::MemoryApi>::get_file(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryInspect => {
             let params = support::parse_params::<
                 super::types::MemoryInspectParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::inspect(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryObservations => {
             let params = support::parse_params::<
                 super::types::MemoryObservationsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::observations(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryPin => {
             let params = support::parse_params::<
                 super::types::MemoryPinParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::pin(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryPortabilityExport => {
             let params = support::parse_params::<
                 super::types::MemoryPortabilityExportParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::portability_export(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryPortabilityImport => {
             let params = support::parse_params::<
                 super::types::MemoryPortabilityImportParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::portability_import(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryRecallStats => {
             let params = support::parse_params::<
                 super::types::MemoryRecallStatsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::recall_stats(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryRecallTrace => {
             let params = support::parse_params::<
                 super::types::MemoryRecallTraceParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::recall_trace(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemorySearch => {
             let params = support::parse_params::<
                 super::types::MemorySearchParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::search(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemorySearchFiles => {
             let params = support::parse_params::<
                 super::types::MemorySearchFilesParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::MemoryApi>::search_files(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryStats => {
             let params = support::parse_params::<
                 super::types::MemoryStatsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::stats(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryStore => {
             let params = support::parse_params::<
                 super::types::MemoryStoreParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::MemoryApi>::store(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MemoryUnpin => {
             let params = support::parse_params::<
                 super::types::MemoryUnpinParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.tenant_id.as_ref())
+                .map(String::as_str);
+            support::check_owner(handlers.owners(), ctx, info, named).await?;
+            let result = <H as super::handlers::MemoryApi>::unpin(handlers, ctx, params)
+                .await?;
+            support::encode_result(&result)
         }
         MethodId::MessageAttach => {
             let params = support::parse_params::<

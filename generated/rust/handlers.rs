@@ -269,6 +269,32 @@ pub trait ConfigApi: Send + Sync {
         Output = Result<super::types::ConfigSetResult, crate::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `context` namespace: Read-only views of the durable conversation store behind agent context - the stored conversations and the summary graph (DAG) that compaction builds over each one.
+pub trait ContextApi: Send + Sync {
+    /// `context.conversations` (scope `rpc`): Lists stored conversations, most recently updated first.
+    ///
+    /// Designed from the reference. Its result members were snake_case (conversation_id, tenant_id, ...); renamed to camelCase like every other result of the spec (parameters keep the reference's names). limit bounded 1-1000, default 100, like session.list. A caller holding only rpc sees its own tenant's conversations.
+    fn conversations(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ContextConversationsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::ContextConversationsResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `context.tree` (scope `rpc`): The summary DAG of one conversation - its nodes, depths and links.
+    ///
+    /// Designed from the reference's result. kind and taint were untyped there; made enums. A limit (default 1000, at most 5000) bounds the answer, keeping the newest nodes and setting truncated. Only previews of content are returned (at most 200 characters each). Unknown conversation -32001. A conversation is the stored transcript of one session, so its id is the session key (maxLength 512 like every session key, where the reference's ids were shorter) and the session's ownership rule applies: another tenant's conversation is -32001 like one that does not exist.
+    fn tree(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::ContextTreeParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::ContextTreeResult, crate::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `cron` namespace: Scheduled agent turns. A cron job sends a fixed message to an agent on a schedule (a cron expression, a fixed interval, or once at a given time); every method addresses a job by its name, unique per owner, and every fire is recorded in a run log with status ok, error or skipped. Jobs belong to the client id that created them (cron_job in owners.yaml): an rpc token sees and changes only its own, admin sees every owner's, and jobs declared in the configuration file belong to the operator (owner cron:config, admin only). Job names of the form job_<32 hex> are job ids and address one job across owners (admin).
 pub trait CronApi: Send + Sync {
     /// `cron.add` (scope `rpc`): Creates a job that sends a message to an agent on a schedule.
@@ -445,6 +471,226 @@ pub trait HeartbeatApi: Send + Sync {
         params: super::types::HeartbeatUpdateParams,
     ) -> impl ::core::future::Future<
         Output = Result<super::types::HeartbeatUpdateResult, crate::error::GatewayError>,
+    > + Send;
+}
+/// Handlers of the `memory` namespace: Long-term agent memory - entries an agent or an operator stores (tagged, trust-levelled, optionally pinned), found again by full-text and vector search, plus the consolidated observations and entities derived from them, recall diagnostics, and portable export and import. Searching is rpc; management is admin. Parameter names follow the reference (snake_case tenant_id/agent_id on management methods); a tenant defaults to the calling token's client id.
+pub trait MemoryApi: Send + Sync {
+    /// `memory.ask` (scope `rpc`): Answers a question from memory, citing the entries used, or abstains.
+    ///
+    /// Recalls up to limit entries and has the model answer from them only. When the recalled entries do not support an answer the result abstains (abstained true, answer explains) rather than guessing. No model configured is -32003.
+    fn ask(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryAskParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryAskResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.browse` (scope `admin`): Pages through memory entries, newest or oldest first, with filters.
+    ///
+    /// Shape from the reference, with one fix - total is the number of entries matching the filters (the reference returned the page length), so hasMore is offset + entries < total. Entry content is cut to a 500-character preview; memory.export gives full content.
+    fn browse(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryBrowseParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryBrowseResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.delete` (scope `admin`): Deletes memory entries by id.
+    ///
+    /// Each id is deleted independently; an unknown id counts as failed and does not stop the others.
+    fn delete(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryDeleteParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryDeleteResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.embeddingCache` (scope `admin`): State of the embedding cache (in-process and persistent tiers) and of the embedding provider.
+    ///
+    /// The reference named the members only; their contents are designed.
+    fn embedding_cache(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryEmbeddingCacheParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::MemoryEmbeddingCacheResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `memory.entities` (scope `admin`): Entities (people, places, things) extracted from memory, most mentioned first.
+    fn entities(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryEntitiesParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryEntitiesResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.export` (scope `admin`): Pages through memory entries with full content, for backup or inspection.
+    ///
+    /// Shape from the reference (total fixed as in memory.browse, hasMore added). For a file that another gateway can import use memory.portability.export.
+    fn export(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryExportParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryExportResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.flush` (scope `admin`): Deletes every memory entry of a tenant, or of one agent in it. Destructive.
+    ///
+    /// Pinned entries are deleted too; observations and entities derived from the deleted entries go with them.
+    fn flush(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryFlushParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryFlushResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.get_file` (scope `rpc`): Reads a text file (or a line range of it) from an agent's workspace, as its memory_get tool does.
+    ///
+    /// Shape from the reference. The path is resolved inside the agent's workspace; an absolute path, a path leaving the workspace (.., symlinks) is -32602; a missing file -32001. Lines are 1-based and inclusive; a range past the end is clamped. agentId is a designed addition, as in memory.search_files.
+    fn get_file(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryGetFileParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryGetFileResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.inspect` (scope `rpc`): Reads one entry by id, or the store's statistics when no id is given.
+    ///
+    /// The reference answered either {stats} or {entry}; kept, with both members typed: with id, entry is present (unknown id -32001); without, stats is present. tenantId naming another tenant than the caller's own needs admin scope (-32603).
+    fn inspect(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryInspectParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryInspectResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.observations` (scope `admin`): Observations consolidated from several memory entries, newest first.
+    fn observations(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryObservationsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::MemoryObservationsResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `memory.pin` (scope `admin`): Pins an entry so that lifecycle sweeps never evict or demote it.
+    ///
+    /// The reference answered an unknown id with found false; here it is -32001, like every other missing entity, and the result says whether anything changed (pinning twice is harmless).
+    fn pin(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryPinParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryPinResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.portability.export` (scope `admin`): Exports memory in the portable format that memory.portability.import accepts.
+    ///
+    /// Shape from the reference; the schemaVersion string is our own (agent-gateway-memory-export-v1) and exportedAt is epoch ms like every other timestamp of the catalogue.
+    fn portability_export(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryPortabilityExportParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::MemoryPortabilityExportResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `memory.portability.import` (scope `admin`): Imports portable memory entries into an agent's memory (optionally as a dry run).
+    ///
+    /// Every entry passes the memory write validator: entries with critical injection patterns are blocked, suspicious ones are stored with trust external (downgraded). Trust is capped at learned - a system entry is imported as learned and counted as downgraded - so an import can never raise trust. New ids are assigned. dry_run reports the same counts without writing.
+    fn portability_import(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryPortabilityImportParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::MemoryPortabilityImportResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `memory.recall_stats` (scope `admin`): How memory recall has performed - lane usage, reranking, hit rates.
+    ///
+    /// Counters since the daemon started.
+    fn recall_stats(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryRecallStatsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::MemoryRecallStatsResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `memory.recall_trace` (scope `admin`): Per-recall records (lanes, candidate counts, entries chosen) for a session, trace or agent, newest first.
+    ///
+    /// The reference gave only object[]; the record is designed content-free (ids and counts, never the query or entry text), like the recall block of obs.explain.
+    fn recall_trace(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryRecallTraceParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::MemoryRecallTraceResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `memory.search` (scope `rpc`): Searches memory entries by relevance to a query (the RPC form of GET /api/memory/search).
+    ///
+    /// Limits are those of the REST route (limit 1-100, default 10). The reference's result items {id, content, score} are completed with the entry's members. tenantId naming another tenant than the caller's own needs admin scope (-32603 otherwise), so an rpc token cannot read another tenant's memory.
+    fn search(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemorySearchParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemorySearchResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.search_files` (scope `rpc`): Full-text search over one agent's memory, as its memory_search tool sees it (500-character previews).
+    ///
+    /// Shape from the reference. Searches only the given agent's entries within the caller's tenant. agentId is a designed addition (the reference took the agent from the calling tool's context, which a gateway client does not have).
+    fn search_files(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemorySearchFilesParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::MemorySearchFilesResult,
+            crate::error::GatewayError,
+        >,
+    > + Send;
+    /// `memory.stats` (scope `admin`): Entry counts and index facts of a tenant's memory (the RPC form of GET /api/memory/stats).
+    ///
+    /// The reference left the result open; designed as the MemoryStats type (shared with memory.inspect).
+    fn stats(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryStatsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryStatsResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.store` (scope `admin`): Stores a new memory entry (operator-attributed).
+    ///
+    /// Content passes the memory write validator first - content with critical injection patterns is refused (-32602), suspicious content is stored with trust external and the tag security-tainted. The entry is filed as memoryType semantic and is embedded in the background. agentId is a designed addition (the reference took it from the calling tool's context).
+    fn store(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryStoreParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryStoreResult, crate::error::GatewayError>,
+    > + Send;
+    /// `memory.unpin` (scope `admin`): Removes the pin from an entry.
+    ///
+    /// Same rules as memory.pin - an unknown id is -32001; unpinning an unpinned entry is harmless.
+    fn unpin(
+        &self,
+        ctx: &crate::rpc::CallContext,
+        params: super::types::MemoryUnpinParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::MemoryUnpinResult, crate::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `models` namespace: The model catalogue - the models agents and /v1/models can use, with their context windows, prices and capabilities - and a live check of a provider's connectivity and credentials.
@@ -1048,7 +1294,7 @@ pub trait TokensApi: Send + Sync {
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + ModelsApi + ObsApi + ProvidersApi + SchedulerApi + SecretsApi + SessionApi + SystemApi + TokensApi + Send + Sync {
+pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + SchedulerApi + SecretsApi + SessionApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -1271,6 +1517,22 @@ impl<O: crate::tenancy::Owners> ConfigApi for Fake<O> {
         self.ran("config.set")
     }
 }
+impl<O: crate::tenancy::Owners> ContextApi for Fake<O> {
+    async fn conversations(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ContextConversationsParams,
+    ) -> Result<super::types::ContextConversationsResult, crate::error::GatewayError> {
+        self.ran("context.conversations")
+    }
+    async fn tree(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::ContextTreeParams,
+    ) -> Result<super::types::ContextTreeResult, crate::error::GatewayError> {
+        self.ran("context.tree")
+    }
+}
 impl<O: crate::tenancy::Owners> CronApi for Fake<O> {
     async fn add(
         &self,
@@ -1391,6 +1653,154 @@ impl<O: crate::tenancy::Owners> HeartbeatApi for Fake<O> {
         _params: super::types::HeartbeatUpdateParams,
     ) -> Result<super::types::HeartbeatUpdateResult, crate::error::GatewayError> {
         self.ran("heartbeat.update")
+    }
+}
+impl<O: crate::tenancy::Owners> MemoryApi for Fake<O> {
+    async fn ask(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryAskParams,
+    ) -> Result<super::types::MemoryAskResult, crate::error::GatewayError> {
+        self.ran("memory.ask")
+    }
+    async fn browse(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryBrowseParams,
+    ) -> Result<super::types::MemoryBrowseResult, crate::error::GatewayError> {
+        self.ran("memory.browse")
+    }
+    async fn delete(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryDeleteParams,
+    ) -> Result<super::types::MemoryDeleteResult, crate::error::GatewayError> {
+        self.ran("memory.delete")
+    }
+    async fn embedding_cache(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryEmbeddingCacheParams,
+    ) -> Result<super::types::MemoryEmbeddingCacheResult, crate::error::GatewayError> {
+        self.ran("memory.embeddingCache")
+    }
+    async fn entities(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryEntitiesParams,
+    ) -> Result<super::types::MemoryEntitiesResult, crate::error::GatewayError> {
+        self.ran("memory.entities")
+    }
+    async fn export(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryExportParams,
+    ) -> Result<super::types::MemoryExportResult, crate::error::GatewayError> {
+        self.ran("memory.export")
+    }
+    async fn flush(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryFlushParams,
+    ) -> Result<super::types::MemoryFlushResult, crate::error::GatewayError> {
+        self.ran("memory.flush")
+    }
+    async fn get_file(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryGetFileParams,
+    ) -> Result<super::types::MemoryGetFileResult, crate::error::GatewayError> {
+        self.ran("memory.get_file")
+    }
+    async fn inspect(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryInspectParams,
+    ) -> Result<super::types::MemoryInspectResult, crate::error::GatewayError> {
+        self.ran("memory.inspect")
+    }
+    async fn observations(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryObservationsParams,
+    ) -> Result<super::types::MemoryObservationsResult, crate::error::GatewayError> {
+        self.ran("memory.observations")
+    }
+    async fn pin(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryPinParams,
+    ) -> Result<super::types::MemoryPinResult, crate::error::GatewayError> {
+        self.ran("memory.pin")
+    }
+    async fn portability_export(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryPortabilityExportParams,
+    ) -> Result<
+        super::types::MemoryPortabilityExportResult,
+        crate::error::GatewayError,
+    > {
+        self.ran("memory.portability.export")
+    }
+    async fn portability_import(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryPortabilityImportParams,
+    ) -> Result<
+        super::types::MemoryPortabilityImportResult,
+        crate::error::GatewayError,
+    > {
+        self.ran("memory.portability.import")
+    }
+    async fn recall_stats(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryRecallStatsParams,
+    ) -> Result<super::types::MemoryRecallStatsResult, crate::error::GatewayError> {
+        self.ran("memory.recall_stats")
+    }
+    async fn recall_trace(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryRecallTraceParams,
+    ) -> Result<super::types::MemoryRecallTraceResult, crate::error::GatewayError> {
+        self.ran("memory.recall_trace")
+    }
+    async fn search(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemorySearchParams,
+    ) -> Result<super::types::MemorySearchResult, crate::error::GatewayError> {
+        self.ran("memory.search")
+    }
+    async fn search_files(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemorySearchFilesParams,
+    ) -> Result<super::types::MemorySearchFilesResult, crate::error::GatewayError> {
+        self.ran("memory.search_files")
+    }
+    async fn stats(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryStatsParams,
+    ) -> Result<super::types::MemoryStatsResult, crate::error::GatewayError> {
+        self.ran("memory.stats")
+    }
+    async fn store(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryStoreParams,
+    ) -> Result<super::types::MemoryStoreResult, crate::error::GatewayError> {
+        self.ran("memory.store")
+    }
+    async fn unpin(
+        &self,
+        _ctx: &crate::rpc::CallContext,
+        _params: super::types::MemoryUnpinParams,
+    ) -> Result<super::types::MemoryUnpinResult, crate::error::GatewayError> {
+        self.ran("memory.unpin")
     }
 }
 impl<O: crate::tenancy::Owners> ModelsApi for Fake<O> {

@@ -536,7 +536,7 @@ pub struct AgentsConfig {
     /// Models (<provider>/<modelId>) tried in order when the primary model fails after its retries (network, timeout, 429, 5xx, disabled provider); replaced whole on update.
     #[serde(rename = "fallbackModels", default, skip_serializing_if = "Option::is_none")]
     pub fallback_models: Option<Vec<String>>,
-    /// Model (<provider>/<modelId>) per operation other than chat - summarize (session.compact) and embed (memory search); an operation not listed uses the default. Replaced whole on update.
+    /// Model (<provider>/<modelId>) per operation other than chat - summarize (session.compact and the summary tree of long conversations), embed (memory entries and searches) and memory (entity and observation consolidation, memory.ask); an operation not listed uses the default (the agent's model; for embed the first embedding model of the catalogue). Replaced whole on update.
     #[serde(
         rename = "operationModels",
         default,
@@ -2965,7 +2965,7 @@ pub struct ContextConversationsResult {
 )]
 #[serde(deny_unknown_fields)]
 pub struct ContextConversationsResultConversationsItem {
-    /// The conversation's id (pass it to context.tree).
+    /// The conversation's id (pass it to context.tree); the session key of its session.
     #[serde(rename = "conversationId")]
     pub conversation_id: String,
     /// Tenant label.
@@ -3003,7 +3003,7 @@ pub struct ContextConversationsResultConversationsItem {
 )]
 #[serde(deny_unknown_fields)]
 pub struct ContextTreeParams {
-    /// The conversation, as listed by context.conversations.
+    /// The conversation, as listed by context.conversations (its session key).
     #[serde(rename = "conversation_id")]
     pub conversation_id: String,
     /// Most nodes returned.

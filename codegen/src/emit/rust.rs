@@ -331,6 +331,7 @@ fn methods(cat: &Catalogue) -> Result<TokenStream, String> {
     let kind_docs: Vec<_> = cat.owners.iter().map(|k| doc(&k.description)).collect();
     let kind_not_found: Vec<_> = cat.owners.iter().map(|k| k.not_found.clone()).collect();
     let kind_lookup: Vec<_> = cat.owners.iter().map(|k| k.lookup).collect();
+    let kind_scope: Vec<_> = cat.owners.iter().map(|k| k.refuse_as_scope).collect();
 
     Ok(quote! {
         /// A scope a token can carry.
@@ -364,6 +365,11 @@ fn methods(cat: &Catalogue) -> Result<TokenStream, String> {
             /// Whether the store is asked who owns the record (false: the id is a tenant).
             pub const fn lookup(self) -> bool {
                 match self { #( RecordKind::#kind_variants => #kind_lookup, )* }
+            }
+            /// Whether a refused caller gets -32603 (naming another tenant needs admin) rather
+            /// than -32001.
+            pub const fn refuse_as_scope(self) -> bool {
+                match self { #( RecordKind::#kind_variants => #kind_scope, )* }
             }
         }
 

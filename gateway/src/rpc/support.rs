@@ -45,7 +45,8 @@ pub fn authorize(ctx: &CallContext, info: &MethodInfo) -> Result<(), RpcError> {
 
 /// The ownership rule of the method, for the record its params name (`named`; None when the
 /// param is absent): -32001 `<Kind> not found: <id>` unless the caller's tenant reaches it, the
-/// same answer as a record that does not exist.
+/// same answer as a record that does not exist; for a kind that refuses as scope (a tenant id
+/// the memory methods take), -32603 `Insufficient scope: requires 'admin'`.
 pub async fn check_owner<O: crate::tenancy::Owners>(
     owners: &O,
     ctx: &CallContext,
@@ -57,6 +58,11 @@ pub async fn check_owner<O: crate::tenancy::Owners>(
     };
     if crate::tenancy::allowed(owners, ctx.tenant(), rule.kind, rule.claim, id).await? {
         return Ok(());
+    }
+    if rule.kind.refuse_as_scope() {
+        return Err(RpcError::insufficient_scope(
+            super::generated::methods::Scope::Admin,
+        ));
     }
     let shown: String = id.chars().take(200).filter(|c| !c.is_control()).collect();
     Err(RpcError::new(

@@ -14,7 +14,7 @@ use crate::store::registry::Table;
 use crate::store::Store;
 
 /// Operations an agent can route to a model other than its primary.
-pub const OPERATIONS: &[&str] = &["summarize", "embed"];
+pub const OPERATIONS: &[&str] = &["summarize", "embed", "memory"];
 
 /// One agent in force. `config` has every member set.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,7 +137,7 @@ pub fn complete(
     for (op, m) in ops {
         if !OPERATIONS.contains(&op.as_str()) {
             return Err(GatewayError::InvalidParams(format!(
-                "'config.operationModels.{op}': unknown operation (summarize, embed)"
+                "'config.operationModels.{op}': unknown operation (summarize, embed, memory)"
             )));
         }
         let full = check_model(snap, &format!("config.operationModels.{op}"), &m)?;

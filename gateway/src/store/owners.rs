@@ -40,7 +40,9 @@ impl Owners for Store {
                 });
             }
             // A tenant id is compared by the rule itself, never looked up.
-            RecordKind::Tenant => return Ok(Lookup::Exists(Some(id.to_owned()))),
+            RecordKind::Tenant | RecordKind::MemoryTenant => {
+                return Ok(Lookup::Exists(Some(id.to_owned())))
+            }
         };
         let owner: Option<Option<String>> = super::on_pool!(self.pool(), |p| {
             sqlx::query_scalar(sql).bind(id).fetch_optional(p).await?

@@ -217,9 +217,75 @@ pub const TABLES: &[Table] = &[
             txt("tags"),
             int("created_at"),
             txt_n("tenant_id"),
+            txt("memory_type"),
+            txt("trust_level"),
+            int("pinned"),
+            int("updated_at"),
+            int_n("consolidated_at"),
         ],
         order_by: "id",
         identity: true,
+    },
+    // Embeddings are not carried: the importing gateway embeds the entries again in the
+    // background (with whatever model it runs).
+    Table {
+        name: "memory_entities",
+        cols: &[
+            int("id"),
+            txt("tenant_id"),
+            txt("agent_id"),
+            txt("name"),
+            txt("norm"),
+            int("first_seen"),
+            int("last_seen"),
+        ],
+        order_by: "id",
+        identity: true,
+    },
+    Table {
+        name: "memory_entity_mentions",
+        cols: &[int("entity_id"), int("memory_id")],
+        order_by: "entity_id, memory_id",
+        identity: false,
+    },
+    Table {
+        name: "memory_observations",
+        cols: &[
+            int("id"),
+            txt("tenant_id"),
+            txt("agent_id"),
+            txt("content"),
+            real("confidence"),
+            int("created_at"),
+            int("consolidated_at"),
+        ],
+        order_by: "id",
+        identity: true,
+    },
+    Table {
+        name: "memory_observation_sources",
+        cols: &[int("observation_id"), int("memory_id"), txt_n("session_key")],
+        order_by: "observation_id, memory_id",
+        identity: false,
+    },
+    Table {
+        name: "context_summaries",
+        cols: &[
+            txt("id"),
+            txt("session_key"),
+            txt("kind"),
+            int("depth"),
+            txt("content"),
+            int("token_count"),
+            int("first_seq"),
+            int("last_seq"),
+            int("message_count"),
+            txt("taint"),
+            txt_n("parent_id"),
+            int("created_at"),
+        ],
+        order_by: "id",
+        identity: false,
     },
     Table {
         name: "runs",
@@ -1504,7 +1570,7 @@ mod tests {
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], FORMAT);
         assert_eq!(header["version"], 1);
-        assert_eq!(header["schema"], 8);
+        assert_eq!(header["schema"], 9);
         assert_eq!(header["source"], src.backend_name());
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(

@@ -419,7 +419,7 @@ export interface AgentsConfig {
    */
   "fallbackModels"?: string[];
   /**
-   * Model (<provider>/<modelId>) per operation other than chat - summarize (session.compact) and embed (memory search); an operation not listed uses the default. Replaced whole on update.
+   * Model (<provider>/<modelId>) per operation other than chat - summarize (session.compact and the summary tree of long conversations), embed (memory entries and searches) and memory (entity and observation consolidation, memory.ask); an operation not listed uses the default (the agent's model; for embed the first embedding model of the catalogue). Replaced whole on update.
    */
   "operationModels"?: Record<string, string>;
   /**
@@ -2050,7 +2050,7 @@ export interface ContextConversationsResult {
  */
 export interface ContextConversationsResultConversationsItem {
   /**
-   * The conversation's id (pass it to context.tree).
+   * The conversation's id (pass it to context.tree); the session key of its session.
    */
   "conversationId": string;
   /**
@@ -2088,7 +2088,7 @@ export interface ContextConversationsResultConversationsItem {
  */
 export interface ContextTreeParams {
   /**
-   * The conversation, as listed by context.conversations.
+   * The conversation, as listed by context.conversations (its session key).
    */
   "conversation_id": string;
   /**
