@@ -35,6 +35,18 @@ impl Identity {
         &self.tenant
     }
 
+    /// The one tenant a method acting on a single tenant's records works in (the memory
+    /// methods): `named` when the caller reaches it, else the caller's own. The `memory_tenant`
+    /// ownership rule has refused another tenant's name for a caller without admin before a
+    /// handler runs; falling back to the caller's own never widens its reach.
+    pub fn tenant_named(&self, named: Option<&str>) -> (Tenant, String) {
+        let id = match named {
+            Some(n) if self.tenant.reaches(Some(n)) => n,
+            _ => self.client_id.as_str(),
+        };
+        (Tenant::owner(id), id.to_owned())
+    }
+
     /// Whether the caller may use something requiring `scope`. `admin` includes `rpc`.
     pub fn allows(&self, scope: Scope) -> bool {
         self.scopes.allows(scope)

@@ -2,7 +2,9 @@
 //! table (plus our documented additions), strict (unknown keys are refused with their path),
 //! environment overrides, validation, and secret redaction.
 
+pub mod context;
 pub mod document;
+pub mod memory;
 pub mod scheduler;
 pub mod store;
 pub mod webhooks;
@@ -81,6 +83,9 @@ pub struct Config {
     /// Retention of the session index, diagnostics and prompt reports (`obs.*`).
     #[serde(default)]
     pub observability: ObservabilityConfig,
+    /// Long-term memory: embeddings, recall and consolidation (`memory.*`).
+    #[serde(default)]
+    pub memory: memory::MemoryConfig,
 }
 
 /// `observability`.
@@ -542,6 +547,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     crate::runtime::providers::policy::validate(&config.provider_policy).map_err(ConfigError)?;
     store::validate(&config.store)?;
     scheduler::validate(&config.scheduler)?;
+    context::validate(&config.agent_defaults.context)?;
     crate::secrets::master_key(&config.secrets)?;
     let o = &config.observability;
     if o.trace_retention_hours == 0
@@ -555,6 +561,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
                 .to_owned(),
         ));
     }
+    memory::validate(&config.memory)?;
     if config.config_history.keep == 0 {
         return Err(ConfigError(
             "configHistory.keep must be greater than 0".to_owned(),

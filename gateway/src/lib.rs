@@ -11,6 +11,7 @@ pub mod http;
 pub mod hub;
 pub mod logging;
 pub mod media;
+pub mod memory;
 pub mod obs;
 pub mod rpc;
 pub mod runtime;

@@ -117,6 +117,7 @@ async fn build_state(
     crate::webhooks::resume_queued(state.webhooks.as_deref(), &state.engine).await;
     crate::runtime::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
     crate::runtime::scheduler::timer::start(&state.engine, state.stop.clone());
+    crate::memory::worker::start(&state.engine, state.stop.clone());
     tokio::spawn(auth::flush_last_use(
         Arc::downgrade(&state.engine.api_tokens),
         TOKEN_USE_FLUSH,

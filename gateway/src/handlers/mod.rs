@@ -11,6 +11,8 @@ mod env;
 mod gateway;
 mod heartbeat;
 mod memory;
+
+pub(crate) use memory::{search as memory_search, stats as memory_stats, wire};
 mod models;
 mod obs;
 mod providers;

@@ -480,14 +480,18 @@ impl ObsApi for Rpc {
         let mut snapshots = Vec::with_capacity(shapes.len());
         for s in shapes {
             let compactions = store.compactions_of(&s.session_key, 20).await?;
+            // Summaries are the nodes of the tree plus the system message the old
+            // session.compact stored; depths count from the messages (a leaf is 1).
+            let (tree_nodes, tree_depth) = store.context_shape(&s.session_key).await?;
+            let legacy_depth = i64::from(s.summaries > 0);
             snapshots.push(ObsContextDagResultSnapshotsItem {
                 agent_id: s.agent_id,
                 session_key: s.session_key,
                 updated_at: s.updated_at,
-                node_count: s.messages,
+                node_count: s.messages + tree_nodes,
                 message_nodes: s.messages - s.summaries,
-                summary_nodes: s.summaries,
-                max_depth: i64::from(s.summaries > 0),
+                summary_nodes: s.summaries + tree_nodes,
+                max_depth: tree_depth.map_or(legacy_depth, |d| (d + 1).max(legacy_depth)),
                 total_tokens: s.tokens,
                 compactions,
             });

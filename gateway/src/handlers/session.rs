@@ -281,6 +281,7 @@ impl SessionApi for Rpc {
                 s.tenant_id.as_deref(),
                 &agent,
                 &s.key,
+                &s.channel,
                 p.instructions.as_deref(),
             )
             .await?;
@@ -308,15 +309,17 @@ impl SessionApi for Rpc {
         let engine = self.engine();
         let store = &engine.store;
         // Best effort per layer: an absent session is not an error (a storage failure is).
-        let (cleared, notes) = {
+        let (cleared, attached) = {
             let lock = engine.locks.lock_for(&p.session_key);
             let _turns = lock.lock().await;
-            // Counted under the turn lock; the delete cascades to messages and notes.
+            // Counted under the turn lock; the delete cascades to messages and notes (the
+            // summary nodes are deleted first, to be counted).
             match store.session_get(ctx.tenant(), &p.session_key).await? {
                 Some(s) => {
                     let notes = store.notes_list(&s.key).await?.len() as i64;
+                    let summaries = store.context_delete(&s.key).await?;
                     store.session_delete(ctx.tenant(), &s.key).await?;
-                    (s.message_count, notes)
+                    (s.message_count, notes + summaries)
                 }
                 None => (0, 0),
             }
@@ -324,8 +327,9 @@ impl SessionApi for Rpc {
         // Memories outlive their session, so they are deleted even when it is gone.
         let memories_deleted = if p.memory {
             Some(
-                match store
-                    .memory_delete_by_session(ctx.tenant(), &p.session_key)
+                match self
+                    .engine()
+                    .memory_forget_session(ctx.tenant(), &p.session_key, p.purge_derived)
                     .await
                 {
                     Ok(n) => n,
@@ -340,7 +344,7 @@ impl SessionApi for Rpc {
         };
         Ok(SessionResetConversationResult {
             session_key: p.session_key,
-            lcd_rows_deleted: cleared + notes,
+            lcd_rows_deleted: cleared + attached,
             session_messages_cleared: cleared,
             memories_deleted,
             runtime_session_destroyed: None,

@@ -47,6 +47,10 @@ pub struct Engine {
     pub api_tokens: Arc<crate::auth::ApiTokens>,
     /// Observability settings and the last context budget per agent.
     pub obs: Arc<crate::obs::ObsState>,
+    /// Long-term memory: the vector index, caches, breaker and recall counters.
+    pub memory: Arc<crate::memory::Memory>,
+    /// This engine, for background work it starts itself (set when its workers start).
+    pub this: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
 
 /// The media store's directory under the data directory.
@@ -226,6 +230,8 @@ impl Engine {
         crate::obs::spawn_sweeper(Arc::downgrade(&obs), store.clone());
         let engine = Self {
             obs,
+            memory: crate::memory::Memory::new(config.memory.clone()),
+            this: std::sync::OnceLock::new(),
             media,
             providers: Providers::new(
                 store.clone(),

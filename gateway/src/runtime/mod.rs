@@ -5,6 +5,7 @@ pub mod agents;
 pub mod catalog;
 pub mod compact;
 pub mod config_writes;
+pub mod context_tree;
 pub mod control;
 pub mod domain;
 pub mod embed;

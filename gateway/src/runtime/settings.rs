@@ -70,6 +70,8 @@ pub struct AgentDefaults {
     pub circuit_breaker_threshold: u32,
     /// Most history messages sent to the model per turn (before context-window trimming).
     pub max_history_messages: u32,
+    /// The summary tree of each conversation: when it is built and its shape.
+    pub context: crate::config::context::ContextConfig,
 }
 
 impl Default for AgentDefaults {
@@ -78,6 +80,7 @@ impl Default for AgentDefaults {
             max_steps: 10,
             circuit_breaker_threshold: 3,
             max_history_messages: 200,
+            context: crate::config::context::ContextConfig::default(),
         }
     }
 }

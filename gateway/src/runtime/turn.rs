@@ -1,7 +1,8 @@
-//! The agent turn: system prompt + trimmed session history + the user's message -> model ->
-//! tool calls -> results -> ... until a final answer, a step or budget limit, the tool
-//! circuit breaker, a repeated tool call, or a provider failure. Usage is recorded per model
-//! call; the transcript is written in one transaction before the answer is returned.
+//! The agent turn: system prompt (with the conversation's summaries) + the messages no summary
+//! covers, trimmed to the window + the user's message -> model -> tool calls -> results -> ...
+//! until a final answer, a step or budget limit, the tool circuit breaker, a repeated tool
+//! call, or a provider failure. Usage is recorded per model call; the transcript is written in
+//! one transaction before the answer is returned.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::rpc::generated::types::{
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog::ModelInfo;
+use crate::runtime::context_tree::{compose_system, TurnContext, TurnSide};
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::retry::{chat_with_retry, RetryPolicy};
 use crate::runtime::providers::{
@@ -292,8 +294,14 @@ impl Engine {
             .clone()
             .or_else(|| agent.config.system_prompt.clone())
             .unwrap_or_default();
-        let mut history = Vec::new();
-        let mut summary = None;
+        let agent_prompt = system;
+        let user = ChatMessage::user(req.message.clone());
+        let user_tokens = sessions::message_tokens(&user);
+        let reserve = context_model
+            .max_output_tokens
+            .unwrap_or(1024)
+            .min(context_model.context_window / 4);
+        let mut context = TurnContext::default();
         let mut created = false;
         if let Some(s) = &req.session {
             // The key was authorized for its owner; a row stored under it for another owner
@@ -314,18 +322,27 @@ impl Engine {
                 }
                 Lookup::Missing { .. } => false,
             };
-            let limit = i64::from(self.agents.defaults().max_history_messages.max(1));
-            let rows = if exists {
-                self.store
-                    .session_messages(&reach, &s.key, None, limit)
-                    .await?
-                    .0
+            if exists {
+                // The summary tree and the messages it does not cover (grown first when the
+                // history no longer fits its share of the window).
+                context = self
+                    .turn_context(
+                        TurnSide {
+                            agent: &agent,
+                            key: &s.key,
+                            channel: &s.channel,
+                            owner: &owner,
+                            agent_prompt: &agent_prompt,
+                            user_tokens,
+                            input_window: context_model.context_window.saturating_sub(reserve),
+                            cancel: &req.cancel,
+                        },
+                        &reach,
+                    )
+                    .await?;
             } else {
-                Vec::new()
-            };
-            // A new session is created before the first step, since tools (notes) write rows
-            // that reference it.
-            if !exists {
+                // A new session is created before the first step, since tools (notes) write
+                // rows that reference it.
                 created = true;
                 self.store
                     .session_ensure(&NewSession {
@@ -342,38 +359,17 @@ impl Engine {
                     json!({"sessionKey": s.key, "agentId": s.agent_id, "channel": s.channel}),
                 );
             }
-            for r in &rows {
-                match sessions::to_chat(r) {
-                    Some(m) => history.push(m),
-                    None => summary = Some(r.content.clone()),
-                }
-            }
         }
-        let agent_prompt = system;
-        let system = match &summary {
-            Some(sum) if agent_prompt.is_empty() => {
-                format!("Summary of the earlier conversation:\n{sum}")
-            }
-            Some(sum) => {
-                format!("{agent_prompt}\n\nSummary of the earlier conversation:\n{sum}")
-            }
-            None => agent_prompt.clone(),
-        };
-        let user = ChatMessage::user(req.message.clone());
-        let reserve = context_model
-            .max_output_tokens
-            .unwrap_or(1024)
-            .min(context_model.context_window / 4);
-        let fixed = crate::runtime::providers::scripted::estimate_tokens(&system)
-            + sessions::message_tokens(&user);
+        let summary = context.summary;
+        let system = compose_system(&agent_prompt, summary.as_deref());
+        let fixed = crate::runtime::providers::scripted::estimate_tokens(&system) + user_tokens;
         let budget = context_model
             .context_window
             .saturating_sub(reserve)
             .saturating_sub(fixed);
-        let history_len = history.len();
-        let mut messages = sessions::trim_history(history, budget);
+        let history_len = context.history.len();
+        let mut messages = sessions::trim_history(context.history, budget);
         let first_new = messages.len();
-        let user_tokens = sessions::message_tokens(&user);
         messages.push(user);
         trace.budget(context_budget(
             &context_model,
@@ -393,6 +389,7 @@ impl Engine {
         let max_steps = req.max_steps.unwrap_or_else(|| agent.max_steps()).max(1);
         let limits = agent.budget();
         let breaker = self.agents.defaults().circuit_breaker_threshold.max(1);
+        let tool_trace_id = trace.trace_id.clone();
         let ctx = ToolContext {
             store: &self.store,
             media: &self.media,
@@ -403,6 +400,8 @@ impl Engine {
                 .session
                 .as_ref()
                 .map_or(req.caller.client_id.as_str(), |s| s.tenant_id.as_str()),
+            engine: self,
+            trace_id: &tool_trace_id,
         };
 
         let mut out = TurnOutcome {

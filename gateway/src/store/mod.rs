@@ -12,6 +12,7 @@
 
 #[cfg(test)]
 mod conformance;
+pub mod context;
 pub mod control;
 pub mod fleet;
 pub mod memory;
@@ -225,6 +226,24 @@ impl Store {
         }
     }
 
+    /// Bytes the database takes: SQLite's pages, PostgreSQL's database size.
+    pub async fn size_bytes(&self) -> Result<i64, GatewayError> {
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => {
+                sqlx::query_scalar(
+                    "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+                )
+                .fetch_one(p)
+                .await?
+            }
+            Pool::Postgres(p) => {
+                sqlx::query_scalar("SELECT pg_database_size(current_database())::bigint")
+                    .fetch_one(p)
+                    .await?
+            }
+        })
+    }
+
     /// Whether several nodes may share this database (PostgreSQL).
     pub fn is_shared(&self) -> bool {
         matches!(self.pool, Pool::Postgres(_))
@@ -284,7 +303,7 @@ macro_rules! column {
         }
     )*};
 }
-column!(i64, f64, String, Option<i64>, Option<f64>, Option<String>);
+column!(i64, f64, String, Option<i64>, Option<f64>, Option<String>, Vec<u8>, Option<Vec<u8>>);
 
 /// A row of either backend, read by column name.
 pub trait StoreRow {
@@ -321,7 +340,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(of(&SQLITE_MIGRATIONS), of(&POSTGRES_MIGRATIONS));
-        assert_eq!(schema_version(), 8);
+        assert_eq!(schema_version(), 9);
     }
 
     /// A migration already applied somewhere must never change: sqlx refuses to open a

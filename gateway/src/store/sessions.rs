@@ -111,7 +111,7 @@ const SESSION_COLUMNS: &str = "s.session_key, s.agent_id, s.channel, s.tenant_id
      (SELECT COUNT(*) FROM messages m WHERE m.session_key = s.session_key) AS message_count, \
      s.input_tokens, s.output_tokens, s.cost_usd, s.last_steps, s.last_model, s.created_at, s.updated_at";
 
-const MESSAGE_COLUMNS: &str = "seq, role, content, tool_calls, tool_call_id, tool_name, is_error, model, input_tokens, output_tokens, created_at";
+pub(super) const MESSAGE_COLUMNS: &str = "seq, role, content, tool_calls, tool_call_id, tool_name, is_error, model, input_tokens, output_tokens, created_at";
 
 fn session_row(r: &impl StoreRow) -> Result<SessionRow, sqlx::Error> {
     Ok(SessionRow {
@@ -133,7 +133,7 @@ fn session_row(r: &impl StoreRow) -> Result<SessionRow, sqlx::Error> {
     })
 }
 
-fn message_row(r: &impl StoreRow) -> Result<MessageRow, sqlx::Error> {
+pub(super) fn message_row(r: &impl StoreRow) -> Result<MessageRow, sqlx::Error> {
     Ok(MessageRow {
         seq: r.col("seq")?,
         role: r.col("role")?,
@@ -408,7 +408,7 @@ impl Store {
         }))
     }
 
-    /// Replaces the whole transcript (compaction), renumbering from 0.
+    /// Replaces the whole transcript, renumbering from 0 (and dropping its summary tree).
     pub async fn session_replace_messages(
         &self,
         key: &str,
@@ -428,14 +428,19 @@ impl Store {
                 .bind(key)
                 .execute(&mut *tx)
                 .await?;
+            // Seq numbers start again at 0: summaries of the old numbers would cover new rows.
+            sqlx::query("DELETE FROM context_summaries WHERE session_key = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
             insert_messages!(tx, key, 0i64, messages);
             tx.commit().await?;
         });
         Ok(())
     }
 
-    /// Clears the messages (keeping the session and its metadata); the count cleared, or None
-    /// when the session does not exist.
+    /// Clears the messages and their summary tree (keeping the session and its metadata); the
+    /// count of messages cleared, or None when the session does not exist.
     pub async fn session_clear(
         &self,
         tenant: &Tenant,
@@ -459,6 +464,11 @@ impl Store {
                 return Ok(None);
             }
             let done = sqlx::query("DELETE FROM messages WHERE session_key = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            // Seq numbers start again at 0: summaries of the old numbers would cover new rows.
+            sqlx::query("DELETE FROM context_summaries WHERE session_key = $1")
                 .bind(key)
                 .execute(&mut *tx)
                 .await?;

@@ -1383,7 +1383,7 @@ mod tests {
             .await
             .unwrap();
         s.note_add("a:z", "a note").await.unwrap();
-        s.memory_insert(
+        s.memory_insert_plain(
             "alice",
             "bot",
             Some("a:z"),
@@ -1392,7 +1392,7 @@ mod tests {
         )
         .await
         .unwrap();
-        s.memory_insert("bob", "bot", None, "no session", &[])
+        s.memory_insert_plain("bob", "bot", None, "no session", &[])
             .await
             .unwrap();
         for i in 0..3i64 {
@@ -1641,7 +1641,7 @@ mod tests {
             .unwrap();
         let note = dst.note_add("b", "after").await.unwrap();
         let memory = dst
-            .memory_insert("alice", "bot", None, "after", &[])
+            .memory_insert_plain("alice", "bot", None, "after", &[])
             .await
             .unwrap();
         dst.usage_record(UsageRow {

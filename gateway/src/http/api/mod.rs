@@ -221,7 +221,8 @@ impl RestApi {
 
     /// Memory search
     ///
-    /// Full-text search over the agents' memories (one agent's with `agentId`), best first.
+    /// Hybrid search (words and meaning) over one tenant's memory, best first: the caller's
+    /// own, or `tenantId` with an admin token (another tenant's name without admin: 403).
     #[oai(
         path = "/memory/search",
         method = "get",
@@ -232,42 +233,42 @@ impl RestApi {
         &self,
         auth: RestBearer,
         Data(state): Data<&Arc<AppState>>,
-        #[oai(validator(min_length = 1, max_length = 1000))] q: Query<String>,
+        #[oai(validator(min_length = 1, max_length = 4000))] q: Query<String>,
         #[oai(validator(minimum(value = "1"), maximum(value = "100")))] limit: Query<Option<u32>>,
-        #[oai(name = "agentId")] agent_id: Query<Option<String>>,
+        #[oai(name = "tenantId", validator(min_length = 1, max_length = 128))] tenant_id: Query<
+            Option<String>,
+        >,
     ) -> Result<Json<MemorySearch>, RestError> {
-        let hits = state
-            .engine
-            .store
-            .search_memories(
-                auth.0.tenant(),
-                agent_id.0.as_deref(),
-                &q.0,
-                i64::from(limit.0.unwrap_or(10)),
-            )
-            .await?;
+        let tenant_id = memory_tenant(&auth.0, tenant_id.0.as_deref())?;
+        let hits = crate::handlers::memory_search(
+            &state.engine,
+            &tenant_id,
+            &q.0,
+            limit.0.unwrap_or(10) as usize,
+        )
+        .await?;
         let results = hits
             .into_iter()
             .map(|h| MemoryHitOut {
                 id: h.id,
-                agent_id: h.agent_id,
                 content: h.content,
-                tags: h
-                    .tags
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|t| !t.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
-                session_key: h.session_key,
-                score: h.score,
+                tags: h.tags,
+                memory_type: crate::handlers::wire(&h.memory_type),
+                trust_level: crate::handlers::wire(&h.trust_level),
+                agent_id: h.agent_id,
+                source_session_key: h.source_session_key,
+                pinned: h.pinned,
                 created_at: h.created_at,
+                score: h.score,
             })
             .collect();
         Ok(Json(MemorySearch { results }))
     }
 
     /// Memory statistics
+    ///
+    /// Entry counts and index facts of the caller's memory (or `tenantId`'s, with an admin
+    /// token), as `memory.stats` answers them.
     #[oai(
         path = "/memory/stats",
         method = "get",
@@ -278,14 +279,35 @@ impl RestApi {
         &self,
         auth: RestBearer,
         Data(state): Data<&Arc<AppState>>,
+        #[oai(name = "tenantId", validator(min_length = 1, max_length = 128))] tenant_id: Query<
+            Option<String>,
+        >,
     ) -> Result<Json<MemoryStats>, RestError> {
-        let (memories, notes, indexed_messages) =
-            state.engine.store.memory_stats(auth.0.tenant()).await?;
+        let tenant_id = memory_tenant(&auth.0, tenant_id.0.as_deref())?;
+        let s = crate::handlers::memory_stats(
+            &state.engine,
+            &crate::tenancy::Tenant::owner(&tenant_id),
+            &tenant_id,
+            None,
+        )
+        .await?;
         Ok(Json(MemoryStats {
-            memories,
-            notes,
-            indexed_messages,
-            index: "sqlite-fts5".to_owned(),
+            tenant_id: s.tenant_id,
+            agent_id: s.agent_id,
+            total_entries: s.total_entries,
+            pinned_entries: s.pinned_entries,
+            embedded_entries: s.embedded_entries,
+            by_type: s.by_type,
+            by_trust_level: s.by_trust_level,
+            by_agent: s.by_agent,
+            total_sessions: s.total_sessions,
+            observations: s.observations,
+            entities: s.entities,
+            fts_indexed: s.fts_indexed,
+            vector_indexed: s.vector_indexed,
+            db_size_bytes: s.db_size_bytes,
+            oldest_created_at: s.oldest_created_at,
+            newest_created_at: s.newest_created_at,
         }))
     }
 
@@ -439,5 +461,17 @@ impl RestApi {
         )?;
         let started = StreamingTurn::begin(state.engine.clone(), turn).await?;
         Ok(Sse::new(started.frames(TokenEvents::default())))
+    }
+}
+
+/// The tenant a memory route works in: the caller's own, or the one `named` when the caller
+/// reaches it (admin); another tenant's name without admin is 403, as the `memory_tenant` rule
+/// answers -32603 on JSON-RPC.
+fn memory_tenant(caller: &Principal, named: Option<&str>) -> Result<String, RestError> {
+    match named {
+        Some(n) if !caller.tenant().reaches(Some(n)) => Err(RestError(Problem::forbidden(
+            "Insufficient scope: naming another tenant requires 'admin'",
+        ))),
+        named => Ok(caller.tenant_named(named).1),
     }
 }

@@ -77,17 +77,24 @@ pub struct ActivityList {
     pub events: Vec<EventOut>,
 }
 
+/// One memory search hit (the `MemorySearchHit` of the method catalogue).
 #[derive(Debug, Clone, Object)]
 #[oai(rename = "MemoryHit", rename_all = "camelCase")]
 pub struct MemoryHitOut {
-    pub id: i64,
-    pub agent_id: String,
+    pub id: String,
     pub content: String,
     pub tags: Vec<String>,
-    #[oai(nullable)]
-    pub session_key: Option<String>,
-    pub score: f64,
+    /// working, episodic, semantic or procedural.
+    pub memory_type: String,
+    /// system, learned or external.
+    pub trust_level: String,
+    pub agent_id: String,
+    #[oai(skip_serializing_if_is_none)]
+    pub source_session_key: Option<String>,
+    pub pinned: bool,
     pub created_at: i64,
+    /// Relevance to the query in (0, 1], best first.
+    pub score: f64,
 }
 
 #[derive(Debug, Clone, Object)]
@@ -96,15 +103,29 @@ pub struct MemorySearch {
     pub results: Vec<MemoryHitOut>,
 }
 
+/// Counts and index facts of one tenant's memory (the `MemoryStats` of the method catalogue).
 #[derive(Debug, Clone, Object)]
 #[oai(rename = "MemoryStats", rename_all = "camelCase")]
 pub struct MemoryStats {
-    pub memories: i64,
-    pub notes: i64,
-    /// Transcript messages in the full-text index.
-    pub indexed_messages: i64,
-    /// `sqlite-fts5`.
-    pub index: String,
+    pub tenant_id: String,
+    #[oai(nullable)]
+    pub agent_id: Option<String>,
+    pub total_entries: i64,
+    pub pinned_entries: i64,
+    pub embedded_entries: i64,
+    pub by_type: std::collections::BTreeMap<String, i64>,
+    pub by_trust_level: std::collections::BTreeMap<String, i64>,
+    pub by_agent: std::collections::BTreeMap<String, i64>,
+    pub total_sessions: i64,
+    pub observations: i64,
+    pub entities: i64,
+    pub fts_indexed: bool,
+    pub vector_indexed: bool,
+    pub db_size_bytes: i64,
+    #[oai(nullable)]
+    pub oldest_created_at: Option<i64>,
+    #[oai(nullable)]
+    pub newest_created_at: Option<i64>,
 }
 
 #[derive(Debug, Clone, Object)]

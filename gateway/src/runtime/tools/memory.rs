@@ -1,8 +1,13 @@
-//! `memory_store` and `memory_search`: what the agent remembers across sessions (SQLite FTS5).
+//! `memory_store` and `memory_search`: what the agent remembers across sessions, in its
+//! tenant's memory (the same entries and hybrid recall as `memory.*`).
 
 use serde_json::{json, Value};
 
 use super::{Tool, ToolContext, ToolResult};
+use crate::error::GatewayError;
+use crate::memory::recall::RecallFor;
+use crate::memory::write::Source;
+use crate::store::memory::NewMemory;
 use crate::runtime::providers::BoxFuture;
 
 pub struct MemoryStore;
@@ -44,14 +49,38 @@ impl Tool for MemoryStore {
                         .collect()
                 })
                 .unwrap_or_default();
-            let id = ctx
-                .store
-                .memory_insert(ctx.owner, ctx.agent_id, ctx.session_key, content, &tags)
-                .await
-                .map_err(|e| {
+            // Text an agent learned in a conversation fed by outside content (webhooks) is
+            // never trusted more than that content.
+            let trust = if ctx.session_key.is_some_and(|k| k.split(':').nth(2) == Some("webhook")) {
+                "external"
+            } else {
+                "learned"
+            };
+            let written = ctx
+                .engine
+                .memory_write(
+                    ctx.owner,
+                    NewMemory {
+                        agent_id: ctx.agent_id,
+                        session_key: ctx.session_key,
+                        content,
+                        tags: &tags,
+                        memory_type: "semantic",
+                        trust_level: trust,
+                        pinned: false,
+                        created_at: crate::store::now_ms(),
+                    },
+                    Source::Agent,
+                )
+                .await;
+            let id = match written {
+                Ok((id, _)) => id,
+                Err(GatewayError::InvalidParams(m)) => return Err(m),
+                Err(e) => {
                     tracing::error!(error = %e, "memory_store failed");
-                    "the memory could not be stored".to_owned()
-                })?;
+                    return Err("the memory could not be stored".to_owned());
+                }
+            };
             Ok(json!({"stored": true, "id": id}).to_string())
         })
     }
@@ -70,7 +99,7 @@ impl Tool for MemorySearch {
         json!({
             "type": "object",
             "properties": {
-                "query": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "Words to look for."},
+                "query": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What to look for (words or a description)."},
                 "limit": {"type": "integer", "minimum": 1, "maximum": 50, "description": "Most results (default 5)."}
             },
             "required": ["query"],
@@ -85,23 +114,36 @@ impl Tool for MemorySearch {
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             let limit = args.get("limit").and_then(Value::as_i64).unwrap_or(5);
-            let hits = ctx
-                .store
-                .search_memories(ctx.tenant, Some(ctx.agent_id), query, limit)
+            // The turn's tenant only (never every tenant, even for an admin caller), this
+            // agent's entries only.
+            let recall = ctx
+                .engine
+                .memory_recall(
+                    ctx.owner,
+                    query,
+                    limit.clamp(1, 50) as usize,
+                    RecallFor {
+                        agent: Some(ctx.agent_id),
+                        session_key: ctx.session_key,
+                        trace_id: Some(ctx.trace_id),
+                    },
+                )
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "memory_search failed");
                     "the memory search failed".to_owned()
                 })?;
-            let results: Vec<Value> = hits
+            let results: Vec<Value> = recall
+                .hits
                 .into_iter()
                 .map(|h| {
                     json!({
-                        "id": h.id,
-                        "content": h.content,
-                        "tags": serde_json::from_str::<Value>(&h.tags).unwrap_or(Value::Null),
+                        "id": h.row.id.to_string(),
+                        "content": h.row.content,
+                        "tags": h.row.tags,
+                        "trustLevel": h.row.trust_level,
                         "score": h.score,
-                        "createdAt": h.created_at,
+                        "createdAt": h.row.created_at,
                     })
                 })
                 .collect();

@@ -26,6 +26,10 @@ pub struct ToolContext<'a> {
     pub tenant: &'a crate::tenancy::Tenant,
     /// Who owns what the tools store: the session's owner, or the caller of an ephemeral turn.
     pub owner: &'a str,
+    /// The engine, for tools that need more than the store (memory recall and writes).
+    pub engine: &'a crate::runtime::engine::Engine,
+    /// The turn's trace id, for the records tools leave (memory recalls).
+    pub trace_id: &'a str,
 }
 
 /// A tool's outcome: text for the model, or an error text (counted by the circuit breaker).

@@ -1,0 +1,234 @@
+//! Hybrid recall: the keyword lane (FTS5 bm25 / tsvector), the vector lane (cosine over the
+//! tenant's vectors in memory) and the entity lane, fused by reciprocal rank; and the embedding
+//! of texts through both cache tiers and the breaker.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{content_hash, fuse, keyword_text};
+use crate::error::GatewayError;
+use crate::runtime::embed::EmbedError;
+use crate::runtime::engine::Engine;
+use crate::store::memory::{MemoryRow, RecallRecord};
+use crate::store::now_ms;
+use crate::tenancy::Tenant;
+
+/// Where a recall was made, for its record.
+#[derive(Debug, Clone, Default)]
+pub struct RecallFor<'a> {
+    /// The recalling agent; None for a tenant-wide search (memory.search, REST).
+    pub agent: Option<&'a str>,
+    pub session_key: Option<&'a str>,
+    pub trace_id: Option<&'a str>,
+}
+
+/// One recalled entry and its fused score in (0, 1].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    pub row: MemoryRow,
+    pub score: f64,
+}
+
+/// What a recall found and how.
+#[derive(Debug, Clone, Default)]
+pub struct Recall {
+    pub hits: Vec<Hit>,
+    /// Lanes that ran: fts, vector, entity.
+    pub lanes: Vec<&'static str>,
+}
+
+/// Why texts could not be embedded now.
+#[derive(Debug)]
+pub enum NotEmbedded {
+    /// No embedding model configured, or it is not loaded / reachable yet, or the breaker is
+    /// open: keyword recall only.
+    Unavailable,
+    /// The model was called and failed.
+    Failed(String),
+}
+
+impl Engine {
+    /// Whether the memory embedding model can be called now without waiting for it to load.
+    pub fn memory_embedder_ready(&self) -> bool {
+        let Some(name) = self.memory.model() else {
+            return false;
+        };
+        let snap = self.providers.snapshot();
+        snap.model(name)
+            .is_some_and(|m| self.providers.available(&snap, m))
+            && self.memory.breaker_allows(now_ms())
+    }
+
+    /// Embeddings of `texts` by the memory model, in order: from the in-memory tier, then the
+    /// persistent cache, then one model call for the rest (whose results fill both tiers).
+    pub async fn memory_embed_texts(
+        &self,
+        texts: &[String],
+    ) -> Result<Vec<Arc<Vec<f32>>>, NotEmbedded> {
+        let Some(model) = self.memory.model().map(str::to_owned) else {
+            return Err(NotEmbedded::Unavailable);
+        };
+        let hashes: Vec<String> = texts.iter().map(|t| content_hash(t)).collect();
+        let mut out: Vec<Option<Arc<Vec<f32>>>> = vec![None; texts.len()];
+        let mut missing = Vec::new();
+        for (i, h) in hashes.iter().enumerate() {
+            if let Some(v) = self.memory.l1_get(h) {
+                out[i] = Some(v);
+                continue;
+            }
+            match self.store.embedding_cache_get(h, &model).await {
+                Ok(Some(v)) => {
+                    self.memory.l2_counters.hit(true);
+                    let v = Arc::new(v);
+                    self.memory.l1_put(h.clone(), v.clone());
+                    out[i] = Some(v);
+                }
+                Ok(None) => {
+                    self.memory.l2_counters.hit(false);
+                    missing.push(i);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "embedding cache unreadable");
+                    missing.push(i);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let now = now_ms();
+            if !self.memory.breaker_allows(now) {
+                return Err(NotEmbedded::Unavailable);
+            }
+            let inputs: Vec<String> = missing.iter().map(|i| texts[*i].clone()).collect();
+            let made = self.embed(&model, &inputs, &CancellationToken::new()).await;
+            let vectors = match made {
+                Ok((_, e)) if e.vectors.len() == inputs.len() => {
+                    self.memory.breaker_record(true, now);
+                    e.vectors
+                }
+                Ok(_) => {
+                    self.memory.breaker_record(false, now);
+                    return Err(NotEmbedded::Failed(
+                        "the embedding model answered a different number of vectors".to_owned(),
+                    ));
+                }
+                Err(EmbedError::NoEmbeddingProvider | EmbedError::ModelNotFound) => {
+                    return Err(NotEmbedded::Unavailable)
+                }
+                Err(EmbedError::Failed(e)) => {
+                    self.memory.breaker_record(false, now);
+                    return Err(NotEmbedded::Failed(e.to_string()));
+                }
+            };
+            let mut cached = Vec::with_capacity(vectors.len());
+            for (i, v) in missing.iter().zip(vectors) {
+                let v = Arc::new(v);
+                self.memory.l1_put(hashes[*i].clone(), v.clone());
+                cached.push((hashes[*i].clone(), (*v).clone()));
+                out[*i] = Some(v);
+            }
+            if let Err(e) = self.store.embedding_cache_put(&model, &cached).await {
+                tracing::warn!(error = %e, "embedding cache not written");
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Recalls up to `limit` entries of `tenant_id` (of one agent when `at.agent` is Some)
+    /// for `query`, best first, and records the recall (content-free).
+    pub async fn memory_recall(
+        &self,
+        tenant_id: &str,
+        query: &str,
+        limit: usize,
+        at: RecallFor<'_>,
+    ) -> Result<Recall, GatewayError> {
+        let started = Instant::now();
+        let tenant = Tenant::owner(tenant_id);
+        let k = self.memory.config.lane_candidates.max(limit);
+        let words = keyword_text(query);
+        let fts = self
+            .store
+            .memory_keyword_ids(&tenant, at.agent, &words, k as i64)
+            .await?;
+        let entity = self
+            .store
+            .memory_entity_ids(&tenant, at.agent, query, k as i64)
+            .await?;
+        let mut lanes = vec!["fts"];
+        // The vector lane runs only when the model answers now: a recall never waits for the
+        // model to load (it is recorded as keyword-only instead).
+        let mut vector = Vec::new();
+        if self.memory_embedder_ready() {
+            match self.memory_embed_texts(&[query.to_owned()]).await {
+                Ok(v) => {
+                    if let Some(q) = v.first() {
+                        lanes.push("vector");
+                        let found = self.memory.index.read().map(|ix| {
+                            ix.search(
+                                tenant_id,
+                                at.agent,
+                                q,
+                                k,
+                                self.memory.config.min_similarity,
+                            )
+                        });
+                        vector = found.unwrap_or_default().into_iter().map(|(id, _)| id).collect();
+                    }
+                }
+                Err(NotEmbedded::Failed(e)) => {
+                    tracing::warn!(error = %e, "query not embedded; keyword recall only");
+                }
+                Err(NotEmbedded::Unavailable) => {}
+            }
+        }
+        if !entity.is_empty() {
+            lanes.push("entity");
+        }
+        let candidates = {
+            let mut all: Vec<i64> = fts.iter().chain(&vector).chain(&entity).copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            all.len()
+        };
+        let fused = fuse::rrf(&[&fts, &vector, &entity]);
+        let chosen: Vec<(i64, f64)> = fused.into_iter().take(limit).collect();
+        let ids: Vec<i64> = chosen.iter().map(|(id, _)| *id).collect();
+        let rows = self.store.memory_rows(&tenant, &ids).await?;
+        let hits: Vec<Hit> = rows
+            .into_iter()
+            .filter_map(|row| {
+                let score = chosen.iter().find(|(id, _)| *id == row.id)?.1;
+                Some(Hit {
+                    row,
+                    score: score.clamp(f64::MIN_POSITIVE, 1.0),
+                })
+            })
+            .collect();
+        let agent = at.agent.unwrap_or_default();
+        self.memory.count(tenant_id, agent, |c| {
+            c.recalls += 1;
+            c.with_hits += i64::from(!hits.is_empty());
+            c.fts += 1;
+            c.vector += i64::from(lanes.contains(&"vector"));
+            c.entity += i64::from(lanes.contains(&"entity"));
+        });
+        let record = RecallRecord {
+            ts: now_ms(),
+            tenant_id: tenant_id.to_owned(),
+            agent_id: agent.to_owned(),
+            session_key: at.session_key.map(str::to_owned),
+            trace_id: at.trace_id.map(str::to_owned),
+            lanes: lanes.iter().map(|l| (*l).to_owned()).collect(),
+            candidate_count: candidates as i64,
+            final_count: hits.len() as i64,
+            entry_ids: hits.iter().map(|h| h.row.id).collect(),
+            duration_ms: started.elapsed().as_millis() as i64,
+        };
+        if let Err(e) = self.store.memory_recall_record(&record).await {
+            tracing::warn!(error = %e, "recall not recorded");
+        }
+        Ok(Recall { hits, lanes })
+    }
+}

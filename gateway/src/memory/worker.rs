@@ -1,0 +1,209 @@
+//! The embedding worker of one server generation: loads the stored vectors into the index,
+//! then embeds queued entries (and, after a full queue or a failure, sweeps the table for
+//! entries still without a vector of the configured model). Also sweeps old recall records.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::recall::NotEmbedded;
+use crate::runtime::engine::Engine;
+use crate::store::memory::Unembedded;
+use crate::store::now_ms;
+
+/// Vectors read per page when the index is loaded.
+const LOAD_PAGE: i64 = 5_000;
+/// How long the worker waits before trying again when the model is not there.
+const RETRY: Duration = Duration::from_secs(2);
+/// How often the table is swept anyway (and old recall records deleted).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Starts the worker; it ends with `stop` or when the engine is dropped.
+pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
+    let _ = engine.this.set(Arc::downgrade(engine));
+    let (tx, rx) = tokio::sync::mpsc::channel(engine.memory.config.embed_queue.max(1));
+    engine.memory.set_queue(tx);
+    let weak = Arc::downgrade(engine);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = run(weak, rx) => {}
+        }
+    });
+}
+
+async fn run(engine: Weak<Engine>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
+    let Some(e) = engine.upgrade() else { return };
+    let Some(model) = e.memory.model().map(str::to_owned) else {
+        // No vector lane: nothing to embed; the queue is drained so that senders never block
+        // (they never do: try_send), and old recall records are still swept.
+        drop(e);
+        loop {
+            tokio::select! {
+                got = rx.recv() => if got.is_none() { return },
+                _ = tokio::time::sleep(SWEEP_EVERY) => {
+                    let Some(e) = engine.upgrade() else { return };
+                    sweep_recalls(&e).await;
+                }
+            }
+        }
+    };
+    load_index(&e, &model).await;
+    drop(e);
+    let mut dirty = true;
+    loop {
+        if dirty {
+            let Some(e) = engine.upgrade() else { return };
+            dirty = !sweep(&e, &model).await;
+        }
+        let wait = if dirty { RETRY } else { SWEEP_EVERY };
+        let first = tokio::select! {
+            got = rx.recv() => match got { Some(id) => Some(id), None => return },
+            _ = tokio::time::sleep(wait) => None,
+        };
+        let Some(e) = engine.upgrade() else { return };
+        let Some(first) = first else {
+            sweep_recalls(&e).await;
+            dirty = true;
+            continue;
+        };
+        let batch_max = e.memory.config.embed_batch.max(1);
+        let mut ids = vec![first];
+        while ids.len() < batch_max {
+            match rx.try_recv() {
+                Ok(id) => ids.push(id),
+                Err(_) => break,
+            }
+        }
+        if e.memory.overflowed.swap(false, Ordering::Relaxed) {
+            dirty = true;
+        }
+        match e.store.memory_for_embedding(&ids).await {
+            Ok(rows) => {
+                if !embed_rows(&e, &model, &rows).await {
+                    dirty = true;
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "memory entries not read for embedding");
+                dirty = true;
+            }
+        }
+    }
+}
+
+/// Reads every stored vector of `model` into the index.
+async fn load_index(e: &Engine, model: &str) {
+    let mut after = 0;
+    let mut loaded = 0usize;
+    loop {
+        match e.store.memory_vectors(model, after, LOAD_PAGE).await {
+            Ok(page) if page.is_empty() => break,
+            Ok(page) => {
+                after = page.last().map_or(after, |v| v.id);
+                if let Ok(mut ix) = e.memory.index.write() {
+                    for v in &page {
+                        ix.upsert(&v.tenant_id, &v.agent_id, v.id, &v.vector);
+                    }
+                }
+                loaded += page.len();
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "memory vectors not loaded; vector recall is partial");
+                break;
+            }
+        }
+    }
+    e.memory.index_loaded.store(true, Ordering::Relaxed);
+    tracing::info!(entries = loaded, "memory vector index loaded");
+}
+
+/// Embeds every entry still without a vector of `model`; false when it had to stop (model not
+/// available or failing), so that the caller tries again later.
+async fn sweep(e: &Engine, model: &str) -> bool {
+    let mut after = 0;
+    loop {
+        if !e.memory_embedder_ready() && !local_loading_can_start(e) {
+            return false;
+        }
+        let page = match e
+            .store
+            .memory_unembedded(model, after, e.memory.config.embed_batch.max(1) as i64)
+            .await
+        {
+            Ok(p) => p,
+            Err(err) => {
+                tracing::warn!(error = %err, "unembedded memory entries not read");
+                return false;
+            }
+        };
+        let Some(last) = page.last() else {
+            return true;
+        };
+        after = last.id;
+        if !embed_rows(e, model, &page).await {
+            return false;
+        }
+    }
+}
+
+/// Whether calling the model would start loading it (the local provider before its first
+/// use): the sweep then makes that call instead of waiting forever.
+fn local_loading_can_start(e: &Engine) -> bool {
+    let Some(name) = e.memory.model() else {
+        return false;
+    };
+    let snap = e.providers.snapshot();
+    snap.model(name).is_some_and(|m| {
+        m.provider == "local"
+            && snap.providers.get(&m.provider).is_some_and(|p| p.enabled())
+            && e.memory.breaker_allows(now_ms())
+    })
+}
+
+/// Embeds `rows`, stores their vectors and indexes them; false when the model failed.
+async fn embed_rows(e: &Engine, model: &str, rows: &[Unembedded]) -> bool {
+    if rows.is_empty() {
+        return true;
+    }
+    let texts: Vec<String> = rows.iter().map(|r| r.content.clone()).collect();
+    let vectors = match e.memory_embed_texts(&texts).await {
+        Ok(v) => v,
+        Err(NotEmbedded::Unavailable) => return false,
+        Err(NotEmbedded::Failed(err)) => {
+            tracing::warn!(error = %err, "memory entries not embedded; retrying later");
+            return false;
+        }
+    };
+    let pairs: Vec<(i64, Vec<f32>)> = rows
+        .iter()
+        .zip(&vectors)
+        .map(|(r, v)| (r.id, (**v).clone()))
+        .collect();
+    if let Err(err) = e.store.memory_set_embeddings(model, &pairs).await {
+        tracing::warn!(error = %err, "memory embeddings not stored");
+        return false;
+    }
+    // An entry deleted while it was embedded must not come back into the index.
+    let still: Vec<i64> = match e.store.memory_for_embedding(&rows.iter().map(|r| r.id).collect::<Vec<_>>()).await {
+        Ok(r) => r.into_iter().map(|r| r.id).collect(),
+        Err(_) => Vec::new(),
+    };
+    if let Ok(mut ix) = e.memory.index.write() {
+        for (r, v) in rows.iter().zip(&vectors) {
+            if still.contains(&r.id) {
+                ix.upsert(&r.tenant_id, &r.agent_id, r.id, v);
+            }
+        }
+    }
+    true
+}
+
+async fn sweep_recalls(e: &Engine) {
+    let keep_ms = i64::from(e.memory.config.recall_retention_hours) * 3_600_000;
+    if let Err(err) = e.store.memory_recalls_sweep(now_ms() - keep_ms).await {
+        tracing::warn!(error = %err, "old recall records not swept");
+    }
+}
