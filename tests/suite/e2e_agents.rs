@@ -79,7 +79,7 @@ agents:
   default: {model: script/m1, systemPrompt: "Be brief.", maxSteps: 3, budget: {tokens: 1000}}
   failover: {model: broken/down, fallbackModels: [script/m2]}
   narrow: {model: script/m1, tools: [current_time]}
-agentDefaults: {circuitBreakerThreshold: 3}
+agentDefaults: {circuitBreakerThreshold: 3, context: {keepRecentMessages: 4}}
 providerPolicy: {apiKeyEnvAllowlist: [AGENT_GATEWAY_TEST_UNSET_KEY], allowLoopbackBaseUrl: true}
 "#;
 
@@ -316,15 +316,22 @@ async fn conversations_persist_and_the_session_methods_manage_them() {
         json!({"key": sk, "instructions": "keep names"}),
     )
     .await;
+    // The first turn (before the last keepRecentMessages: 4) became one leaf summary; the
+    // transcript is kept whole.
     assert_eq!(c["compactionTriggered"], true);
-    assert_eq!(c["messageCount"], 1);
+    assert_eq!(c["messageCount"], 5);
     assert_eq!(c["previousMessageCount"], 6);
     let h = ok(&gw, ADMIN, "session.history", json!({"session_key": sk})).await;
-    assert_eq!(h["messages"][0]["role"], "system");
+    assert_eq!(h["messages"].as_array().unwrap().len(), 6);
+    assert_eq!(h["messages"][0]["role"], "user");
+    let tree = ok(&gw, ADMIN, "context.tree", json!({"conversation_id": sk})).await;
+    assert_eq!(tree["nodes"].as_array().unwrap().len(), 1, "{tree}");
     let again = ok(&gw, ADMIN, "session.compact", json!({"key": sk})).await;
     assert_eq!(again["compactionTriggered"], false);
     let r = ok(&gw, ADMIN, "session.reset", json!({"session_key": sk})).await;
-    assert_eq!(r["previousMessageCount"], 1);
+    assert_eq!(r["previousMessageCount"], 6);
+    let tree = ok(&gw, ADMIN, "context.tree", json!({"conversation_id": sk})).await;
+    assert_eq!(tree["nodes"], json!([]), "{tree}");
     let d = ok(&gw, ADMIN, "session.delete", json!({"session_key": other})).await;
     assert_eq!(d["transcript"]["messageCount"], 2);
     assert_eq!(

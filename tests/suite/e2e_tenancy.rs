@@ -197,7 +197,7 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
     let victim = |kind: RecordKind| match kind {
         RecordKind::Session => alice_key.to_owned(),
         RecordKind::Run => run_id.clone(),
-        RecordKind::Tenant => ALICE_ID.to_owned(),
+        RecordKind::Tenant | RecordKind::MemoryTenant => ALICE_ID.to_owned(),
         RecordKind::CronJob => ALICE_JOB.to_owned(),
     };
     let mut checked = 0;
@@ -212,13 +212,19 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
             assert_eq!(code(&r), -32603, "{} {params}: {r}", info.name);
             continue;
         }
-        assert_eq!(code(&r), -32001, "{} {params}: {r}", info.name);
-        assert_eq!(
-            r["error"]["message"],
-            format!("{}: {id}", rule.kind.not_found()),
-            "{}: the same answer as a record that does not exist",
-            info.name
-        );
+        if rule.kind.refuse_as_scope() {
+            // Naming another tenant's memory is an admin power (catalogue: -32603).
+            assert_eq!(code(&r), -32603, "{} {params}: {r}", info.name);
+            assert_eq!(r["error"]["message"], "Insufficient scope: requires 'admin'");
+        } else {
+            assert_eq!(code(&r), -32001, "{} {params}: {r}", info.name);
+            assert_eq!(
+                r["error"]["message"],
+                format!("{}: {id}", rule.kind.not_found()),
+                "{}: the same answer as a record that does not exist",
+                info.name
+            );
+        }
         // The owner passes the same rule with the same params.
         let mine = gw.call(RPC, info.name, params.clone()).await;
         assert!(
@@ -272,7 +278,8 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
         let rule = info.owner.as_ref().unwrap();
         let root: Value = serde_json::from_str(info.params_schema).unwrap();
         let params = with_path(minimal(&root, &root), rule.param, &victim(rule.kind));
-        assert_eq!(code(&gw.call(MALLORY, info.name, params).await), -32001);
+        let want = if rule.kind.refuse_as_scope() { -32603 } else { -32001 };
+        assert_eq!(code(&gw.call(MALLORY, info.name, params).await), want);
     }
     assert_eq!(
         counts(&db).await,
@@ -491,15 +498,20 @@ async fn memories_and_rest_routes_stay_within_the_tenant() {
         get(&gw, q, RPC).await["results"].as_array().unwrap().len(),
         1
     );
+    // An admin searches its own tenant unless it names another.
+    assert_eq!(get(&gw, q, ADMIN).await["results"], json!([]));
     assert_eq!(
-        get(&gw, q, ADMIN).await["results"]
+        get(&gw, &format!("{q}&tenantId={ALICE_ID}"), ADMIN).await["results"]
             .as_array()
             .unwrap()
             .len(),
         1
     );
-    assert_eq!(get(&gw, "/api/memory/stats", MALLORY).await["memories"], 0);
-    assert_eq!(get(&gw, "/api/memory/stats", RPC).await["memories"], 1);
+    assert_eq!(
+        get(&gw, "/api/memory/stats", MALLORY).await["totalEntries"],
+        0
+    );
+    assert_eq!(get(&gw, "/api/memory/stats", RPC).await["totalEntries"], 1);
     // /api/chat keys are built in the caller's tenant; history lists one's own only.
     let r = reqwest::Client::new()
         .post(gw.url("/api/chat"))

@@ -68,13 +68,55 @@ mod tests {
     fn defaults_are_valid_and_ranges_are_checked() {
         assert!(validate(&ContextConfig::default()).is_ok());
         let cases = [
-            (ContextConfig { summarize_at_share: 0.0, ..Default::default() }, "summarizeAtShare"),
-            (ContextConfig { summarize_at_share: 1.5, ..Default::default() }, "summarizeAtShare"),
-            (ContextConfig { summarize_at_share: f64::NAN, ..Default::default() }, "summarizeAtShare"),
-            (ContextConfig { keep_recent_messages: 1001, ..Default::default() }, "keepRecentMessages"),
-            (ContextConfig { leaf_max_messages: 1, ..Default::default() }, "leafMaxMessages"),
-            (ContextConfig { condense_fanout: 1, ..Default::default() }, "condenseFanout"),
-            (ContextConfig { summary_max_tokens: 8, ..Default::default() }, "summaryMaxTokens"),
+            (
+                ContextConfig {
+                    summarize_at_share: 0.0,
+                    ..Default::default()
+                },
+                "summarizeAtShare",
+            ),
+            (
+                ContextConfig {
+                    summarize_at_share: 1.5,
+                    ..Default::default()
+                },
+                "summarizeAtShare",
+            ),
+            (
+                ContextConfig {
+                    summarize_at_share: f64::NAN,
+                    ..Default::default()
+                },
+                "summarizeAtShare",
+            ),
+            (
+                ContextConfig {
+                    keep_recent_messages: 1001,
+                    ..Default::default()
+                },
+                "keepRecentMessages",
+            ),
+            (
+                ContextConfig {
+                    leaf_max_messages: 1,
+                    ..Default::default()
+                },
+                "leafMaxMessages",
+            ),
+            (
+                ContextConfig {
+                    condense_fanout: 1,
+                    ..Default::default()
+                },
+                "condenseFanout",
+            ),
+            (
+                ContextConfig {
+                    summary_max_tokens: 8,
+                    ..Default::default()
+                },
+                "summaryMaxTokens",
+            ),
         ];
         for (c, key) in cases {
             let e = validate(&c).err().unwrap_or_else(|| panic!("{c:?} passed"));
@@ -84,17 +126,25 @@ mod tests {
 
     #[test]
     fn keys_are_camel_case_and_strict() {
-        let c: ContextConfig =
-            serde_json::from_value(serde_json::json!({"keepRecentMessages": 2, "condenseFanout": 3}))
-                .unwrap();
+        let c: ContextConfig = serde_json::from_value(
+            serde_json::json!({"keepRecentMessages": 2, "condenseFanout": 3}),
+        )
+        .unwrap();
         assert_eq!((c.keep_recent_messages, c.condense_fanout), (2, 3));
         assert_eq!(c.leaf_max_messages, 24);
-        assert!(serde_json::from_value::<ContextConfig>(serde_json::json!({"keepRecent": 2})).is_err());
+        assert!(
+            serde_json::from_value::<ContextConfig>(serde_json::json!({"keepRecent": 2})).is_err()
+        );
         // The whole file: the section sits under agentDefaults, and a bad range stops the start.
-        let file = crate::config::parse("agentDefaults:\n  context: {leafMaxMessages: 6}\n").unwrap();
+        let file =
+            crate::config::parse("agentDefaults:\n  context: {leafMaxMessages: 6}\n").unwrap();
         assert_eq!(file.agent_defaults.context.leaf_max_messages, 6);
         let bad = crate::config::parse("agentDefaults:\n  context: {condenseFanout: 1}\n").unwrap();
         let e = crate::config::validate(&bad).err().unwrap();
-        assert!(e.0.contains("agentDefaults.context.condenseFanout"), "{}", e.0);
+        assert!(
+            e.0.contains("agentDefaults.context.condenseFanout"),
+            "{}",
+            e.0
+        );
     }
 }

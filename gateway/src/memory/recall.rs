@@ -49,6 +49,43 @@ pub enum NotEmbedded {
     Failed(String),
 }
 
+/// Vector candidates less similar than the best one by more than this are dropped: entries
+/// far behind the best meaning only add noise to the fusion (RRF is flat in rank).
+const VECTOR_BAND: f32 = 0.12;
+
+/// The keyword lane's ids; with `strict`, only entries holding more than half of the distinct
+/// words of `words` (the query without stop words).
+fn keyword_band(hits: Vec<crate::store::search::MemoryHit>, words: &str, strict: bool) -> Vec<i64> {
+    let wanted: std::collections::BTreeSet<String> = words
+        .split(' ')
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let need = wanted.len() / 2 + 1;
+    hits.into_iter()
+        .filter(|h| {
+            !strict || {
+                let have: std::collections::HashSet<String> = h
+                    .content
+                    .split(|c: char| !c.is_alphanumeric())
+                    .filter(|w| !w.is_empty())
+                    .map(str::to_lowercase)
+                    .collect();
+                wanted.iter().filter(|w| have.contains(*w)).count() >= need
+            }
+        })
+        .map(|h| h.id)
+        .collect()
+}
+
+fn vector_band(hits: Vec<(i64, f32)>) -> Vec<i64> {
+    let best = hits.first().map_or(0.0, |h| h.1);
+    hits.into_iter()
+        .filter(|(_, s)| *s >= best - VECTOR_BAND)
+        .map(|(id, _)| id)
+        .collect()
+}
+
 impl Engine {
     /// Whether the memory embedding model can be called now without waiting for it to load.
     pub fn memory_embedder_ready(&self) -> bool {
@@ -148,9 +185,9 @@ impl Engine {
         let tenant = Tenant::owner(tenant_id);
         let k = self.memory.config.lane_candidates.max(limit);
         let words = keyword_text(query);
-        let fts = self
+        let keyword_hits = self
             .store
-            .memory_keyword_ids(&tenant, at.agent, &words, k as i64)
+            .search_memories(&tenant, at.agent, &words, k as i64)
             .await?;
         let entity = self
             .store
@@ -174,7 +211,7 @@ impl Engine {
                                 self.memory.config.min_similarity,
                             )
                         });
-                        vector = found.unwrap_or_default().into_iter().map(|(id, _)| id).collect();
+                        vector = vector_band(found.unwrap_or_default());
                     }
                 }
                 Err(NotEmbedded::Failed(e)) => {
@@ -183,6 +220,10 @@ impl Engine {
                 Err(NotEmbedded::Unavailable) => {}
             }
         }
+        // Beside a vector lane, a keyword candidate must carry most of the query's words: one
+        // incidental shared word is noise the meaning lane already judges better. Alone, the
+        // keyword lane keeps every match.
+        let fts = keyword_band(keyword_hits, &words, lanes.contains(&"vector"));
         if !entity.is_empty() {
             lanes.push("entity");
         }

@@ -365,8 +365,8 @@ impl<'a> Builder<'a> {
                 .iter()
                 .map(|r| transcript_line(r, max_chars))
                 .collect();
-            let untrusted =
-                self.untrusted_channel || covered.iter().any(|r| r.content.contains(UNTRUSTED_MARKER));
+            let untrusted = self.untrusted_channel
+                || covered.iter().any(|r| r.content.contains(UNTRUSTED_MARKER));
             let (Some(first), Some(last)) = (covered.first(), covered.last()) else {
                 return Ok(());
             };
@@ -677,7 +677,10 @@ mod tests {
     #[test]
     fn a_tool_call_and_its_results_are_never_split() {
         // u c t t t a | u a: a turn of six messages with a limit of three.
-        let r = roles("ucttta" ).into_iter().chain(roles("ua")).collect::<Vec<_>>();
+        let r = roles("ucttta")
+            .into_iter()
+            .chain(roles("ua"))
+            .collect::<Vec<_>>();
         let t = vec![1; r.len()];
         // No user message within three: end after the call's results would split; the last
         // message that is not a result inside the limit is the call itself (index 1)...
@@ -722,8 +725,7 @@ mod tests {
             top.push((0, start..e));
             all.push((0, start..e));
             start = e;
-            while let Some(run) =
-                condense_run(&top.iter().map(|n| n.0).collect::<Vec<_>>(), fanout)
+            while let Some(run) = condense_run(&top.iter().map(|n| n.0).collect::<Vec<_>>(), fanout)
             {
                 let first = top[run.start].clone();
                 let last = top[run.end - 1].clone();
@@ -773,7 +775,10 @@ mod tests {
             created_at: 0,
         };
         let e = entry(&node);
-        assert!(e.starts_with("[messages 0-9; it includes untrusted external content"), "{e}");
+        assert!(
+            e.starts_with("[messages 0-9; it includes untrusted external content"),
+            "{e}"
+        );
         assert!(e.ends_with("a payload arrived"));
         assert_eq!(cut("abcdef", 3), "abc [... 3 characters not shown]");
     }

@@ -111,7 +111,11 @@ macro_rules! insert_summary {
         .bind($row.first_seq)
         .bind($row.last_seq)
         .bind($row.message_count)
-        .bind(if $row.untrusted { "untrusted" } else { "trusted" })
+        .bind(if $row.untrusted {
+            "untrusted"
+        } else {
+            "trusted"
+        })
         .bind($row.created_at)
         .execute(&mut *$tx)
         .await?
@@ -249,12 +253,10 @@ impl Store {
     /// The highest message seq the session's tree covers; None without nodes.
     pub async fn context_covered(&self, key: &str) -> Result<Option<i64>, GatewayError> {
         Ok(on_pool!(self.pool(), |p| {
-            sqlx::query_scalar(
-                "SELECT MAX(last_seq) FROM context_summaries WHERE session_key = $1",
-            )
-            .bind(key)
-            .fetch_one(p)
-            .await?
+            sqlx::query_scalar("SELECT MAX(last_seq) FROM context_summaries WHERE session_key = $1")
+                .bind(key)
+                .fetch_one(p)
+                .await?
         }))
     }
 
@@ -370,12 +372,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(s.context_covered("k1").await.unwrap(), None);
-        let a = s.context_insert_leaf(&leaf("k1", 0, 1)).await.unwrap().unwrap();
-        let b = s.context_insert_leaf(&leaf("k1", 2, 3)).await.unwrap().unwrap();
+        let a = s
+            .context_insert_leaf(&leaf("k1", 0, 1))
+            .await
+            .unwrap()
+            .unwrap();
+        let b = s
+            .context_insert_leaf(&leaf("k1", 2, 3))
+            .await
+            .unwrap()
+            .unwrap();
         assert!(a.untrusted && !b.untrusted);
         // An overlapping leaf (another node got there first) is refused.
-        assert!(s.context_insert_leaf(&leaf("k1", 1, 3)).await.unwrap().is_none());
-        assert!(s.context_insert_leaf(&leaf("gone", 0, 1)).await.unwrap().is_none());
+        assert!(s
+            .context_insert_leaf(&leaf("k1", 1, 3))
+            .await
+            .unwrap()
+            .is_none());
+        assert!(s
+            .context_insert_leaf(&leaf("gone", 0, 1))
+            .await
+            .unwrap()
+            .is_none());
         assert_eq!(s.context_covered("k1").await.unwrap(), Some(3));
         let after = s
             .context_messages_after(&Tenant::owner("t1"), "k1", Some(3))
@@ -388,7 +406,10 @@ mod tests {
             .unwrap();
         assert!(other.is_empty());
         let top = s.context_top("k1").await.unwrap();
-        assert_eq!(top.iter().map(|n| &n.id).collect::<Vec<_>>(), [&a.id, &b.id]);
+        assert_eq!(
+            top.iter().map(|n| &n.id).collect::<Vec<_>>(),
+            [&a.id, &b.id]
+        );
         let over = NewSummary {
             depth: 1,
             first_seq: 0,
@@ -418,11 +439,10 @@ mod tests {
         assert!(!truncated);
         assert_eq!(tree.len(), 3);
         assert_eq!(tree[2].id, c.id);
-        assert!(tree[..2].iter().all(|n| n.parent_id.as_deref() == Some(&*c.id)));
-        let (newest, truncated) = s
-            .context_tree(&Tenant::owner("t1"), "k1", 1)
-            .await
-            .unwrap();
+        assert!(tree[..2]
+            .iter()
+            .all(|n| n.parent_id.as_deref() == Some(&*c.id)));
+        let (newest, truncated) = s.context_tree(&Tenant::owner("t1"), "k1", 1).await.unwrap();
         assert!(truncated);
         assert_eq!(newest[0].id, c.id);
         let (none, _) = s
@@ -441,7 +461,10 @@ mod tests {
         // Clearing the transcript restarts seq numbers, so the tree goes with it.
         s.session_clear(&Tenant::owner("t1"), "k1").await.unwrap();
         assert_eq!(s.context_shape("k1").await.unwrap(), (0, None));
-        s.context_insert_leaf(&leaf("k1", 0, 1)).await.unwrap().unwrap();
+        s.context_insert_leaf(&leaf("k1", 0, 1))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(s.context_delete("k1").await.unwrap(), 1);
         assert_eq!(s.context_delete("k1").await.unwrap(), 0);
     }
