@@ -38,6 +38,13 @@ impl Tenant {
         Self(Reach::Only(Arc::from(owner)))
     }
 
+    /// The reach of one owner for offline tools built on the library (benches), which act with
+    /// no principal. The server never uses it.
+    #[doc(hidden)]
+    pub fn offline(owner: &str) -> Self {
+        Self::owner(owner)
+    }
+
     /// Whether the caller reaches every tenant (admin).
     pub fn is_any(&self) -> bool {
         matches!(self.0, Reach::Any)
