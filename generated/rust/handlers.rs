@@ -1114,9 +1114,9 @@ pub trait SecretsApi: Send + Sync {
 }
 /// Handlers of the `session` namespace: Conversation sessions - listing, reading, searching, exporting, resetting, compacting and deleting them - and agent-to-agent work inside sessions (sending into another session, spawning sub-agent runs and reading their status). Parameters are snake_case (session_key), as the spec states for this namespace; results are camelCase. A session is created by the first agent turn that names its key.
 pub trait SessionApi: Send + Sync {
-    /// `session.compact` (scope `admin`): Compacts a session's history into a summary to free context window.
+    /// `session.compact` (scope `admin`): Compacts a session's history into its summary tree to free context window.
     ///
-    /// The parameter is key, not session_key - the spec gives session.compact exactly {key}, unlike the rest of the namespace. instructions is the reference's optional parameter. The spec leaves the result unspecified; designed from the reference's members, with compactionTriggered false (instead of an error) when the history is too short to compact, and the counts from before and after. Unknown session -32001.
+    /// The parameter is key, not session_key - the spec gives session.compact exactly {key}, unlike the rest of the namespace. instructions is the reference's optional parameter (guidance for the summaries made by this call). Compaction grows the conversation's summary tree (context.tree) over every message but the last agentDefaults.context.keepRecentMessages: leaf summaries of the oldest uncovered messages, condensed into higher nodes as they accumulate. The transcript is kept (session.history still lists every message); later turns send the top-level summaries and the messages they do not cover. The spec leaves the result unspecified; designed from the reference's members, with compactionTriggered false (instead of an error) when nothing is old enough to summarise, and the counts of what the model would get before and after (each top-level summary counts as one message). Unknown session -32001.
     fn compact(
         &self,
         ctx: &crate::rpc::CallContext,

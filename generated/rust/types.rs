@@ -14498,10 +14498,10 @@ pub struct SessionCompactResult {
     /// True when a compaction ran; false when the history was too short to need one.
     #[serde(rename = "compactionTriggered")]
     pub compaction_triggered: bool,
-    /// Messages before the compaction.
+    /// Messages the model would get before the compaction (summaries count as one each).
     #[serde(rename = "previousMessageCount")]
     pub previous_message_count: i64,
-    /// Messages after it (the summary counts as one).
+    /// Messages the model would get after it (each top-level summary counts as one).
     #[serde(rename = "messageCount")]
     pub message_count: i64,
     /// Estimated context tokens of the history before.
@@ -14908,7 +14908,7 @@ pub struct SessionResetConversationResult {
     /// The conversation wiped.
     #[serde(rename = "sessionKey")]
     pub session_key: String,
-    /// Rows deleted from the durable history store.
+    /// Rows deleted from the durable history store (messages, notes and summary-tree nodes).
     #[serde(rename = "lcdRowsDeleted")]
     pub lcd_rows_deleted: i64,
     /// Messages cleared from the working transcript.

@@ -577,3 +577,57 @@ async fn conversations_and_trees_belong_to_their_tenant() {
     assert_eq!(theirs["nodes"], json!([]));
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_stored_by_the_old_compaction_still_reaches_the_model() {
+    let fx = upstream().await;
+    let gw = start(&config(&fx)).await;
+    let key = "agent:talker:api:client:old";
+    turn(&gw, RPC, "talker", "old", &said(0)).await;
+    // What session.compact stored before the tree: the transcript replaced by one system row.
+    let db = database(&gw).await;
+    sqlx::query("DELETE FROM messages WHERE session_key = ?")
+        .bind(key)
+        .execute(&db)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO messages (session_key, seq, role, content, created_at) \
+         VALUES (?, 0, 'system', 'LEGACY-SUMMARY of the first talk', 1)",
+    )
+    .bind(key)
+    .execute(&db)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE sessions SET next_seq = 1 WHERE session_key = ?")
+        .bind(key)
+        .execute(&db)
+        .await
+        .unwrap();
+    turn(&gw, RPC, "talker", "old", &said(1)).await;
+    let body = prompts(&fx).pop().unwrap();
+    assert_eq!(
+        system_of(&body),
+        "Be brief.\n\nSummary of the earlier conversation:\nLEGACY-SUMMARY of the first talk"
+    );
+    assert_eq!(turns_of(&body), [("user".to_owned(), said(1))]);
+    // Once the tree grows, its first leaf covers the old summary (seq 0) like any message.
+    let mut n = 2;
+    while stored_nodes(&gw, key).await.is_empty() {
+        assert!(n < 30, "the tree never grew");
+        turn(&gw, RPC, "talker", "old", &said(n)).await;
+        let body = prompts(&fx).pop().unwrap();
+        if n >= 3 {
+            check_prompt(&body, n);
+        }
+        assert!(prompt_tokens(&body) <= INPUT_WINDOW);
+        n += 1;
+    }
+    let nodes = stored_nodes(&gw, key).await;
+    check_ranges(&nodes);
+    assert_eq!(nodes[0].first, 0);
+    let system = system_of(&prompts(&fx).pop().unwrap());
+    assert!(system.contains("[messages 0-"), "{system}");
+    assert!(!system.contains("LEGACY-SUMMARY"), "{system}");
+    gw.stop().await;
+}

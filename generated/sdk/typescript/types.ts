@@ -9873,11 +9873,11 @@ export interface SessionCompactResult {
    */
   "compactionTriggered": boolean;
   /**
-   * Messages before the compaction.
+   * Messages the model would get before the compaction (summaries count as one each).
    */
   "previousMessageCount": number;
   /**
-   * Messages after it (the summary counts as one).
+   * Messages the model would get after it (each top-level summary counts as one).
    */
   "messageCount": number;
   /**
@@ -10155,7 +10155,7 @@ export interface SessionResetConversationResult {
    */
   "sessionKey": string;
   /**
-   * Rows deleted from the durable history store.
+   * Rows deleted from the durable history store (messages, notes and summary-tree nodes).
    */
   "lcdRowsDeleted": number;
   /**

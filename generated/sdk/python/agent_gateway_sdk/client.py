@@ -798,7 +798,7 @@ class _TypedMethods:
         return self.call("secrets.set", dict(params or {}))
 
     def session_compact(self, params: "Optional[types.SessionCompactParams]" = None) -> "types.SessionCompactResult":
-        """`session.compact` (scope admin): Compacts a session's history into a summary to free context window."""
+        """`session.compact` (scope admin): Compacts a session's history into its summary tree to free context window."""
         return self.call("session.compact", dict(params or {}))
 
     def session_delete(self, params: "Optional[types.SessionDeleteParams]" = None) -> "types.SessionDeleteResult":
