@@ -215,7 +215,10 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
         if rule.kind.refuse_as_scope() {
             // Naming another tenant's memory is an admin power (catalogue: -32603).
             assert_eq!(code(&r), -32603, "{} {params}: {r}", info.name);
-            assert_eq!(r["error"]["message"], "Insufficient scope: requires 'admin'");
+            assert_eq!(
+                r["error"]["message"],
+                "Insufficient scope: requires 'admin'"
+            );
         } else {
             assert_eq!(code(&r), -32001, "{} {params}: {r}", info.name);
             assert_eq!(
@@ -278,7 +281,11 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
         let rule = info.owner.as_ref().unwrap();
         let root: Value = serde_json::from_str(info.params_schema).unwrap();
         let params = with_path(minimal(&root, &root), rule.param, &victim(rule.kind));
-        let want = if rule.kind.refuse_as_scope() { -32603 } else { -32001 };
+        let want = if rule.kind.refuse_as_scope() {
+            -32603
+        } else {
+            -32001
+        };
         assert_eq!(code(&gw.call(MALLORY, info.name, params).await), want);
     }
     assert_eq!(
@@ -645,7 +652,6 @@ const PENDING: &[&str] = &[
     "graph.runDetail",
     "graph.status",
     "lease.revoke",
-    "memory.recall_trace",
     "run.kill",
 ];
 

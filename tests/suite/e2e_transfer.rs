@@ -328,7 +328,7 @@ async fn migrate_applies_pending_migrations_and_check_reports_them() {
     let (code, out, err) = cli(&["migrate", "--database-url", &url, "--check"]).await;
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        err.contains("8 migrations pending: 1, 2, 3, 4, 5, 6, 7, 8"),
+        err.contains("9 migrations pending: 1, 2, 3, 4, 5, 6, 7, 8, 9"),
         "{err}"
     );
     assert!(
@@ -337,9 +337,9 @@ async fn migrate_applies_pending_migrations_and_check_reports_them() {
     );
 
     let out = cli_ok(&["migrate", "--database-url", &url]).await;
-    assert_eq!(out.trim(), "migrated sqlite to version 8");
+    assert_eq!(out.trim(), "migrated sqlite to version 9");
     let out = cli_ok(&["migrate", "--database-url", &url, "--check"]).await;
-    assert_eq!(out.trim(), "sqlite at version 8 (up to date)");
+    assert_eq!(out.trim(), "sqlite at version 9 (up to date)");
 
     // The same on PostgreSQL, and the database chosen by the configuration file.
     let pg = crate::pg::database().await;
@@ -348,11 +348,11 @@ async fn migrate_applies_pending_migrations_and_check_reports_them() {
     let config = config.to_str().unwrap();
     let (code, _, err) = cli(&["migrate", "--config", config, "--check"]).await;
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("(postgres): 8 migrations pending"), "{err}");
+    assert!(err.contains("(postgres): 9 migrations pending"), "{err}");
     let out = cli_ok(&["migrate", "--config", config]).await;
-    assert_eq!(out.trim(), "migrated postgres to version 8");
+    assert_eq!(out.trim(), "migrated postgres to version 9");
     let out = cli_ok(&["migrate", "--config", config, "--check"]).await;
-    assert_eq!(out.trim(), "postgres at version 8 (up to date)");
+    assert_eq!(out.trim(), "postgres at version 9 (up to date)");
 
     // An unreachable server is an error that names the URL without its password.
     let quick = work.path().join("quick.yaml");

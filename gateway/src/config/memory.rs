@@ -35,10 +35,7 @@ pub struct MemoryConfig {
 impl Default for MemoryConfig {
     fn default() -> Self {
         Self {
-            embedding_model: format!(
-                "local/{}",
-                crate::runtime::providers::local::EMBED_MODEL_ID
-            ),
+            embedding_model: format!("local/{}", crate::runtime::providers::local::EMBED_MODEL_ID),
             embed_queue: 4096,
             embed_batch: 16,
             cache_entries: 10_000,
@@ -72,7 +69,9 @@ pub fn validate(m: &MemoryConfig) -> Result<(), ConfigError> {
         return bad("recallRetentionHours must be at least 1");
     }
     if !m.embedding_model.is_empty() && !m.embedding_model.contains('/') {
-        return bad("embeddingModel must be <provider>/<modelId> (or empty to turn the vector lane off)");
+        return bad(
+            "embeddingModel must be <provider>/<modelId> (or empty to turn the vector lane off)",
+        );
     }
     Ok(())
 }

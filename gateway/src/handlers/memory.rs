@@ -214,9 +214,8 @@ impl MemoryApi for Rpc {
         let engine = self.engine();
         let m = &engine.memory;
         let (entries, max_entries) = m.l1_size();
-        let load = |c: &std::sync::atomic::AtomicU64| {
-            c.load(std::sync::atomic::Ordering::Relaxed) as i64
-        };
+        let load =
+            |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed) as i64;
         let (hits, misses) = (load(&m.l1_counters.hits), load(&m.l1_counters.misses));
         let (l2_entries, l2_bytes) = engine.store.embedding_cache_size().await?;
         let (state, failures, opened_at) = m.breaker_state(now_ms());
@@ -421,7 +420,11 @@ impl MemoryApi for Rpc {
         })
     }
 
-    async fn pin(&self, ctx: &CallContext, p: MemoryPinParams) -> Result<MemoryPinResult, GatewayError> {
+    async fn pin(
+        &self,
+        ctx: &CallContext,
+        p: MemoryPinParams,
+    ) -> Result<MemoryPinResult, GatewayError> {
         let (tenant, _) = ctx.tenant_named(p.tenant_id.as_deref());
         let changed = self
             .engine()

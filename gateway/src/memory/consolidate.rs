@@ -125,7 +125,11 @@ pub fn parse_consolidation(reply: &str, entries: &[i64]) -> Consolidation {
         let ids = ids_in(&o.entries, entries);
         if !content.is_empty() && ids.len() >= 2 {
             let c = o.confidence.unwrap_or(0.5);
-            let c = if c.is_finite() { c.clamp(0.0, 1.0) } else { 0.5 };
+            let c = if c.is_finite() {
+                c.clamp(0.0, 1.0)
+            } else {
+                0.5
+            };
             out.observations
                 .push((super::preview(content, 2_000), c, ids));
         }
@@ -249,8 +253,15 @@ impl Engine {
     }
 
     /// Consolidates the waiting entries of (owner, agent), a batch per model call.
-    pub async fn memory_consolidate(&self, owner: &str, agent_id: &str) -> Result<(), GatewayError> {
-        let agent = self.agents.require_or_default(Some(agent_id)).or_else(|_| self.agents.require_or_default(None))?;
+    pub async fn memory_consolidate(
+        &self,
+        owner: &str,
+        agent_id: &str,
+    ) -> Result<(), GatewayError> {
+        let agent = self
+            .agents
+            .require_or_default(Some(agent_id))
+            .or_else(|_| self.agents.require_or_default(None))?;
         let tenant = Tenant::owner(owner);
         loop {
             let rows = self
@@ -339,7 +350,10 @@ mod tests {
 
     #[test]
     fn an_answer_without_valid_citations_is_an_abstention() {
-        let a = parse_answer(r#"{"answer": "Mochi", "citations": [3], "abstained": false}"#, &[3]);
+        let a = parse_answer(
+            r#"{"answer": "Mochi", "citations": [3], "abstained": false}"#,
+            &[3],
+        );
         assert_eq!(
             a,
             Answer {
@@ -350,7 +364,10 @@ mod tests {
         );
         assert!(parse_answer(r#"{"answer": "Mochi", "citations": [9]}"#, &[3]).abstained);
         assert!(parse_answer("I think it is Mochi", &[3]).abstained);
-        let a = parse_answer(r#"{"answer": "", "citations": [], "abstained": true}"#, &[3]);
+        let a = parse_answer(
+            r#"{"answer": "", "citations": [], "abstained": true}"#,
+            &[3],
+        );
         assert!(a.abstained && a.citations.is_empty());
     }
 }

@@ -276,8 +276,8 @@ const STOP_WORDS: &[&str] = &[
     "has", "have", "he", "her", "here", "him", "his", "how", "i", "if", "in", "into", "is", "it",
     "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "than", "that", "the",
     "their", "them", "then", "there", "these", "they", "this", "those", "to", "up", "us", "was",
-    "we", "were", "what", "when", "where", "which", "who", "whom", "why", "will", "with",
-    "would", "you", "your",
+    "we", "were", "what", "when", "where", "which", "who", "whom", "why", "will", "with", "would",
+    "you", "your",
 ];
 
 /// The words of a query worth a keyword search: without stop words (all of them when nothing
@@ -319,7 +319,10 @@ mod tests {
 
     #[test]
     fn names_normalise_to_lowercase_words() {
-        assert_eq!(normalise_name("  Dr. Anna-Lena  MÜLLER "), "dr anna lena müller");
+        assert_eq!(
+            normalise_name("  Dr. Anna-Lena  MÜLLER "),
+            "dr anna lena müller"
+        );
         assert_eq!(preview("héllo", 2), "hé");
     }
 

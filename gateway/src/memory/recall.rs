@@ -203,13 +203,7 @@ impl Engine {
                     if let Some(q) = v.first() {
                         lanes.push("vector");
                         let found = self.memory.index.read().map(|ix| {
-                            ix.search(
-                                tenant_id,
-                                at.agent,
-                                q,
-                                k,
-                                self.memory.config.min_similarity,
-                            )
+                            ix.search(tenant_id, at.agent, q, k, self.memory.config.min_similarity)
                         });
                         vector = vector_band(found.unwrap_or_default());
                     }

@@ -187,7 +187,11 @@ async fn embed_rows(e: &Engine, model: &str, rows: &[Unembedded]) -> bool {
         return false;
     }
     // An entry deleted while it was embedded must not come back into the index.
-    let still: Vec<i64> = match e.store.memory_for_embedding(&rows.iter().map(|r| r.id).collect::<Vec<_>>()).await {
+    let still: Vec<i64> = match e
+        .store
+        .memory_for_embedding(&rows.iter().map(|r| r.id).collect::<Vec<_>>())
+        .await
+    {
         Ok(r) => r.into_iter().map(|r| r.id).collect(),
         Err(_) => Vec::new(),
     };

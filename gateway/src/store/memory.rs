@@ -146,7 +146,8 @@ pub struct Consolidation {
 }
 
 /// The columns every entry read selects.
-const COLS: &str = "id, tenant_id, agent_id, session_key, content, tags, memory_type, trust_level, \
+const COLS: &str =
+    "id, tenant_id, agent_id, session_key, content, tags, memory_type, trust_level, \
      pinned, created_at, CAST(CASE WHEN embedding IS NULL THEN 0 ELSE 1 END AS BIGINT) AS embedded";
 
 /// Little-endian f32 bytes of a vector.
@@ -330,9 +331,8 @@ impl Store {
         tenant: &Tenant,
         id: i64,
     ) -> Result<Option<MemoryRow>, GatewayError> {
-        let sql = format!(
-            "SELECT {COLS} FROM memories WHERE id = $1 AND ($2 IS NULL OR tenant_id = $2)"
-        );
+        let sql =
+            format!("SELECT {COLS} FROM memories WHERE id = $1 AND ($2 IS NULL OR tenant_id = $2)");
         Ok(on_pool!(self.pool(), |p| {
             match sqlx::query(&sql)
                 .bind(id)
@@ -355,11 +355,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let list = ids
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
+        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
         let sql = format!(
             "SELECT {COLS} FROM memories WHERE id IN ({list}) AND ($1 IS NULL OR tenant_id = $1)"
         );
@@ -655,11 +651,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let list = ids
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
+        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
         let sql = format!(
             "SELECT id, tenant_id, agent_id, content FROM memories \
              WHERE id IN ({list}) AND tenant_id IS NOT NULL"

@@ -303,7 +303,16 @@ macro_rules! column {
         }
     )*};
 }
-column!(i64, f64, String, Option<i64>, Option<f64>, Option<String>, Vec<u8>, Option<Vec<u8>>);
+column!(
+    i64,
+    f64,
+    String,
+    Option<i64>,
+    Option<f64>,
+    Option<String>,
+    Vec<u8>,
+    Option<Vec<u8>>
+);
 
 /// A row of either backend, read by column name.
 pub trait StoreRow {

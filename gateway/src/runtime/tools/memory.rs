@@ -7,8 +7,8 @@ use super::{Tool, ToolContext, ToolResult};
 use crate::error::GatewayError;
 use crate::memory::recall::RecallFor;
 use crate::memory::write::Source;
-use crate::store::memory::NewMemory;
 use crate::runtime::providers::BoxFuture;
+use crate::store::memory::NewMemory;
 
 pub struct MemoryStore;
 pub struct MemorySearch;
@@ -51,7 +51,10 @@ impl Tool for MemoryStore {
                 .unwrap_or_default();
             // Text an agent learned in a conversation fed by outside content (webhooks) is
             // never trusted more than that content.
-            let trust = if ctx.session_key.is_some_and(|k| k.split(':').nth(2) == Some("webhook")) {
+            let trust = if ctx
+                .session_key
+                .is_some_and(|k| k.split(':').nth(2) == Some("webhook"))
+            {
                 "external"
             } else {
                 "learned"
