@@ -16,12 +16,56 @@ use agent_gateway::tenancy::Tenant;
 
 const DIMS: usize = 384;
 const WORDS: &[&str] = &[
-    "cat", "dog", "flight", "train", "lisbon", "porto", "coffee", "tea", "meeting", "doctor",
-    "dentist", "birthday", "sister", "brother", "garden", "piano", "guitar", "laptop", "phone",
-    "invoice", "budget", "project", "holiday", "recipe", "allergy", "running", "yoga", "book",
-    "movie", "music", "office", "manager", "deadline", "password", "bank", "insurance", "car",
-    "bicycle", "weather", "snow", "beach", "mountain", "hotel", "museum", "restaurant", "pizza",
-    "sushi", "salad", "vitamin", "appointment",
+    "cat",
+    "dog",
+    "flight",
+    "train",
+    "lisbon",
+    "porto",
+    "coffee",
+    "tea",
+    "meeting",
+    "doctor",
+    "dentist",
+    "birthday",
+    "sister",
+    "brother",
+    "garden",
+    "piano",
+    "guitar",
+    "laptop",
+    "phone",
+    "invoice",
+    "budget",
+    "project",
+    "holiday",
+    "recipe",
+    "allergy",
+    "running",
+    "yoga",
+    "book",
+    "movie",
+    "music",
+    "office",
+    "manager",
+    "deadline",
+    "password",
+    "bank",
+    "insurance",
+    "car",
+    "bicycle",
+    "weather",
+    "snow",
+    "beach",
+    "mountain",
+    "hotel",
+    "museum",
+    "restaurant",
+    "pizza",
+    "sushi",
+    "salad",
+    "vitamin",
+    "appointment",
 ];
 
 fn unit(rng: &mut fastrand::Rng) -> Vec<f32> {
@@ -83,7 +127,10 @@ async fn main() {
             .collect();
         let ids = store.memory_insert_many("bench", &news).await.unwrap();
         let vectors: Vec<(i64, Vec<f32>)> = ids.iter().map(|id| (*id, unit(&mut rng))).collect();
-        store.memory_set_embeddings("bench/vec", &vectors).await.unwrap();
+        store
+            .memory_set_embeddings("bench/vec", &vectors)
+            .await
+            .unwrap();
         for (id, v) in &vectors {
             index.upsert("bench", "a0", *id, v);
         }
@@ -175,23 +222,27 @@ async fn main() {
         python: "python3".into(),
         threads: None,
     };
-    if agent_gateway::runtime::providers::local::fetch::find_all_installed(&opts.cache_dir).is_err() {
+    if agent_gateway::runtime::providers::local::fetch::find_all_installed(&opts.cache_dir).is_err()
+    {
         println!("local embedding model not in the cache: throughput not measured");
         return;
     }
     let provider = LocalProvider::new(opts);
     provider.start();
-    provider
-        .wait_ready(Duration::from_secs(600))
-        .await
-        .unwrap();
+    provider.wait_ready(Duration::from_secs(600)).await.unwrap();
     let texts: Vec<String> = (0..512).map(|_| sentence(&mut rng, 12)).collect();
     let cancel = tokio_util::sync::CancellationToken::new();
     let t = Instant::now();
-    provider.embed(EMBED_MODEL_ID, &texts[..16], &cancel).await.unwrap();
+    provider
+        .embed(EMBED_MODEL_ID, &texts[..16], &cancel)
+        .await
+        .unwrap();
     let warm = t.elapsed();
     let t = Instant::now();
-    provider.embed(EMBED_MODEL_ID, &texts, &cancel).await.unwrap();
+    provider
+        .embed(EMBED_MODEL_ID, &texts, &cancel)
+        .await
+        .unwrap();
     let el = t.elapsed();
     let mut one = Vec::new();
     for q in texts.iter().take(50) {
