@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::Rpc;
 use crate::error::GatewayError;
@@ -25,14 +24,6 @@ use crate::tenancy::Tenant;
 const PREVIEW: usize = 500;
 /// Largest workspace file memory.get_file reads.
 const MAX_FILE_BYTES: u64 = 4 << 20;
-
-/// The wire name of a generated enum value.
-pub(crate) fn wire<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
 
 /// A generated enum from its wire name.
 fn from_wire<T: DeserializeOwned>(s: &str) -> Option<T> {
@@ -164,13 +155,13 @@ impl MemoryApi for Rpc {
         p: MemoryBrowseParams,
     ) -> Result<MemoryBrowseResult, GatewayError> {
         let (tenant, _) = ctx.tenant_named(p.tenant_id.as_deref());
-        let memory_type = p.memory_type.as_ref().map(wire);
-        let trust_level = p.trust_level.as_ref().map(wire);
+        let memory_type = p.memory_type.map(MemoryEntryType::as_str);
+        let trust_level = p.trust_level.map(MemoryTrustLevel::as_str);
         let tags = p.tags.unwrap_or_default();
         let filter = MemoryFilter {
             agent_id: p.agent_id.as_deref(),
-            memory_type: memory_type.as_deref(),
-            trust_level: trust_level.as_deref(),
+            memory_type,
+            trust_level,
             tags: &tags,
             oldest_first: matches!(p.sort, MemoryBrowseParamsSort::Oldest),
         };
@@ -425,13 +416,15 @@ impl MemoryApi for Rpc {
         ctx: &CallContext,
         p: MemoryPinParams,
     ) -> Result<MemoryPinResult, GatewayError> {
-        let (tenant, _) = ctx.tenant_named(p.tenant_id.as_deref());
         let changed = self
-            .engine()
-            .store
-            .memory_set_pinned(&tenant, entry_id(&p.id)?, p.agent_id.as_deref(), true)
-            .await?
-            .ok_or_else(|| not_found(&p.id))?;
+            .set_pinned(
+                ctx,
+                &p.id,
+                p.tenant_id.as_deref(),
+                p.agent_id.as_deref(),
+                true,
+            )
+            .await?;
         Ok(MemoryPinResult {
             id: p.id,
             pinned: true,
@@ -486,16 +479,15 @@ impl MemoryApi for Rpc {
         ctx: &CallContext,
         p: MemoryPortabilityImportParams,
     ) -> Result<MemoryPortabilityImportResult, GatewayError> {
-        debug_assert_eq!(portable::SCHEMA_VERSION, "agent-gateway-memory-export-v1");
         let (_, tenant_id) = ctx.tenant_named(p.tenant_id.as_deref());
         let engine = self.engine();
         let now = now_ms();
         let mut plans = Vec::with_capacity(p.entries.len());
         let (mut blocked, mut downgraded) = (0i64, 0i64);
         for e in &p.entries {
-            let trust = e.trust_level.as_ref().map(wire);
+            let trust = e.trust_level.map(MemoryTrustLevel::as_str);
             let tags = e.tags.clone().unwrap_or_default();
-            match portable::plan(&e.content, trust.as_deref(), &tags) {
+            match portable::plan(&e.content, trust, &tags) {
                 Plan::Blocked => blocked += 1,
                 Plan::Store {
                     checked,
@@ -508,23 +500,14 @@ impl MemoryApi for Rpc {
         }
         let imported = plans.len() as i64;
         if !p.dry_run && !plans.is_empty() {
-            let types: Vec<String> = plans
-                .iter()
-                .map(|(e, _)| {
-                    e.memory_type
-                        .as_ref()
-                        .map_or_else(|| "semantic".to_owned(), wire)
-                })
-                .collect();
             let news: Vec<NewMemory<'_>> = plans
                 .iter()
-                .zip(&types)
-                .map(|((e, c), t)| NewMemory {
+                .map(|(e, c)| NewMemory {
                     agent_id: &p.agent_id,
                     session_key: None,
                     content: &e.content,
                     tags: &c.tags,
-                    memory_type: t,
+                    memory_type: e.memory_type.map_or("semantic", MemoryEntryType::as_str),
                     trust_level: c.trust_level,
                     pinned: e.pinned.unwrap_or(false),
                     created_at: e.created_at.unwrap_or(now),
@@ -677,7 +660,7 @@ impl MemoryApi for Rpc {
         let engine = self.engine();
         let agent = engine.agents.require_or_default(p.agent_id.as_deref())?;
         let tags = p.tags.unwrap_or_default();
-        let trust = wire(&p.trust_level);
+        let trust = p.trust_level.as_str();
         let (id, _) = engine
             .memory_write(
                 &tenant_id,
@@ -687,7 +670,7 @@ impl MemoryApi for Rpc {
                     content: &p.content,
                     tags: &tags,
                     memory_type: "semantic",
-                    trust_level: &trust,
+                    trust_level: trust,
                     pinned: false,
                     created_at: now_ms(),
                 },
@@ -705,18 +688,39 @@ impl MemoryApi for Rpc {
         ctx: &CallContext,
         p: MemoryUnpinParams,
     ) -> Result<MemoryUnpinResult, GatewayError> {
-        let (tenant, _) = ctx.tenant_named(p.tenant_id.as_deref());
         let changed = self
-            .engine()
-            .store
-            .memory_set_pinned(&tenant, entry_id(&p.id)?, p.agent_id.as_deref(), false)
-            .await?
-            .ok_or_else(|| not_found(&p.id))?;
+            .set_pinned(
+                ctx,
+                &p.id,
+                p.tenant_id.as_deref(),
+                p.agent_id.as_deref(),
+                false,
+            )
+            .await?;
         Ok(MemoryUnpinResult {
             id: p.id,
             unpinned: true,
             changed,
         })
+    }
+}
+
+impl Rpc {
+    /// memory.pin / memory.unpin: whether the entry changed; -32001 when there is none.
+    async fn set_pinned(
+        &self,
+        ctx: &CallContext,
+        id: &str,
+        tenant: Option<&str>,
+        agent: Option<&str>,
+        pinned: bool,
+    ) -> Result<bool, GatewayError> {
+        let (tenant, _) = ctx.tenant_named(tenant);
+        self.engine()
+            .store
+            .memory_set_pinned(&tenant, entry_id(id)?, agent, pinned)
+            .await?
+            .ok_or_else(|| not_found(id))
     }
 }
 

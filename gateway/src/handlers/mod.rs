@@ -12,7 +12,7 @@ mod gateway;
 mod heartbeat;
 mod memory;
 
-pub(crate) use memory::{search as memory_search, stats as memory_stats, wire};
+pub(crate) use memory::{search as memory_search, stats as memory_stats};
 mod models;
 mod obs;
 mod providers;

@@ -479,7 +479,6 @@ impl TopK {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     /// splitmix64: deterministic test data without a dev-dependency.
     struct Rng(u64);
@@ -820,49 +819,5 @@ mod tests {
                 assert_eq!(ids(&got[..2]), vec![5_000, rows[10].0]);
             }
         }
-    }
-
-    fn percentile(sorted: &[f64], p: usize) -> f64 {
-        sorted[(sorted.len() * p).div_ceil(100) - 1]
-    }
-
-    /// cargo test --release -- --ignored --nocapture search_timing
-    #[test]
-    #[ignore]
-    fn search_timing() {
-        let (dims, n, queries) = (384, 100_000, 200);
-        let mut rng = Rng(7);
-        let mut ix = VectorIndex::new();
-        for id in 0..n {
-            let agent = format!("agent{}", id % 10);
-            assert!(ix.upsert("big", &agent, id, &rng.unit_vec(dims)));
-        }
-        let qs: Vec<Vec<f32>> = (0..queries).map(|_| rng.unit_vec(dims)).collect();
-        for (label, agent) in [("all agents", None), ("one agent of 10", Some("agent3"))] {
-            let mut ms = Vec::with_capacity(queries);
-            let mut found = 0;
-            for q in &qs {
-                let start = Instant::now();
-                found += ix.search("big", agent, q, 10, -1.0).len();
-                ms.push(start.elapsed().as_secs_f64() * 1e3);
-            }
-            ms.sort_by(f64::total_cmp);
-            println!(
-                "{n} x {dims}, k 10, {label}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({found} hits)",
-                percentile(&ms, 50),
-                percentile(&ms, 99),
-                ms[ms.len() - 1]
-            );
-        }
-        let bytes = ix.approx_bytes();
-        println!("approx_bytes {bytes} = {} per entry", bytes / n as usize);
-        let start = Instant::now();
-        for id in 0..n {
-            assert!(ix.upsert("big", "agent0", id, &qs[id as usize % queries]));
-        }
-        println!(
-            "{n} in-place replacements: {:.0} ms",
-            start.elapsed().as_secs_f64() * 1e3
-        );
     }
 }

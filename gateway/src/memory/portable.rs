@@ -4,9 +4,6 @@
 
 use super::write::{check, lowered, Checked};
 
-/// The format identifier of an export.
-pub const SCHEMA_VERSION: &str = "agent-gateway-memory-export-v1";
-
 /// What an import does with one entry.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {

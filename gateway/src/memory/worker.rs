@@ -182,18 +182,14 @@ async fn embed_rows(e: &Engine, model: &str, rows: &[Unembedded]) -> bool {
         .zip(&vectors)
         .map(|(r, v)| (r.id, (**v).clone()))
         .collect();
-    if let Err(err) = e.store.memory_set_embeddings(model, &pairs).await {
-        tracing::warn!(error = %err, "memory embeddings not stored");
-        return false;
-    }
-    // An entry deleted while it was embedded must not come back into the index.
-    let still: Vec<i64> = match e
-        .store
-        .memory_for_embedding(&rows.iter().map(|r| r.id).collect::<Vec<_>>())
-        .await
-    {
-        Ok(r) => r.into_iter().map(|r| r.id).collect(),
-        Err(_) => Vec::new(),
+    // An entry deleted while it was embedded was not updated, and must not come back into
+    // the index.
+    let still = match e.store.memory_set_embeddings(model, &pairs).await {
+        Ok(ids) => ids,
+        Err(err) => {
+            tracing::warn!(error = %err, "memory embeddings not stored");
+            return false;
+        }
     };
     if let Ok(mut ix) = e.memory.index.write() {
         for (r, v) in rows.iter().zip(&vectors) {

@@ -175,6 +175,15 @@ fn tags_of(json: &str) -> Vec<String> {
     serde_json::from_str(json).unwrap_or_default()
 }
 
+fn unembedded_row(r: &impl StoreRow) -> Result<Unembedded, sqlx::Error> {
+    Ok(Unembedded {
+        id: r.col("id")?,
+        tenant_id: r.col("tenant_id")?,
+        agent_id: r.col("agent_id")?,
+        content: r.col("content")?,
+    })
+}
+
 fn memory_row(r: &impl StoreRow) -> Result<MemoryRow, sqlx::Error> {
     Ok(MemoryRow {
         id: r.col("id")?,
@@ -633,16 +642,7 @@ impl Store {
             .bind(limit)
             .fetch_all(p)
             .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for r in &rows {
-                out.push(Unembedded {
-                    id: r.col("id")?,
-                    tenant_id: r.col("tenant_id")?,
-                    agent_id: r.col("agent_id")?,
-                    content: r.col("content")?,
-                });
-            }
-            out
+            rows.iter().map(unembedded_row).collect::<Result<_, _>>()?
         }))
     }
 
@@ -658,41 +658,37 @@ impl Store {
         );
         Ok(on_pool!(self.pool(), |p| {
             let rows = sqlx::query(&sql).fetch_all(p).await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for r in &rows {
-                out.push(Unembedded {
-                    id: r.col("id")?,
-                    tenant_id: r.col("tenant_id")?,
-                    agent_id: r.col("agent_id")?,
-                    content: r.col("content")?,
-                });
-            }
-            out
+            rows.iter().map(unembedded_row).collect::<Result<_, _>>()?
         }))
     }
 
-    /// Stores the embeddings of entries (id, vector) made by `model`, in one transaction.
-    /// An entry deleted meanwhile is simply not updated.
+    /// Stores the embeddings of entries (id, vector) made by `model`, in one transaction; the
+    /// ids updated. An entry deleted meanwhile is simply not updated (nor returned).
     pub async fn memory_set_embeddings(
         &self,
         model: &str,
         vectors: &[(i64, Vec<f32>)],
-    ) -> Result<(), GatewayError> {
+    ) -> Result<Vec<i64>, GatewayError> {
+        let mut updated = Vec::with_capacity(vectors.len());
         on_pool!(self.pool(), |p| {
             let mut tx = p.begin().await?;
             for (id, v) in vectors {
-                sqlx::query(
+                let n = sqlx::query(
                     "UPDATE memories SET embedding = $1, embedding_model = $2 WHERE id = $3",
                 )
                 .bind(vector_bytes(v))
                 .bind(model)
                 .bind(id)
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected();
+                if n > 0 {
+                    updated.push(*id);
+                }
             }
             tx.commit().await?;
         });
-        Ok(())
+        Ok(updated)
     }
 
     /// A page of the stored vectors of `model`, by id after `after` (loading the index).
@@ -727,23 +723,6 @@ impl Store {
             }
             out
         }))
-    }
-
-    /// The keyword lane: ids of `tenant`'s entries (one agent's when given) matching the words
-    /// of `query`, best first (bm25 on SQLite, ts_rank on PostgreSQL).
-    pub async fn memory_keyword_ids(
-        &self,
-        tenant: &Tenant,
-        agent: Option<&str>,
-        query: &str,
-        limit: i64,
-    ) -> Result<Vec<i64>, GatewayError> {
-        Ok(self
-            .search_memories(tenant, agent, query, limit)
-            .await?
-            .into_iter()
-            .map(|h| h.id)
-            .collect())
     }
 
     /// The entity lane: ids of `tenant`'s entries mentioning an entity whose name occurs in

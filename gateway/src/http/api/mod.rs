@@ -239,7 +239,7 @@ impl RestApi {
             Option<String>,
         >,
     ) -> Result<Json<MemorySearch>, RestError> {
-        let tenant_id = memory_tenant(&auth.0, tenant_id.0.as_deref())?;
+        let tenant_id = memory_tenant(state, &auth.0, tenant_id.0.as_deref()).await?;
         let hits = crate::handlers::memory_search(
             &state.engine,
             &tenant_id,
@@ -253,8 +253,8 @@ impl RestApi {
                 id: h.id,
                 content: h.content,
                 tags: h.tags,
-                memory_type: crate::handlers::wire(&h.memory_type),
-                trust_level: crate::handlers::wire(&h.trust_level),
+                memory_type: h.memory_type.as_str().to_owned(),
+                trust_level: h.trust_level.as_str().to_owned(),
                 agent_id: h.agent_id,
                 source_session_key: h.source_session_key,
                 pinned: h.pinned,
@@ -283,7 +283,7 @@ impl RestApi {
             Option<String>,
         >,
     ) -> Result<Json<MemoryStats>, RestError> {
-        let tenant_id = memory_tenant(&auth.0, tenant_id.0.as_deref())?;
+        let tenant_id = memory_tenant(state, &auth.0, tenant_id.0.as_deref()).await?;
         let s = crate::handlers::memory_stats(
             &state.engine,
             &crate::tenancy::Tenant::owner(&tenant_id),
@@ -464,14 +464,22 @@ impl RestApi {
     }
 }
 
-/// The tenant a memory route works in: the caller's own, or the one `named` when the caller
-/// reaches it (admin); another tenant's name without admin is 403, as the `memory_tenant` rule
-/// answers -32603 on JSON-RPC.
-fn memory_tenant(caller: &Principal, named: Option<&str>) -> Result<String, RestError> {
-    match named {
-        Some(n) if !caller.tenant().reaches(Some(n)) => Err(RestError(Problem::forbidden(
-            "Insufficient scope: naming another tenant requires 'admin'",
-        ))),
-        named => Ok(caller.tenant_named(named).1),
+/// The tenant a memory route works in: the caller's own, or the one `named`. The route applies
+/// the catalogue's `memory_tenant` rule through the same check the JSON-RPC dispatch uses
+/// (`tenancy::allowed`), answering 403 where the dispatch answers -32603.
+async fn memory_tenant(
+    state: &AppState,
+    caller: &Principal,
+    named: Option<&str>,
+) -> Result<String, RestError> {
+    use crate::rpc::generated::methods::RecordKind;
+    if let Some(n) = named {
+        let kind = RecordKind::MemoryTenant;
+        if !crate::tenancy::allowed(&state.engine.store, caller.tenant(), kind, false, n).await? {
+            return Err(RestError(Problem::forbidden(
+                "Insufficient scope: naming another tenant requires 'admin'",
+            )));
+        }
     }
+    Ok(caller.tenant_named(named).1)
 }
