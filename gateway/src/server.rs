@@ -114,7 +114,12 @@ async fn build_state(
     );
     state.webhooks = webhooks;
     crate::runtime::config_writes::observe_at_start(&state).await;
-    crate::webhooks::resume_queued(state.webhooks.as_deref(), &state.engine).await;
+    crate::webhooks::resume_queued(
+        state.webhooks.as_deref(),
+        &state.engine,
+        state.engine.store.live_since(),
+    )
+    .await;
     crate::runtime::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
     crate::runtime::scheduler::timer::start(&state.engine, state.stop.clone());
     crate::memory::worker::start(&state.engine, state.stop.clone());

@@ -25,6 +25,10 @@ pub struct MemoryConfig {
     pub min_similarity: f32,
     /// Candidates each lane contributes before fusion.
     pub lane_candidates: usize,
+    /// Matching entries the keyword lane ranks per recall, the newest first: its cost stays
+    /// bounded however many entries share the query's words (the vector lane still reaches
+    /// every entry).
+    pub keyword_rank_window: usize,
     /// Unconsolidated entries of one agent that start a consolidation into entities and
     /// observations (through the agent's `memory` operation model); 0 turns it off.
     pub consolidate_after: u32,
@@ -41,6 +45,7 @@ impl Default for MemoryConfig {
             cache_entries: 10_000,
             min_similarity: 0.25,
             lane_candidates: 50,
+            keyword_rank_window: crate::store::search::MEMORY_RANK_WINDOW,
             consolidate_after: 20,
             recall_retention_hours: 168,
         }
@@ -65,6 +70,9 @@ pub fn validate(m: &MemoryConfig) -> Result<(), ConfigError> {
     if !(1..=1000).contains(&m.lane_candidates) {
         return bad("laneCandidates must be 1 to 1000");
     }
+    if !(m.lane_candidates..=10_000_000).contains(&m.keyword_rank_window) {
+        return bad("keywordRankWindow must be laneCandidates to 10000000");
+    }
     if m.recall_retention_hours == 0 {
         return bad("recallRetentionHours must be at least 1");
     }
@@ -74,4 +82,30 @@ pub fn validate(m: &MemoryConfig) -> Result<(), ConfigError> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_hold_at_the_bound_and_fail_past_it() {
+        let with = |f: &dyn Fn(&mut MemoryConfig)| {
+            let mut m = MemoryConfig::default();
+            f(&mut m);
+            validate(&m)
+        };
+        assert!(with(&|_| {}).is_ok());
+        assert!(with(&|m| m.lane_candidates = 1000).is_ok());
+        assert!(with(&|m| m.lane_candidates = 1001).is_err());
+        assert!(with(&|m| m.lane_candidates = 0).is_err());
+        assert!(with(&|m| m.keyword_rank_window = 10_000_000).is_ok());
+        assert!(with(&|m| m.keyword_rank_window = 10_000_001).is_err());
+        assert!(
+            with(&|m| m.keyword_rank_window = 50).is_ok(),
+            "= laneCandidates"
+        );
+        let short = with(&|m| m.keyword_rank_window = 49).unwrap_err();
+        assert!(short.0.contains("keywordRankWindow"), "{short:?}");
+    }
 }

@@ -2,17 +2,22 @@
 //! tenant's vectors in memory) and the entity lane, fused by reciprocal rank; and the embedding
 //! of texts through both cache tiers and the breaker.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use super::index::VectorIndex;
 use super::{content_hash, fuse, keyword_text};
 use crate::error::GatewayError;
 use crate::runtime::embed::EmbedError;
 use crate::runtime::engine::Engine;
 use crate::store::memory::{MemoryRow, RecallRecord};
 use crate::store::now_ms;
+use crate::store::search::MemoryHit;
+use crate::store::Store;
 use crate::tenancy::Tenant;
 
 /// Where a recall was made, for its record.
@@ -53,14 +58,26 @@ pub enum NotEmbedded {
 /// far behind the best meaning only add noise to the fusion (RRF is flat in rank).
 const VECTOR_BAND: f32 = 0.12;
 
-/// The keyword lane's ids; with `strict`, only entries holding more than half of the distinct
-/// words of `words` (the query without stop words).
-fn keyword_band(hits: Vec<crate::store::search::MemoryHit>, words: &str, strict: bool) -> Vec<i64> {
-    let wanted: std::collections::BTreeSet<String> = words
+/// The distinct words of `words` (the query without stop words), case-folded.
+fn distinct_words(words: &str) -> BTreeSet<String> {
+    words
         .split(' ')
         .filter(|w| !w.is_empty())
         .map(str::to_lowercase)
-        .collect();
+        .collect()
+}
+
+/// How many of the query's distinct words a keyword candidate must hold beside the vector
+/// lane: more than half of them.
+pub fn majority(words: &str) -> usize {
+    distinct_words(words).len() / 2 + 1
+}
+
+/// The keyword lane's ids; with `strict`, only entries holding more than half of the distinct
+/// words of `words` (the store's covering query already asks for that; this check also holds
+/// past its combination limit).
+fn keyword_band(hits: Vec<MemoryHit>, words: &str, strict: bool) -> Vec<i64> {
+    let wanted = distinct_words(words);
     let need = wanted.len() / 2 + 1;
     hits.into_iter()
         .filter(|h| {
@@ -76,6 +93,60 @@ fn keyword_band(hits: Vec<crate::store::search::MemoryHit>, words: &str, strict:
         })
         .map(|h| h.id)
         .collect()
+}
+
+/// What one recall asks of its keyword and vector lanes.
+#[derive(Debug, Clone)]
+pub struct LaneQuery<'a> {
+    /// The entries of this tenant (of one agent when `agent` is Some).
+    pub tenant_id: &'a str,
+    pub agent: Option<&'a str>,
+    /// The query's keywords ([`super::keyword_text`]).
+    pub words: &'a str,
+    /// Candidates per lane.
+    pub candidates: usize,
+    /// Matching entries the keyword lane ranks, the newest first.
+    pub rank_window: usize,
+    /// Vector candidates less similar than this are dropped.
+    pub min_similarity: f32,
+    /// A vector lane is expected: keyword candidates must hold most of the words.
+    pub strict: bool,
+}
+
+/// The keyword and vector lanes of one recall, run concurrently: the full-text query goes to
+/// the store's thread while this task embeds the query and scans the index.
+///
+/// With `strict`, the keyword lane asks only for entries holding most of the query's words,
+/// which the index answers far faster than ranking every entry with any word; if the vector
+/// lane then cannot run (`query_vector` yields None), the keyword lane runs again keeping every
+/// match, as a keyword-only recall does.
+pub async fn run_lanes(
+    store: &Store,
+    index: &RwLock<VectorIndex>,
+    q: &LaneQuery<'_>,
+    query_vector: impl Future<Output = Option<Arc<Vec<f32>>>>,
+) -> Result<(Vec<MemoryHit>, Option<Vec<(i64, f32)>>), GatewayError> {
+    let tenant = Tenant::owner(q.tenant_id);
+    let need = if q.strict { majority(q.words) } else { 1 };
+    let (k, window) = (q.candidates as i64, q.rank_window);
+    let keyword = store.search_memories_covering(&tenant, q.agent, q.words, need, k, window);
+    let vector = async {
+        let v = query_vector.await?;
+        let found = index
+            .read()
+            .map(|ix| ix.search(q.tenant_id, q.agent, &v, q.candidates, q.min_similarity));
+        Some(found.unwrap_or_default())
+    };
+    let (keyword_hits, vector) = tokio::join!(keyword, vector);
+    let keyword_hits = match (&vector, need) {
+        (None, 2..) => {
+            store
+                .search_memories_covering(&tenant, q.agent, q.words, 1, k, window)
+                .await?
+        }
+        _ => keyword_hits?,
+    };
+    Ok((keyword_hits, vector))
 }
 
 fn vector_band(hits: Vec<(i64, f32)>) -> Vec<i64> {
@@ -185,34 +256,42 @@ impl Engine {
         let tenant = Tenant::owner(tenant_id);
         let k = self.memory.config.lane_candidates.max(limit);
         let words = keyword_text(query);
-        let keyword_hits = self
-            .store
-            .search_memories(&tenant, at.agent, &words, k as i64)
-            .await?;
+        // The vector lane runs only when the model answers now: a recall never waits for the
+        // model to load (it is recorded as keyword-only instead).
+        let ready = self.memory_embedder_ready();
+        let query_vector = async {
+            if !ready {
+                return None;
+            }
+            match self.memory_embed_texts(&[query.to_owned()]).await {
+                Ok(v) => v.into_iter().next(),
+                Err(NotEmbedded::Failed(e)) => {
+                    tracing::warn!(error = %e, "query not embedded; keyword recall only");
+                    None
+                }
+                Err(NotEmbedded::Unavailable) => None,
+            }
+        };
+        let lane_query = LaneQuery {
+            tenant_id,
+            agent: at.agent,
+            words: &words,
+            candidates: k,
+            rank_window: self.memory.config.keyword_rank_window,
+            min_similarity: self.memory.config.min_similarity,
+            strict: ready,
+        };
+        let (keyword_hits, vector_hits) =
+            run_lanes(&self.store, &self.memory.index, &lane_query, query_vector).await?;
         let entity = self
             .store
             .memory_entity_ids(&tenant, at.agent, query, k as i64)
             .await?;
         let mut lanes = vec!["fts"];
-        // The vector lane runs only when the model answers now: a recall never waits for the
-        // model to load (it is recorded as keyword-only instead).
         let mut vector = Vec::new();
-        if self.memory_embedder_ready() {
-            match self.memory_embed_texts(&[query.to_owned()]).await {
-                Ok(v) => {
-                    if let Some(q) = v.first() {
-                        lanes.push("vector");
-                        let found = self.memory.index.read().map(|ix| {
-                            ix.search(tenant_id, at.agent, q, k, self.memory.config.min_similarity)
-                        });
-                        vector = vector_band(found.unwrap_or_default());
-                    }
-                }
-                Err(NotEmbedded::Failed(e)) => {
-                    tracing::warn!(error = %e, "query not embedded; keyword recall only");
-                }
-                Err(NotEmbedded::Unavailable) => {}
-            }
+        if let Some(found) = vector_hits {
+            lanes.push("vector");
+            vector = vector_band(found);
         }
         // Beside a vector lane, a keyword candidate must carry most of the query's words: one
         // incidental shared word is noise the meaning lane already judges better. Alone, the

@@ -77,11 +77,14 @@ async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Durati
         };
         let store = &engine.store;
         let now = now_ms();
+        // One verdict on which nodes are dead for the whole beat: a queued run must not be
+        // taken over from a node whose running runs the orphan sweep still counted as held.
+        let live_since = store.live_since();
         if let Err(e) = store.node_seen(now, engine.control.started_at_ms).await {
             tracing::warn!(error = %e, "node heartbeat not recorded");
             continue;
         }
-        match store.runs_orphan_unresumable(now, store.live_since()).await {
+        match store.runs_orphan_unresumable(now, live_since).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(
                 orphaned = n,
@@ -89,7 +92,7 @@ async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Durati
             ),
             Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
         }
-        match store.scheduler_release_dead(now, store.live_since()).await {
+        match store.scheduler_release_dead(now, live_since).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(
@@ -101,7 +104,7 @@ async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Durati
             Err(e) => tracing::warn!(error = %e, "scheduler sweep failed"),
         }
         if hooks.is_some() {
-            crate::webhooks::resume_queued(hooks.as_deref(), &engine).await;
+            crate::webhooks::resume_queued(hooks.as_deref(), &engine, live_since).await;
         }
         let ttl = i64::try_from(beat.as_millis()).unwrap_or(i64::MAX);
         if let Ok(true) = store.lease_claim("fleet_sweep", now, ttl).await {

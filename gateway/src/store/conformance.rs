@@ -327,6 +327,64 @@ async fn memories_notes_and_search(s: Store) {
         .await
         .unwrap()
         .is_empty());
+    // Covering search: only entries holding at least `need` of the distinct words.
+    let mut covering = Vec::new();
+    for d in [
+        "quokka wombat numbat",
+        "Quokka numbat",
+        "numbat only",
+        "wombat",
+    ] {
+        covering.push(
+            s.memory_insert_plain("carol", "bot", None, d, &[])
+                .await
+                .unwrap(),
+        );
+    }
+    let ids = |hits: Vec<super::search::MemoryHit>| {
+        let mut v: Vec<i64> = hits.iter().map(|h| h.id).collect();
+        v.sort_unstable();
+        v
+    };
+    let two = s
+        .search_memories_covering(
+            &only("carol"),
+            None,
+            "numbat QUOKKA wombat quokka",
+            2,
+            10,
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(two), covering[..2].to_vec(), "two of three words");
+    let three = s
+        .search_memories_covering(
+            &only("carol"),
+            Some("bot"),
+            "numbat quokka wombat",
+            3,
+            10,
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(three), covering[..1].to_vec(), "all three words");
+    let any = s
+        .search_memories_covering(&only("carol"), None, "numbat quokka wombat", 1, 10, 100)
+        .await
+        .unwrap();
+    assert_eq!(ids(any), covering, "any word");
+    // The rank window: only the newest `window` matches are ranked (at it, and one short).
+    let carol = only("carol");
+    let window =
+        |w: usize| s.search_memories_covering(&carol, None, "numbat quokka wombat", 1, 10, w);
+    assert_eq!(ids(window(4).await.unwrap()), covering, "window = matches");
+    assert_eq!(
+        ids(window(3).await.unwrap()),
+        covering[1..].to_vec(),
+        "the oldest match is past the window"
+    );
 
     let totals = TurnTotals::default();
     s.session_append("k1", &[msg("user", "Bonjour from Zürich")], &totals)
@@ -366,7 +424,11 @@ async fn memories_notes_and_search(s: Store) {
         .collect();
     assert_eq!(notes, ["first", "second"]);
     assert_eq!(s.memory_stats(&only("alice")).await.unwrap(), (3, 2, 1));
-    assert_eq!(s.memory_stats(&all()).await.unwrap(), (4, 2, 2));
+    assert_eq!(
+        s.memory_stats(&all()).await.unwrap(),
+        (8, 2, 2),
+        "with carol's four"
+    );
     assert_eq!(
         s.memory_delete_by_session(&only("mallory"), "k1")
             .await

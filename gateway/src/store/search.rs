@@ -31,28 +31,84 @@ pub struct MemoryHit {
     pub created_at: i64,
 }
 
-/// Turns free text into an FTS5 query: every word quoted (so no user text is FTS syntax),
-/// alternatives joined with OR and ranked by bm25. None when the text has no word.
-pub fn fts_query(text: &str) -> Option<String> {
-    let terms: Vec<String> = text
+/// The distinct words of free text (case-folded, at most 32): the only part of user text that
+/// reaches a full-text query, each one quoted there, so no user text is query syntax.
+fn query_words(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    for w in text
         .split(|c: char| !c.is_alphanumeric())
         .filter(|t| !t.is_empty())
-        .take(32)
-        .map(|t| format!("\"{t}\""))
-        .collect();
-    (!terms.is_empty()).then(|| terms.join(" OR "))
+    {
+        let w = w.to_lowercase();
+        if !words.contains(&w) {
+            words.push(w);
+        }
+        if words.len() == 32 {
+            break;
+        }
+    }
+    words
 }
 
-/// The same words as [`fts_query`] as a PostgreSQL `tsquery` (`'w1' | 'w2'`); the words are
-/// alphanumeric only, so no user text is tsquery syntax.
-pub fn pg_tsquery(text: &str) -> Option<String> {
-    let terms: Vec<String> = text
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|t| !t.is_empty())
-        .take(32)
-        .map(|t| format!("'{t}'"))
+/// Above this many groups a covering query is no cheaper than the plain OR one (and its text
+/// grows combinatorially): the OR query is used and the caller's own check applies.
+const MAX_GROUPS: usize = 64;
+
+/// The groups of a query matching entries that hold at least `need` of `words`: every
+/// `need`-word combination, or one group per word (any word) when `need` is 1 or the
+/// combinations would be too many.
+fn groups(words: &[String], need: usize) -> Vec<Vec<&str>> {
+    let m = words.len();
+    let need = need.clamp(1, m.max(1));
+    let mut count: usize = 1;
+    for i in 0..need {
+        count = count.saturating_mul(m - i) / (i + 1);
+    }
+    if need == 1 || count > MAX_GROUPS {
+        return words.iter().map(|w| vec![w.as_str()]).collect();
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut pick: Vec<usize> = (0..need).collect();
+    loop {
+        out.push(pick.iter().map(|i| words[*i].as_str()).collect());
+        // The next combination in lexicographic order.
+        let Some(i) = (0..need).rev().find(|&i| pick[i] < m - need + i) else {
+            break;
+        };
+        pick[i] += 1;
+        for j in i + 1..need {
+            pick[j] = pick[j - 1] + 1;
+        }
+    }
+    out
+}
+
+/// Renders groups as a query: words quoted and joined by `and` within a group, groups joined
+/// by `or`. None when there is no word.
+fn render(groups: &[Vec<&str>], quote: char, and: &str, or: &str) -> Option<String> {
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            let inner: Vec<String> = g.iter().map(|w| format!("{quote}{w}{quote}")).collect();
+            if g.len() == 1 {
+                inner.join("")
+            } else {
+                format!("({})", inner.join(and))
+            }
+        })
         .collect();
-    (!terms.is_empty()).then(|| terms.join(" | "))
+    (!parts.is_empty()).then(|| parts.join(or))
+}
+
+/// Turns free text into an FTS5 query matching entries with at least `need` of its distinct
+/// words (1: any of them), ranked by bm25. None when the text has no word.
+pub fn fts_query(text: &str, need: usize) -> Option<String> {
+    render(&groups(&query_words(text), need), '"', " AND ", " OR ")
+}
+
+/// The same query as [`fts_query`] as a PostgreSQL `tsquery` (`('w1' & 'w2') | ...`).
+pub fn pg_tsquery(text: &str, need: usize) -> Option<String> {
+    render(&groups(&query_words(text), need), '\'', " & ", " | ")
 }
 
 /// Transcript search on SQLite: `$1` FTS5 query, `$2` tenant or NULL, `$3` limit.
@@ -77,21 +133,33 @@ const MESSAGES_POSTGRES: &str = "SELECT s.session_key, s.agent_id, s.channel, h.
      JOIN sessions s ON s.session_key = h.session_key \
      ORDER BY h.score DESC, h.id";
 
-/// Memory search on SQLite: `$1` query, `$2` agent or NULL, `$3` tenant or NULL, `$4` limit.
+/// By default at most this many matching entries, the newest first, are ranked by one memory
+/// search (`memory.keywordRankWindow`): the cost of a search stays bounded however many entries share its words (a word in 40% of
+/// 100,000 entries would otherwise rank 40,000 of them to keep 50). Entries past the window
+/// are still found by the vector lane, and by a search with rarer words.
+pub const MEMORY_RANK_WINDOW: usize = 5000;
+
+/// Memory search on SQLite: `$1` query, `$2` agent or NULL, `$3` tenant or NULL, `$4` limit,
+/// `$5` rank window. FTS5 walks the matches newest first (rowid order, no sort), so only the
+/// window is ranked.
 const MEMORIES_SQLITE: &str =
-    "SELECT m.id, m.agent_id, m.content, m.tags, m.session_key, m.created_at, \
-     -bm25(memories_fts) AS score \
+    "SELECT id, agent_id, content, tags, session_key, created_at, score FROM \
+     (SELECT m.id, m.agent_id, m.content, m.tags, m.session_key, m.created_at, \
+       -bm25(memories_fts) AS score \
      FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid \
      WHERE memories_fts MATCH $1 AND ($2 IS NULL OR m.agent_id = $2) \
-     AND ($3 IS NULL OR m.tenant_id = $3) ORDER BY bm25(memories_fts), m.id LIMIT $4";
+     AND ($3 IS NULL OR m.tenant_id = $3) ORDER BY memories_fts.rowid DESC LIMIT $5) \
+     ORDER BY score DESC, id LIMIT $4";
 
 /// Memory search on PostgreSQL, same parameters.
 const MEMORIES_POSTGRES: &str =
-    "SELECT m.id, m.agent_id, m.content, m.tags, m.session_key, m.created_at, \
-     ts_rank(m.content_tsv, q, 1)::float8 AS score \
+    "SELECT id, agent_id, content, tags, session_key, created_at, score FROM \
+     (SELECT m.id, m.agent_id, m.content, m.tags, m.session_key, m.created_at, \
+       ts_rank(m.content_tsv, q, 1)::float8 AS score \
      FROM memories m, to_tsquery('simple', $1) q \
      WHERE m.content_tsv @@ q AND ($2::text IS NULL OR m.agent_id = $2) \
-     AND ($3::text IS NULL OR m.tenant_id = $3) ORDER BY score DESC, m.id LIMIT $4";
+     AND ($3::text IS NULL OR m.tenant_id = $3) ORDER BY m.id DESC LIMIT $5) w \
+     ORDER BY score DESC, id LIMIT $4";
 
 fn message_hit(r: &impl StoreRow) -> Result<MessageHit, sqlx::Error> {
     Ok(MessageHit {
@@ -120,12 +188,13 @@ fn memory_hit(r: &impl StoreRow) -> Result<MemoryHit, sqlx::Error> {
 fn for_backend(
     pool: &Pool,
     text: &str,
+    need: usize,
     sqlite: &'static str,
     postgres: &'static str,
 ) -> Option<(String, &'static str)> {
     match pool {
-        Pool::Sqlite(_) => fts_query(text).map(|q| (q, sqlite)),
-        Pool::Postgres(_) => pg_tsquery(text).map(|q| (q, postgres)),
+        Pool::Sqlite(_) => fts_query(text, need).map(|q| (q, sqlite)),
+        Pool::Postgres(_) => pg_tsquery(text, need).map(|q| (q, postgres)),
     }
 }
 
@@ -146,7 +215,7 @@ impl Store {
         text: &str,
         limit: i64,
     ) -> Result<Vec<MessageHit>, GatewayError> {
-        let Some((q, sql)) = for_backend(self.pool(), text, MESSAGES_SQLITE, MESSAGES_POSTGRES)
+        let Some((q, sql)) = for_backend(self.pool(), text, 1, MESSAGES_SQLITE, MESSAGES_POSTGRES)
         else {
             return Ok(Vec::new());
         };
@@ -170,7 +239,26 @@ impl Store {
         text: &str,
         limit: i64,
     ) -> Result<Vec<MemoryHit>, GatewayError> {
-        let Some((q, sql)) = for_backend(self.pool(), text, MEMORIES_SQLITE, MEMORIES_POSTGRES)
+        self.search_memories_covering(tenant, agent_id, text, 1, limit, MEMORY_RANK_WINDOW)
+            .await
+    }
+
+    /// [`Store::search_memories`] over the entries holding at least `need` of the text's
+    /// distinct words only (for up to 64 word combinations; past that, any word
+    /// matches and the caller checks coverage itself). Cheaper than filtering afterwards: the
+    /// index intersects the words' lists, so far fewer rows are ranked. Only the newest
+    /// `window` matches are ranked.
+    pub async fn search_memories_covering(
+        &self,
+        tenant: &Tenant,
+        agent_id: Option<&str>,
+        text: &str,
+        need: usize,
+        limit: i64,
+        window: usize,
+    ) -> Result<Vec<MemoryHit>, GatewayError> {
+        let Some((q, sql)) =
+            for_backend(self.pool(), text, need, MEMORIES_SQLITE, MEMORIES_POSTGRES)
         else {
             return Ok(Vec::new());
         };
@@ -180,6 +268,7 @@ impl Store {
                 .bind(agent_id)
                 .bind(tenant.only())
                 .bind(limit)
+                .bind(i64::try_from(window).unwrap_or(i64::MAX))
                 .fetch_all(p)
                 .await?;
             rows.iter().map(memory_hit).collect::<Result<_, _>>()?
@@ -211,14 +300,41 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::fts_query;
+    use super::{fts_query, pg_tsquery};
 
     #[test]
     fn user_text_never_becomes_fts_syntax() {
         assert_eq!(
-            fts_query("weather OR \"x\" NEAR(a b)").as_deref(),
-            Some("\"weather\" OR \"OR\" OR \"x\" OR \"NEAR\" OR \"a\" OR \"b\"")
+            fts_query("weather OR \"x\" NEAR(a b)", 1).as_deref(),
+            Some("\"weather\" OR \"or\" OR \"x\" OR \"near\" OR \"a\" OR \"b\"")
         );
-        assert_eq!(fts_query("*** ---"), None);
+        assert_eq!(fts_query("*** ---", 1), None);
+        assert_eq!(
+            pg_tsquery("it's | me", 1).as_deref(),
+            Some("'it' | 's' | 'me'")
+        );
+    }
+
+    #[test]
+    fn covering_queries_name_every_combination_of_the_needed_words() {
+        assert_eq!(
+            fts_query("Cat sat mat cat", 2).as_deref(),
+            Some("(\"cat\" AND \"sat\") OR (\"cat\" AND \"mat\") OR (\"sat\" AND \"mat\")")
+        );
+        assert_eq!(
+            pg_tsquery("a b", 2).as_deref(),
+            Some("('a' & 'b')"),
+            "all of two words"
+        );
+        assert_eq!(
+            fts_query("a b c d", 3).map(|q| q.matches(" OR ").count() + 1),
+            Some(4)
+        );
+        // More words than the combinations allow: any word matches (the caller checks).
+        let long = "a b c d e f g h i j";
+        assert_eq!(fts_query(long, 6), fts_query(long, 1));
+        // `need` past the word count means all of them; 0 means any.
+        assert_eq!(fts_query("a b", 5), fts_query("a b", 2));
+        assert_eq!(fts_query("a b", 0), fts_query("a b", 1));
     }
 }

@@ -286,13 +286,14 @@ pub fn queued_row(spec: &RunSpec) -> RunRow {
 /// At start-up: the queued webhook runs a previous process acknowledged are queued again
 /// (ahead of new deliveries, past the queue limit, since they were accepted already); when
 /// webhooks are off, or a run's agent is gone or its record unreadable, the run is marked
-/// failed with the reason.
-pub async fn resume_queued(hooks: Option<&Webhooks>, engine: &Arc<Engine>) {
-    let claimed = match engine
-        .store
-        .runs_claim_queued(engine.store.live_since())
-        .await
-    {
+/// failed with the reason. On a shared database the fleet reaper calls it every beat with the
+/// same `live_since` its orphan sweep used.
+pub async fn resume_queued(
+    hooks: Option<&Webhooks>,
+    engine: &Arc<Engine>,
+    live_since: Option<i64>,
+) {
+    let claimed = match engine.store.runs_claim_queued(live_since).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "queued webhook runs could not be read; they stay queued");
