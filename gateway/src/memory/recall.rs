@@ -70,7 +70,11 @@ fn distinct_words(words: &str) -> BTreeSet<String> {
 /// How many of the query's distinct words a keyword candidate must hold beside the vector
 /// lane: more than half of them.
 pub fn majority(words: &str) -> usize {
-    distinct_words(words).len() / 2 + 1
+    majority_of(&distinct_words(words))
+}
+
+fn majority_of(wanted: &BTreeSet<String>) -> usize {
+    wanted.len() / 2 + 1
 }
 
 /// The keyword lane's ids; with `strict`, only entries holding more than half of the distinct
@@ -78,7 +82,7 @@ pub fn majority(words: &str) -> usize {
 /// past its combination limit).
 fn keyword_band(hits: Vec<MemoryHit>, words: &str, strict: bool) -> Vec<i64> {
     let wanted = distinct_words(words);
-    let need = wanted.len() / 2 + 1;
+    let need = majority_of(&wanted);
     hits.into_iter()
         .filter(|h| {
             !strict || {
