@@ -423,6 +423,14 @@ impl AgentGetOperationModelsResultOperationsItemSource {
             Self::Default => "default",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "config" => Some(Self::Config),
+            "default" => Some(Self::Default),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `agent.stream`.
 ///
@@ -1271,6 +1279,20 @@ impl BrowserAction {
             Self::Wait => "wait",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "click" => Some(Self::Click),
+            "type" => Some(Self::Type),
+            "fill" => Some(Self::Fill),
+            "press" => Some(Self::Press),
+            "hover" => Some(Self::Hover),
+            "select" => Some(Self::Select),
+            "scroll" => Some(Self::Scroll),
+            "wait" => Some(Self::Wait),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `browser.close`.
 ///
@@ -1399,6 +1421,17 @@ impl BrowserConsoleResultEntriesItemLevel {
             Self::Info => "info",
             Self::Warn => "warn",
             Self::Error => "error",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "debug" => Some(Self::Debug),
+            "log" => Some(Self::Log),
+            "info" => Some(Self::Info),
+            "warn" => Some(Self::Warn),
+            "error" => Some(Self::Error),
+            _ => None,
         }
     }
 }
@@ -2019,6 +2052,16 @@ impl ChannelsChannelStatus {
             Self::Disabled => "disabled",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "connected" => Some(Self::Connected),
+            "disconnected" => Some(Self::Disconnected),
+            "error" => Some(Self::Error),
+            "disabled" => Some(Self::Disabled),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `channels.disable`.
 ///
@@ -2243,6 +2286,16 @@ impl ChannelsHealthResultChannelsItemConnectionMode {
             Self::LongPolling => "long_polling",
             Self::Webhook => "webhook",
             Self::InProcess => "in_process",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "websocket" => Some(Self::Websocket),
+            "long_polling" => Some(Self::LongPolling),
+            "webhook" => Some(Self::Webhook),
+            "in_process" => Some(Self::InProcess),
+            _ => None,
         }
     }
 }
@@ -2491,6 +2544,16 @@ impl ConfigAuditRecordOrigin {
             Self::Cli => "cli",
             Self::Startup => "startup",
             Self::External => "external",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "rpc" => Some(Self::Rpc),
+            "cli" => Some(Self::Cli),
+            "startup" => Some(Self::Startup),
+            "external" => Some(Self::External),
+            _ => None,
         }
     }
 }
@@ -3110,6 +3173,14 @@ impl ContextTreeResultNodesItemKind {
             Self::Condensed => "condensed",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "leaf" => Some(Self::Leaf),
+            "condensed" => Some(Self::Condensed),
+            _ => None,
+        }
+    }
 }
 /// untrusted when any content under it came from outside (webhooks, fetched pages, other users).
 ///
@@ -3139,6 +3210,14 @@ impl ContextTreeResultNodesItemTaint {
         match self {
             Self::Trusted => "trusted",
             Self::Untrusted => "untrusted",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "trusted" => Some(Self::Trusted),
+            "untrusted" => Some(Self::Untrusted),
+            _ => None,
         }
     }
 }
@@ -3284,6 +3363,15 @@ impl CronJobLastStatus {
             Self::Ok => "ok",
             Self::Error => "error",
             Self::Skipped => "skipped",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "ok" => Some(Self::Ok),
+            "error" => Some(Self::Error),
+            "skipped" => Some(Self::Skipped),
+            _ => None,
         }
     }
 }
@@ -3486,6 +3574,15 @@ impl CronRunGateDecision {
             Self::FailedOpen => "failed_open",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "wake" => Some(Self::Wake),
+            "skip" => Some(Self::Skip),
+            "failed_open" => Some(Self::FailedOpen),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `cron.run`.
 ///
@@ -3538,6 +3635,14 @@ impl CronRunParamsMode {
         match self {
             Self::Force => "force",
             Self::Due => "due",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "force" => Some(Self::Force),
+            "due" => Some(Self::Due),
+            _ => None,
         }
     }
 }
@@ -3597,6 +3702,14 @@ impl CronRunResultMode {
             Self::Due => "due",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "force" => Some(Self::Force),
+            "due" => Some(Self::Due),
+            _ => None,
+        }
+    }
 }
 /// ok (the turn completed), error (it failed), skipped (a wake gate decided not to wake the model).
 ///
@@ -3629,6 +3742,15 @@ impl CronRunStatus {
             Self::Ok => "ok",
             Self::Error => "error",
             Self::Skipped => "skipped",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "ok" => Some(Self::Ok),
+            "error" => Some(Self::Error),
+            "skipped" => Some(Self::Skipped),
+            _ => None,
         }
     }
 }
@@ -3666,6 +3788,16 @@ impl CronRunTrigger {
             Self::CatchUp => "catch_up",
             Self::Force => "force",
             Self::Due => "due",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "schedule" => Some(Self::Schedule),
+            "catch_up" => Some(Self::CatchUp),
+            "force" => Some(Self::Force),
+            "due" => Some(Self::Due),
+            _ => None,
         }
     }
 }
@@ -3772,6 +3904,15 @@ impl CronScheduleKind {
             Self::Cron => "cron",
             Self::Interval => "interval",
             Self::Once => "once",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "cron" => Some(Self::Cron),
+            "interval" => Some(Self::Interval),
+            "once" => Some(Self::Once),
+            _ => None,
         }
     }
 }
@@ -3906,6 +4047,18 @@ impl DaemonSetLogLevelParamsLevel {
             Self::Trace => "trace",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "fatal" => Some(Self::Fatal),
+            "error" => Some(Self::Error),
+            "warn" => Some(Self::Warn),
+            "info" => Some(Self::Info),
+            "debug" => Some(Self::Debug),
+            "trace" => Some(Self::Trace),
+            _ => None,
+        }
+    }
 }
 /// Result of `daemon.setLogLevel`.
 ///
@@ -3978,6 +4131,18 @@ impl DaemonSetLogLevelResultLevel {
             Self::Trace => "trace",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "fatal" => Some(Self::Fatal),
+            "error" => Some(Self::Error),
+            "warn" => Some(Self::Warn),
+            "info" => Some(Self::Info),
+            "debug" => Some(Self::Debug),
+            "trace" => Some(Self::Trace),
+            _ => None,
+        }
+    }
 }
 /// Whether the global level or one module's level changed.
 ///
@@ -4007,6 +4172,14 @@ impl DaemonSetLogLevelResultScope {
         match self {
             Self::Global => "global",
             Self::Module => "module",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "global" => Some(Self::Global),
+            "module" => Some(Self::Module),
+            _ => None,
         }
     }
 }
@@ -4210,6 +4383,14 @@ impl EnvListResultSecretsItemSource {
             Self::Secretstore => "secretstore",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "envfile" => Some(Self::Envfile),
+            "secretstore" => Some(Self::Secretstore),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `env.set`.
 ///
@@ -4296,6 +4477,14 @@ impl EnvSetResultStorage {
             Self::File => "file",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "encrypted" => Some(Self::Encrypted),
+            "file" => Some(Self::File),
+            _ => None,
+        }
+    }
 }
 /// Why an agent turn ended. The /v1 API maps these to OpenAI finish reasons (max_steps -> length, all others -> stop).
 ///
@@ -4337,6 +4526,18 @@ impl FinishReason {
             Self::CircuitOpen => "circuit_open",
             Self::ContextLoop => "context_loop",
             Self::Error => "error",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "stop" => Some(Self::Stop),
+            "max_steps" => Some(Self::MaxSteps),
+            "budget_exceeded" => Some(Self::BudgetExceeded),
+            "circuit_open" => Some(Self::CircuitOpen),
+            "context_loop" => Some(Self::ContextLoop),
+            "error" => Some(Self::Error),
+            _ => None,
         }
     }
 }
@@ -4940,6 +5141,17 @@ impl GraphNodeKind {
             Self::Merge => "merge",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "agent" => Some(Self::Agent),
+            "tool" => Some(Self::Tool),
+            "condition" => Some(Self::Condition),
+            "transform" => Some(Self::Transform),
+            "merge" => Some(Self::Merge),
+            _ => None,
+        }
+    }
 }
 /// Live state of one node within a run.
 ///
@@ -5015,6 +5227,18 @@ impl GraphNodeStatus {
             Self::Cancelled => "cancelled",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(Self::Pending),
+            "running" => Some(Self::Running),
+            "completed" => Some(Self::Completed),
+            "failed" => Some(Self::Failed),
+            "skipped" => Some(Self::Skipped),
+            "cancelled" => Some(Self::Cancelled),
+            _ => None,
+        }
+    }
 }
 /// What a failing node does to its run. stop fails the run at once and cancels pending nodes; continue skips only the nodes that depend on the failed one and lets the others finish (the run then ends failed).
 ///
@@ -5044,6 +5268,14 @@ impl GraphOnFailure {
         match self {
             Self::Stop => "stop",
             Self::Continue => "continue",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "stop" => Some(Self::Stop),
+            "continue" => Some(Self::Continue),
+            _ => None,
         }
     }
 }
@@ -5118,6 +5350,14 @@ impl GraphOutputsResultSource {
         match self {
             Self::Live => "live",
             Self::Stored => "stored",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "live" => Some(Self::Live),
+            "stored" => Some(Self::Stored),
+            _ => None,
         }
     }
 }
@@ -5273,6 +5513,17 @@ impl GraphRunStatus {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(Self::Pending),
+            "running" => Some(Self::Running),
+            "completed" => Some(Self::Completed),
+            "failed" => Some(Self::Failed),
+            "cancelled" => Some(Self::Cancelled),
+            _ => None,
         }
     }
 }
@@ -5767,6 +6018,14 @@ impl HeartbeatStateLastErrorKind {
             Self::Permanent => "permanent",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "transient" => Some(Self::Transient),
+            "permanent" => Some(Self::Permanent),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `heartbeat.states`.
 ///
@@ -5863,6 +6122,13 @@ impl HeartbeatTriggerResultReason {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::AlreadyPending => "already_pending",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "already_pending" => Some(Self::AlreadyPending),
+            _ => None,
         }
     }
 }
@@ -6045,6 +6311,16 @@ impl ImageAnalyzeParamsSourceType {
             Self::Url => "url",
             Self::Base64 => "base64",
             Self::Attachment => "attachment",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "file" => Some(Self::File),
+            "url" => Some(Self::Url),
+            "base64" => Some(Self::Base64),
+            "attachment" => Some(Self::Attachment),
+            _ => None,
         }
     }
 }
@@ -6345,6 +6621,14 @@ impl McpConnectParamsAuth {
             Self::Oauth => "oauth",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "headers" => Some(Self::Headers),
+            "oauth" => Some(Self::Oauth),
+            _ => None,
+        }
+    }
 }
 /// Result of `mcp.connect`.
 ///
@@ -6568,6 +6852,16 @@ impl McpOauthLoginResultStatus {
             Self::HeadlessHint => "headless_hint",
             Self::DeviceCodePending => "device_code_pending",
             Self::Failed => "failed",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "authorized" => Some(Self::Authorized),
+            "headless_hint" => Some(Self::HeadlessHint),
+            "device_code_pending" => Some(Self::DeviceCodePending),
+            "failed" => Some(Self::Failed),
+            _ => None,
         }
     }
 }
@@ -6820,6 +7114,18 @@ impl McpServerStatus {
             Self::Disconnected => "disconnected",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "connecting" => Some(Self::Connecting),
+            "connected" => Some(Self::Connected),
+            "reconnecting" => Some(Self::Reconnecting),
+            "auth_required" => Some(Self::AuthRequired),
+            "error" => Some(Self::Error),
+            "disconnected" => Some(Self::Disconnected),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `mcp.status`.
 ///
@@ -7018,6 +7324,15 @@ impl McpTransport {
             Self::Stdio => "stdio",
             Self::Http => "http",
             Self::Sse => "sse",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "stdio" => Some(Self::Stdio),
+            "http" => Some(Self::Http),
+            "sse" => Some(Self::Sse),
+            _ => None,
         }
     }
 }
@@ -7399,6 +7714,18 @@ impl MediaTestTtsParamsFormat {
             Self::Pcm => "pcm",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "mp3" => Some(Self::Mp3),
+            "opus" => Some(Self::Opus),
+            "aac" => Some(Self::Aac),
+            "flac" => Some(Self::Flac),
+            "wav" => Some(Self::Wav),
+            "pcm" => Some(Self::Pcm),
+            _ => None,
+        }
+    }
 }
 /// Result of `media.test.tts`.
 ///
@@ -7690,6 +8017,14 @@ impl MemoryBrowseParamsSort {
             Self::Oldest => "oldest",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "newest" => Some(Self::Newest),
+            "oldest" => Some(Self::Oldest),
+            _ => None,
+        }
+    }
 }
 /// Result of `memory.browse`.
 ///
@@ -7862,6 +8197,15 @@ impl MemoryEmbeddingCacheResultCircuitBreakerState {
             Self::Closed => "closed",
             Self::Open => "open",
             Self::HalfOpen => "half-open",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "closed" => Some(Self::Closed),
+            "open" => Some(Self::Open),
+            "half-open" => Some(Self::HalfOpen),
+            _ => None,
         }
     }
 }
@@ -8074,6 +8418,16 @@ impl MemoryEntryType {
             Self::Episodic => "episodic",
             Self::Semantic => "semantic",
             Self::Procedural => "procedural",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "working" => Some(Self::Working),
+            "episodic" => Some(Self::Episodic),
+            "semantic" => Some(Self::Semantic),
+            "procedural" => Some(Self::Procedural),
+            _ => None,
         }
     }
 }
@@ -8506,6 +8860,13 @@ impl MemoryPortabilityExportResultSchemaVersion {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::AgentGatewayMemoryExportV1 => "agent-gateway-memory-export-v1",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "agent-gateway-memory-export-v1" => Some(Self::AgentGatewayMemoryExportV1),
+            _ => None,
         }
     }
 }
@@ -9109,6 +9470,14 @@ impl MemoryStoreParamsTrustLevel {
             Self::External => "external",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "learned" => Some(Self::Learned),
+            "external" => Some(Self::External),
+            _ => None,
+        }
+    }
 }
 /// Result of `memory.store`.
 ///
@@ -9161,6 +9530,15 @@ impl MemoryTrustLevel {
             Self::System => "system",
             Self::Learned => "learned",
             Self::External => "external",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "system" => Some(Self::System),
+            "learned" => Some(Self::Learned),
+            "external" => Some(Self::External),
+            _ => None,
         }
     }
 }
@@ -9337,6 +9715,16 @@ impl MessageAttachmentType {
             Self::Video => "video",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "image" => Some(Self::Image),
+            "file" => Some(Self::File),
+            "audio" => Some(Self::Audio),
+            "video" => Some(Self::Video),
+            _ => None,
+        }
+    }
 }
 /// One interactive button. Exactly one of callbackData and url is given (else -32602). A press on a callback button comes back to the agent as an inbound message carrying callbackData.
 ///
@@ -9398,6 +9786,15 @@ impl MessageButtonStyle {
             Self::Primary => "primary",
             Self::Secondary => "secondary",
             Self::Danger => "danger",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "primary" => Some(Self::Primary),
+            "secondary" => Some(Self::Secondary),
+            "danger" => Some(Self::Danger),
+            _ => None,
         }
     }
 }
@@ -9940,6 +10337,20 @@ impl ModelsCapability {
             Self::PromptCache => "prompt_cache",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "chat" => Some(Self::Chat),
+            "tools" => Some(Self::Tools),
+            "vision" => Some(Self::Vision),
+            "embeddings" => Some(Self::Embeddings),
+            "streaming" => Some(Self::Streaming),
+            "json_mode" => Some(Self::JsonMode),
+            "reasoning" => Some(Self::Reasoning),
+            "prompt_cache" => Some(Self::PromptCache),
+            _ => None,
+        }
+    }
 }
 /// One model of the catalogue that models.list and /v1/models serve.
 ///
@@ -10156,6 +10567,19 @@ impl ModelsTestResultErrorKind {
             Self::MissingKey => "missing_key",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "auth" => Some(Self::Auth),
+            "not_found" => Some(Self::NotFound),
+            "rate_limited" => Some(Self::RateLimited),
+            "timeout" => Some(Self::Timeout),
+            "network" => Some(Self::Network),
+            "provider_error" => Some(Self::ProviderError),
+            "missing_key" => Some(Self::MissingKey),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `notification.send`.
 ///
@@ -10223,6 +10647,16 @@ impl NotificationSendParamsPriority {
             Self::Normal => "normal",
             Self::High => "high",
             Self::Critical => "critical",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "low" => Some(Self::Low),
+            "normal" => Some(Self::Normal),
+            "high" => Some(Self::High),
+            "critical" => Some(Self::Critical),
+            _ => None,
         }
     }
 }
@@ -10459,6 +10893,15 @@ impl ObsBreakerEventEvent {
             Self::Opened => "opened",
             Self::HalfOpen => "half_open",
             Self::Closed => "closed",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "opened" => Some(Self::Opened),
+            "half_open" => Some(Self::HalfOpen),
+            "closed" => Some(Self::Closed),
+            _ => None,
         }
     }
 }
@@ -10757,6 +11200,15 @@ impl ObsContextBudgetVerdict {
             Self::Fits => "fits",
             Self::Downshifted => "downshifted",
             Self::Exhausted => "exhausted",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "fits" => Some(Self::Fits),
+            "downshifted" => Some(Self::Downshifted),
+            "exhausted" => Some(Self::Exhausted),
+            _ => None,
         }
     }
 }
@@ -11162,6 +11614,16 @@ impl ObsDiagnosticCategory {
             Self::Session => "session",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "usage" => Some(Self::Usage),
+            "webhook" => Some(Self::Webhook),
+            "message" => Some(Self::Message),
+            "session" => Some(Self::Session),
+            _ => None,
+        }
+    }
 }
 /// One diagnostic event. Content-free on purpose: ids, counts, timings and short codes, never message text or tool output, because obs.diagnostics is open to rpc tokens.
 ///
@@ -11409,6 +11871,15 @@ impl ObsExplainCoverageToolStatsRollupSource {
             Self::None => "none",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "rollup" => Some(Self::Rollup),
+            "trajectory" => Some(Self::Trajectory),
+            "none" => Some(Self::None),
+            _ => None,
+        }
+    }
 }
 /// The trajectory log of the session.
 ///
@@ -11554,6 +12025,14 @@ impl ObsExplainParamsDepth {
         match self {
             Self::Summary => "summary",
             Self::Full => "full",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "summary" => Some(Self::Summary),
+            "full" => Some(Self::Full),
+            _ => None,
         }
     }
 }
@@ -12190,6 +12669,16 @@ impl ObsIncidentReportOutcomeSeverity {
             Self::High => "high",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "none" => Some(Self::None),
+            "low" => Some(Self::Low),
+            "medium" => Some(Self::Medium),
+            "high" => Some(Self::High),
+            _ => None,
+        }
+    }
 }
 /// The reference the report was asked for and whether it resolved (designed: this is where the spec's session_not_found marker names the reference).
 ///
@@ -12245,6 +12734,15 @@ impl ObsIncidentReportReferenceKind {
             Self::SessionKey => "sessionKey",
             Self::TraceId => "traceId",
             Self::RootRunId => "rootRunId",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "sessionKey" => Some(Self::SessionKey),
+            "traceId" => Some(Self::TraceId),
+            "rootRunId" => Some(Self::RootRunId),
+            _ => None,
         }
     }
 }
@@ -12308,6 +12806,18 @@ impl ObsLearningSource {
             Self::Judge => "judge",
             Self::Reaction => "reaction",
             Self::Explicit => "explicit",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "tool" => Some(Self::Tool),
+            "pipeline" => Some(Self::Pipeline),
+            "correction" => Some(Self::Correction),
+            "judge" => Some(Self::Judge),
+            "reaction" => Some(Self::Reaction),
+            "explicit" => Some(Self::Explicit),
+            _ => None,
         }
     }
 }
@@ -12408,6 +12918,19 @@ impl ObsLearningStatsAdmissionOutcome {
             Self::RejectedValidation => "rejected_validation",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "admitted" => Some(Self::Admitted),
+            "no_successes" => Some(Self::NoSuccesses),
+            "untrusted_origin" => Some(Self::UntrustedOrigin),
+            "uncorroborated" => Some(Self::Uncorroborated),
+            "empty_reflection" => Some(Self::EmptyReflection),
+            "rejected_name_length" => Some(Self::RejectedNameLength),
+            "rejected_validation" => Some(Self::RejectedValidation),
+            _ => None,
+        }
+    }
 }
 /// The resolved outcome; absent when unresolved.
 ///
@@ -12443,6 +12966,16 @@ impl ObsLearningStatsOutcome {
             Self::Failure => "failure",
             Self::Corrected => "corrected",
             Self::Unknown => "unknown",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "success" => Some(Self::Success),
+            "failure" => Some(Self::Failure),
+            "corrected" => Some(Self::Corrected),
+            "unknown" => Some(Self::Unknown),
+            _ => None,
         }
     }
 }
@@ -12546,6 +13079,17 @@ impl ObsOrchestrateRunFailureClass {
             Self::LeaseAbsent => "lease_absent",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "timeout" => Some(Self::Timeout),
+            "stdout_cap" => Some(Self::StdoutCap),
+            "nonzero_exit" => Some(Self::NonzeroExit),
+            "spawn_fail" => Some(Self::SpawnFail),
+            "lease_absent" => Some(Self::LeaseAbsent),
+            _ => None,
+        }
+    }
 }
 /// success when exitCode is 0.
 ///
@@ -12575,6 +13119,14 @@ impl ObsOrchestrateRunOutcome {
         match self {
             Self::Success => "success",
             Self::Failure => "failure",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "success" => Some(Self::Success),
+            "failure" => Some(Self::Failure),
+            _ => None,
         }
     }
 }
@@ -12672,6 +13224,14 @@ impl ObsOrchestrateRunToolCallsItemDecision {
         match self {
             Self::Allowed => "allowed",
             Self::Denied => "denied",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "allowed" => Some(Self::Allowed),
+            "denied" => Some(Self::Denied),
+            _ => None,
         }
     }
 }
@@ -12842,6 +13402,18 @@ impl ObsResetTableParamsTable {
             Self::PromptReports => "prompt_reports",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "token_usage" => Some(Self::TokenUsage),
+            "delivery" => Some(Self::Delivery),
+            "diagnostics" => Some(Self::Diagnostics),
+            "channels" => Some(Self::Channels),
+            "trace_index" => Some(Self::TraceIndex),
+            "prompt_reports" => Some(Self::PromptReports),
+            _ => None,
+        }
+    }
 }
 /// Result of `obs.reset.table`.
 ///
@@ -12906,6 +13478,18 @@ impl ObsResetTableResultTable {
             Self::Channels => "channels",
             Self::TraceIndex => "trace_index",
             Self::PromptReports => "prompt_reports",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "token_usage" => Some(Self::TokenUsage),
+            "delivery" => Some(Self::Delivery),
+            "diagnostics" => Some(Self::Diagnostics),
+            "channels" => Some(Self::Channels),
+            "trace_index" => Some(Self::TraceIndex),
+            "prompt_reports" => Some(Self::PromptReports),
+            _ => None,
         }
     }
 }
@@ -13284,6 +13868,18 @@ impl ObsTraceRowKind {
             Self::Error => "error",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "inbound" => Some(Self::Inbound),
+            "outbound" => Some(Self::Outbound),
+            "tool_call" => Some(Self::ToolCall),
+            "tool_result" => Some(Self::ToolResult),
+            "turn_end" => Some(Self::TurnEnd),
+            "error" => Some(Self::Error),
+            _ => None,
+        }
+    }
 }
 /// Outcome, for tool_call, tool_result and turn_end rows.
 ///
@@ -13316,6 +13912,15 @@ impl ObsTraceRowStatus {
             Self::Ok => "ok",
             Self::Error => "error",
             Self::Skipped => "skipped",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "ok" => Some(Self::Ok),
+            "error" => Some(Self::Error),
+            "skipped" => Some(Self::Skipped),
+            _ => None,
         }
     }
 }
@@ -13482,6 +14087,14 @@ impl ObsTruncationReason {
             Self::SizeCap => "size_cap",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "depth_cap" => Some(Self::DepthCap),
+            "size_cap" => Some(Self::SizeCap),
+            _ => None,
+        }
+    }
 }
 /// The voice (speech) work of the session.
 ///
@@ -13566,6 +14179,19 @@ impl ObsVoiceStatsErrorKind {
             Self::Dependency => "dependency",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "no_keyless_engine" => Some(Self::NoKeylessEngine),
+            "auth_required" => Some(Self::AuthRequired),
+            "model_load_failed" => Some(Self::ModelLoadFailed),
+            "model_download_failed" => Some(Self::ModelDownloadFailed),
+            "timeout" => Some(Self::Timeout),
+            "network" => Some(Self::Network),
+            "dependency" => Some(Self::Dependency),
+            _ => None,
+        }
+    }
 }
 /// Whether the voice step succeeded.
 ///
@@ -13595,6 +14221,14 @@ impl ObsVoiceStatsOutcome {
         match self {
             Self::Ok => "ok",
             Self::Failed => "failed",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "ok" => Some(Self::Ok),
+            "failed" => Some(Self::Failed),
+            _ => None,
         }
     }
 }
@@ -13632,6 +14266,16 @@ impl ObsVoiceStatsSource {
             Self::FollowMainKey => "follow-main-key",
             Self::Fallback => "fallback",
             Self::Explicit => "explicit",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "keyless-local" => Some(Self::KeylessLocal),
+            "follow-main-key" => Some(Self::FollowMainKey),
+            "fallback" => Some(Self::Fallback),
+            "explicit" => Some(Self::Explicit),
+            _ => None,
         }
     }
 }
@@ -14002,6 +14646,16 @@ impl ProvidersType {
             Self::Anthropic => "anthropic",
             Self::Local => "local",
             Self::Scripted => "scripted",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "openai" => Some(Self::Openai),
+            "anthropic" => Some(Self::Anthropic),
+            "local" => Some(Self::Local),
+            "scripted" => Some(Self::Scripted),
+            _ => None,
         }
     }
 }
@@ -14819,6 +15473,15 @@ impl SessionMessageDeliveryStatus {
             Self::Failed => "failed",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(Self::Pending),
+            "delivered" => Some(Self::Delivered),
+            "failed" => Some(Self::Failed),
+            _ => None,
+        }
+    }
 }
 /// Who produced the message.
 ///
@@ -14854,6 +15517,16 @@ impl SessionMessageRole {
             Self::User => "user",
             Self::Assistant => "assistant",
             Self::Tool => "tool",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "system" => Some(Self::System),
+            "user" => Some(Self::User),
+            "assistant" => Some(Self::Assistant),
+            "tool" => Some(Self::Tool),
+            _ => None,
         }
     }
 }
@@ -15162,6 +15835,14 @@ impl SessionSendParamsMode {
             Self::Async => "async",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "wait" => Some(Self::Wait),
+            "async" => Some(Self::Async),
+            _ => None,
+        }
+    }
 }
 /// Result of `session.send`.
 ///
@@ -15232,6 +15913,16 @@ impl SessionSendResultStatus {
             Self::Completed => "completed",
             Self::Timeout => "timeout",
             Self::Error => "error",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "accepted" => Some(Self::Accepted),
+            "completed" => Some(Self::Completed),
+            "timeout" => Some(Self::Timeout),
+            "error" => Some(Self::Error),
+            _ => None,
         }
     }
 }
@@ -15347,6 +16038,15 @@ impl SessionSpawnParamsIncludeParentHistory {
             Self::None => "none",
             Self::Summary => "summary",
             Self::Full => "full",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "none" => Some(Self::None),
+            "summary" => Some(Self::Summary),
+            "full" => Some(Self::Full),
+            _ => None,
         }
     }
 }
@@ -15809,6 +16509,14 @@ impl SkillsScope {
             Self::Shared => "shared",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "local" => Some(Self::Local),
+            "shared" => Some(Self::Shared),
+            _ => None,
+        }
+    }
 }
 /// Where a listed skill comes from. bundled skills ship with the gateway and are read-only.
 ///
@@ -15841,6 +16549,15 @@ impl SkillsSource {
             Self::Bundled => "bundled",
             Self::Shared => "shared",
             Self::Local => "local",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "bundled" => Some(Self::Bundled),
+            "shared" => Some(Self::Shared),
+            "local" => Some(Self::Local),
+            _ => None,
         }
     }
 }
@@ -15982,6 +16699,14 @@ impl SkillsUploadParamsFilesItemEncoding {
         match self {
             Self::Utf8 => "utf8",
             Self::Base64 => "base64",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "utf8" => Some(Self::Utf8),
+            "base64" => Some(Self::Base64),
+            _ => None,
         }
     }
 }
@@ -16263,6 +16988,20 @@ impl SubagentRunStatus {
             Self::Orphaned => "orphaned",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "queued" => Some(Self::Queued),
+            "running" => Some(Self::Running),
+            "completed" => Some(Self::Completed),
+            "failed" => Some(Self::Failed),
+            "timeout" => Some(Self::Timeout),
+            "killed" => Some(Self::Killed),
+            "revoked" => Some(Self::Revoked),
+            "orphaned" => Some(Self::Orphaned),
+            _ => None,
+        }
+    }
 }
 /// One sub-agent run, as listed by subagent.list.
 ///
@@ -16435,6 +17174,14 @@ impl SubagentSteerResultStatus {
             Self::Steered => "steered",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "steered_inject" => Some(Self::SteeredInject),
+            "steered" => Some(Self::Steered),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `subagent.wait`.
 ///
@@ -16568,6 +17315,16 @@ impl SubagentWaitResultResultsItemStatus {
             Self::DeniedUnknown => "denied_unknown",
             Self::Timeout => "timeout",
             Self::Cancelled => "cancelled",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "completed" => Some(Self::Completed),
+            "denied_unknown" => Some(Self::DeniedUnknown),
+            "timeout" => Some(Self::Timeout),
+            "cancelled" => Some(Self::Cancelled),
+            _ => None,
         }
     }
 }
@@ -16807,6 +17564,14 @@ impl TokensListResultTokensItemOrigin {
             Self::Store => "store",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "config" => Some(Self::Config),
+            "store" => Some(Self::Store),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `tokens.revoke`.
 ///
@@ -16956,6 +17721,18 @@ impl TokensScope {
             Self::Metrics => "metrics",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "rpc" => Some(Self::Rpc),
+            "admin" => Some(Self::Admin),
+            "*" => Some(Self::All),
+            "api" => Some(Self::Api),
+            "mcp-client" => Some(Self::McpClient),
+            "metrics" => Some(Self::Metrics),
+            _ => None,
+        }
+    }
 }
 /// Token counts of one agent turn, summed over all model steps of the turn.
 ///
@@ -17066,6 +17843,14 @@ impl ToolInvokeResultRoutedTo {
             Self::Builtin => "builtin",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "rpc" => Some(Self::Rpc),
+            "builtin" => Some(Self::Builtin),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `tts.auto_check`.
 ///
@@ -17161,6 +17946,16 @@ impl TtsAutoCheckResultMode {
             Self::Tagged => "tagged",
         }
     }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(Self::Off),
+            "always" => Some(Self::Always),
+            "inbound" => Some(Self::Inbound),
+            "tagged" => Some(Self::Tagged),
+            _ => None,
+        }
+    }
 }
 /// Parameters of `tts.synthesize`.
 ///
@@ -17225,6 +18020,18 @@ impl TtsSynthesizeParamsFormat {
             Self::Flac => "flac",
             Self::Wav => "wav",
             Self::Pcm => "pcm",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "mp3" => Some(Self::Mp3),
+            "opus" => Some(Self::Opus),
+            "aac" => Some(Self::Aac),
+            "flac" => Some(Self::Flac),
+            "wav" => Some(Self::Wav),
+            "pcm" => Some(Self::Pcm),
+            _ => None,
         }
     }
 }
@@ -17309,6 +18116,22 @@ impl TurnErrorKind {
             Self::Unavailable => "unavailable",
             Self::InvalidRequest => "invalid_request",
             Self::Cancelled => "cancelled",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "auth" => Some(Self::Auth),
+            "not_found" => Some(Self::NotFound),
+            "rate_limited" => Some(Self::RateLimited),
+            "timeout" => Some(Self::Timeout),
+            "network" => Some(Self::Network),
+            "provider_error" => Some(Self::ProviderError),
+            "missing_key" => Some(Self::MissingKey),
+            "unavailable" => Some(Self::Unavailable),
+            "invalid_request" => Some(Self::InvalidRequest),
+            "cancelled" => Some(Self::Cancelled),
+            _ => None,
         }
     }
 }
@@ -17423,6 +18246,14 @@ impl WorkspaceFileEncoding {
         match self {
             Self::Utf8 => "utf8",
             Self::Base64 => "base64",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "utf8" => Some(Self::Utf8),
+            "base64" => Some(Self::Base64),
+            _ => None,
         }
     }
 }
@@ -17581,6 +18412,20 @@ impl WorkspaceGitFileState {
             Self::Typechange => "typechange",
             Self::Untracked => "untracked",
             Self::Conflicted => "conflicted",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "added" => Some(Self::Added),
+            "modified" => Some(Self::Modified),
+            "deleted" => Some(Self::Deleted),
+            "renamed" => Some(Self::Renamed),
+            "copied" => Some(Self::Copied),
+            "typechange" => Some(Self::Typechange),
+            "untracked" => Some(Self::Untracked),
+            "conflicted" => Some(Self::Conflicted),
+            _ => None,
         }
     }
 }
@@ -17870,6 +18715,15 @@ impl WorkspaceListDirResultEntriesItemType {
             Self::File => "file",
             Self::Directory => "directory",
             Self::Symlink => "symlink",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "file" => Some(Self::File),
+            "directory" => Some(Self::Directory),
+            "symlink" => Some(Self::Symlink),
+            _ => None,
         }
     }
 }

@@ -103,6 +103,10 @@ fn type_def(cat: &Catalogue, def: &TypeDef) -> TokenStream {
                     pub const fn as_str(self) -> &'static str {
                         match self { #( Self::#variants => #wires, )* }
                     }
+                    /// The value of a wire string; None for any other string.
+                    pub fn from_wire(s: &str) -> Option<Self> {
+                        match s { #( #wires => Some(Self::#variants), )* _ => None }
+                    }
                 }
             }
         }

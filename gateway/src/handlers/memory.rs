@@ -5,8 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::de::DeserializeOwned;
-
 use super::Rpc;
 use crate::error::GatewayError;
 use crate::memory::consolidate::Answer;
@@ -25,11 +23,6 @@ const PREVIEW: usize = 500;
 /// Largest workspace file memory.get_file reads.
 const MAX_FILE_BYTES: u64 = 4 << 20;
 
-/// A generated enum from its wire name.
-fn from_wire<T: DeserializeOwned>(s: &str) -> Option<T> {
-    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
-}
-
 fn entry(r: MemoryRow, max_chars: Option<usize>) -> MemoryEntry {
     MemoryEntry {
         id: r.id.to_string(),
@@ -38,8 +31,10 @@ fn entry(r: MemoryRow, max_chars: Option<usize>) -> MemoryEntry {
             None => r.content,
         },
         tags: r.tags,
-        memory_type: from_wire(&r.memory_type).unwrap_or(MemoryEntryType::Semantic),
-        trust_level: from_wire(&r.trust_level).unwrap_or(MemoryTrustLevel::External),
+        memory_type: MemoryEntryType::from_wire(&r.memory_type)
+            .unwrap_or(MemoryEntryType::Semantic),
+        trust_level: MemoryTrustLevel::from_wire(&r.trust_level)
+            .unwrap_or(MemoryTrustLevel::External),
         agent_id: r.agent_id,
         tenant_id: r.tenant_id,
         source_session_key: r.session_key,

@@ -58,13 +58,9 @@ fn trace_row(v: TraceView) -> ObsTraceRow {
         tokens: f.tokens,
         cost_usd: f.cost_usd,
         synthetic: f.synthetic,
-        finish_reason: f.finish_reason.as_deref().and_then(finish_reason),
+        finish_reason: f.finish_reason.as_deref().and_then(FinishReason::from_wire),
         error_kind: f.error_kind,
     }
-}
-
-fn finish_reason(s: &str) -> Option<FinishReason> {
-    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
 }
 
 /// `since` of obs.trace.search: a relative duration (30m, 6h, 1d) before `now`, or an ISO 8601

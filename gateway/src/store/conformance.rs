@@ -66,7 +66,8 @@ fn msg(role: &str, content: &str) -> MessageRow {
     }
 }
 
-async fn session(s: &Store, key: &str, tenant: &str) {
+/// A session `key` of agent `bot` owned by `tenant` (shared with the other store tests).
+pub(super) async fn session(s: &Store, key: &str, tenant: &str) {
     s.session_ensure(&NewSession {
         key,
         agent_id: "bot",

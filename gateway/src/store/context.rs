@@ -332,7 +332,7 @@ impl Store {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::store::sessions::{MessageRow, NewSession, TurnTotals};
+    use crate::store::sessions::{MessageRow, TurnTotals};
 
     crate::store::conformance::both!(summary_tree_rows);
 
@@ -351,15 +351,7 @@ mod tests {
 
     async fn summary_tree_rows(s: Store) {
         for (key, tenant) in [("k1", "t1"), ("k2", "t2")] {
-            s.session_ensure(&NewSession {
-                key,
-                agent_id: "bot",
-                channel: "api",
-                tenant_id: Some(tenant),
-                user_id: Some("u"),
-            })
-            .await
-            .unwrap();
+            crate::store::conformance::session(&s, key, tenant).await;
         }
         let rows: Vec<MessageRow> = (0..6)
             .map(|i| MessageRow {

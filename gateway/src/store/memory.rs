@@ -252,24 +252,12 @@ macro_rules! bind_filter {
 impl Store {
     /// Stores a memory owned by `owner`; its id.
     pub async fn memory_insert(&self, owner: &str, m: &NewMemory<'_>) -> Result<i64, GatewayError> {
-        let tags = serde_json::to_string(m.tags).unwrap_or_else(|_| "[]".to_owned());
-        Ok(on_pool!(self.pool(), |p| sqlx::query_scalar::<_, i64>(
-            "INSERT INTO memories (tenant_id, agent_id, session_key, content, tags, memory_type, \
-             trust_level, pinned, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
-        )
-        .bind(owner)
-        .bind(m.agent_id)
-        .bind(m.session_key)
-        .bind(text(m.content))
-        .bind(&tags)
-        .bind(m.memory_type)
-        .bind(m.trust_level)
-        .bind(i64::from(m.pinned))
-        .bind(m.created_at)
-        .bind(now_ms())
-        .fetch_one(p)
-        .await?))
+        let ids = self
+            .memory_insert_many(owner, std::slice::from_ref(m))
+            .await?;
+        ids.first()
+            .copied()
+            .ok_or_else(|| GatewayError::Internal("memory insert returned no id".to_owned()))
     }
 
     /// A learned semantic entry stored now (the store's own tests).
