@@ -33,6 +33,102 @@ pub const MIN_SECRET_LEN: usize = 32;
 /// What redacted values read as.
 pub const REDACTED: &str = "[REDACTED]";
 
+// Caps of the configuration's durations. Each is far below what a clock or timer can hold (a
+// `tokio::time::Instant` plus 24 hours never overflows), so a value that loads can never panic
+// where it becomes a deadline; a larger one is refused at load naming its key.
+/// 24 hours in ms: heartbeats, keep-alives, rate windows, body reads.
+pub const MAX_DAY_MS: u64 = 86_400_000;
+/// 1 hour in ms: header reads, shutdown grace.
+pub const MAX_HOUR_MS: u64 = 3_600_000;
+/// A year: retention of the observability rows.
+pub const MAX_RETENTION_HOURS: u32 = 8_760;
+/// A day: sweep intervals.
+pub const MAX_SWEEP_SECONDS: u64 = 86_400;
+/// 10 years: the media time to live.
+pub const MAX_MEDIA_TTL_SECONDS: u64 = 315_360_000;
+
+/// `key` (a duration) is at most `max`; the error names the key and the cap.
+pub(crate) fn at_most(key: &str, v: u64, max: u64) -> Result<(), ConfigError> {
+    if v > max {
+        return Err(ConfigError(format!("{key} must be at most {max}, got {v}")));
+    }
+    Ok(())
+}
+
+/// Every duration of the `gateway`, `media` and `observability` sections within its cap.
+fn durations(config: &Config) -> Result<(), ConfigError> {
+    let g = &config.gateway;
+    let o = &config.observability;
+    let media = &config.media;
+    for (key, v, max) in [
+        ("gateway.wsHeartbeatMs", g.ws_heartbeat_ms, MAX_DAY_MS),
+        (
+            "gateway.web.sseKeepAliveMs",
+            g.web.sse_keep_alive_ms,
+            MAX_DAY_MS,
+        ),
+        (
+            "gateway.rateLimit.windowMs",
+            g.rate_limit.window_ms,
+            MAX_DAY_MS,
+        ),
+        (
+            "gateway.wsMessageRateLimit.windowMs",
+            g.ws_message_rate_limit.window_ms,
+            MAX_DAY_MS,
+        ),
+        (
+            "gateway.headerReadTimeoutMs",
+            g.header_read_timeout_ms,
+            MAX_HOUR_MS,
+        ),
+        (
+            "gateway.bodyReadTimeoutMs",
+            g.body_read_timeout_ms,
+            MAX_DAY_MS,
+        ),
+        ("gateway.shutdownGraceMs", g.shutdown_grace_ms, MAX_HOUR_MS),
+        ("media.ttlSeconds", media.ttl_seconds, MAX_MEDIA_TTL_SECONDS),
+        (
+            "media.sweepIntervalSeconds",
+            media.sweep_interval_seconds,
+            MAX_SWEEP_SECONDS,
+        ),
+        (
+            "observability.traceRetentionHours",
+            u64::from(o.trace_retention_hours),
+            u64::from(MAX_RETENTION_HOURS),
+        ),
+        (
+            "observability.diagnosticsRetentionHours",
+            u64::from(o.diagnostics_retention_hours),
+            u64::from(MAX_RETENTION_HOURS),
+        ),
+        (
+            "observability.sweepIntervalSeconds",
+            o.sweep_interval_seconds,
+            MAX_SWEEP_SECONDS,
+        ),
+    ] {
+        at_most(key, v, max)?;
+    }
+    for (id, p) in &config.providers {
+        crate::runtime::domain::check_provider_durations(&format!("providers.{id}"), p)
+            .map_err(ConfigError)?;
+    }
+    for (id, a) in &config.agents {
+        if let Some(h) = &a.heartbeat {
+            crate::runtime::domain::check_heartbeat_durations(&format!("agents.{id}.heartbeat"), h)
+                .map_err(ConfigError)?;
+        }
+    }
+    crate::runtime::domain::check_heartbeat_durations(
+        "scheduler.heartbeat",
+        &config.scheduler.heartbeat,
+    )
+    .map_err(ConfigError)
+}
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -93,13 +189,16 @@ pub struct Config {
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct ObservabilityConfig {
     /// Hours the session index (`obs.trace.*`, `obs.fleet.health`, breaker timelines in
-    /// `obs.explain`) keeps its rows; the spec's two days by default.
+    /// `obs.explain`) keeps its rows; the spec's two days by default (at most a year).
+    #[schemars(range(max = MAX_RETENTION_HOURS))]
     pub trace_retention_hours: u32,
-    /// Hours diagnostic events (`obs.diagnostics`) are kept.
+    /// Hours diagnostic events (`obs.diagnostics`) are kept (at most a year).
+    #[schemars(range(max = MAX_RETENTION_HOURS))]
     pub diagnostics_retention_hours: u32,
     /// System prompt reports kept per session (the newest).
     pub prompt_reports_per_session: u32,
-    /// How often expired rows are swept, in seconds.
+    /// How often expired rows are swept, in seconds (at most a day).
+    #[schemars(range(max = MAX_SWEEP_SECONDS))]
     pub sweep_interval_seconds: u64,
 }
 
@@ -132,11 +231,14 @@ impl Default for ConfigHistoryConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct MediaConfig {
-    /// A file older than this is expired (410) and then swept; 0 keeps files forever.
+    /// A file older than this is expired (410) and then swept; 0 keeps files forever (at
+    /// most 10 years).
+    #[schemars(range(max = MAX_MEDIA_TTL_SECONDS))]
     pub ttl_seconds: u64,
     /// Largest file the store accepts, in bytes.
     pub max_file_bytes: u64,
-    /// How often expired files are swept, in seconds.
+    /// How often expired files are swept, in seconds (at most a day).
+    #[schemars(range(max = MAX_SWEEP_SECONDS))]
     pub sweep_interval_seconds: u64,
 }
 
@@ -171,7 +273,8 @@ pub struct GatewayConfig {
     pub http_body_limit_bytes: u64,
     /// Maximum JSON-RPC batch length.
     pub max_batch_size: usize,
-    /// WebSocket heartbeat interval in ms; 0 disables.
+    /// WebSocket heartbeat interval in ms; 0 disables (at most 24 hours).
+    #[schemars(range(max = MAX_DAY_MS))]
     pub ws_heartbeat_ms: u64,
     /// Per-connection WebSocket message rate (sliding window).
     pub ws_message_rate_limit: WsRateConfig,
@@ -185,11 +288,15 @@ pub struct GatewayConfig {
     pub allowed_origins: Vec<String>,
     /// API documentation (/docs, /openapi.json).
     pub docs: DocsConfig,
-    /// A client must finish sending request headers within this many ms.
+    /// A client must finish sending request headers within this many ms (at most 1 hour).
+    #[schemars(range(max = MAX_HOUR_MS))]
     pub header_read_timeout_ms: u64,
-    /// A client must finish sending a request body within this many ms.
+    /// A client must finish sending a request body within this many ms (at most 24 hours).
+    #[schemars(range(max = MAX_DAY_MS))]
     pub body_read_timeout_ms: u64,
-    /// On shutdown or restart, how long open connections get to close, in ms.
+    /// On shutdown or restart, how long open connections get to close, in ms (at most 1
+    /// hour).
+    #[schemars(range(max = MAX_HOUR_MS))]
     pub shutdown_grace_ms: u64,
     /// Peers (IP addresses or CIDR blocks) whose `Forwarded` / `X-Forwarded-For` headers name
     /// the client; from any other peer those headers are ignored.
@@ -275,7 +382,8 @@ impl std::fmt::Debug for TokenConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct RateLimitConfig {
-    /// Window length in ms.
+    /// Window length in ms (at most 24 hours).
+    #[schemars(range(max = MAX_DAY_MS))]
     pub window_ms: u64,
     /// Requests per window.
     pub max_requests: u64,
@@ -296,7 +404,8 @@ impl Default for RateLimitConfig {
 pub struct WsRateConfig {
     /// Messages per window per connection.
     pub max_messages: usize,
-    /// Window length in ms.
+    /// Window length in ms (at most 24 hours).
+    #[schemars(range(max = MAX_DAY_MS))]
     pub window_ms: u64,
 }
 
@@ -317,7 +426,9 @@ pub struct WebConfig {
     pub enabled: bool,
     /// The dashboard's built files, served under /app/ (none: /app/ is not served).
     pub dist_dir: Option<PathBuf>,
-    /// Keep-alive comment interval on /api/events (the spec's 15 seconds by default).
+    /// Keep-alive comment interval on /api/events (the spec's 15 seconds by default; at most
+    /// 24 hours).
+    #[schemars(range(max = MAX_DAY_MS))]
     pub sse_keep_alive_ms: u64,
 }
 
@@ -537,6 +648,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             return Err(ConfigError(format!("{key} must be greater than 0")));
         }
     }
+    durations(config)?;
     parse_trusted_proxies(&g.trusted_proxies)
         .map_err(|e| ConfigError(format!("gateway.trustedProxies: {e}")))?;
     if config.media.max_file_bytes == 0 || config.media.sweep_interval_seconds == 0 {
@@ -608,4 +720,201 @@ pub fn data_dir(config: &Config) -> PathBuf {
             .map(|d| d.join("agent-gateway"))
             .unwrap_or_else(|| PathBuf::from(".agent-gateway"))
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod duration_cap_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The configuration `base` with `value` at the JSON pointer `at`, loaded and validated.
+    fn with(base: &Value, at: &str, value: Value) -> Result<(), String> {
+        let mut doc = base.clone();
+        *doc.pointer_mut(at).unwrap_or_else(|| panic!("{at}")) = value;
+        let config = from_value(doc).map_err(|e| e.0)?;
+        validate(&config).map_err(|e| e.0)
+    }
+
+    /// Every capped duration: its maximum loads, one more (and u64::MAX) is refused naming
+    /// the key, and the schema states the maximum.
+    #[test]
+    fn every_duration_is_capped_at_load_and_in_the_schema() {
+        let base = json!({
+            "gateway": {
+                "wsHeartbeatMs": 1, "web": {"sseKeepAliveMs": 1},
+                "rateLimit": {"windowMs": 1}, "wsMessageRateLimit": {"windowMs": 1},
+                "headerReadTimeoutMs": 1, "bodyReadTimeoutMs": 1, "shutdownGraceMs": 1
+            },
+            "media": {"ttlSeconds": 1, "sweepIntervalSeconds": 1},
+            "observability": {
+                "traceRetentionHours": 1, "diagnosticsRetentionHours": 1,
+                "sweepIntervalSeconds": 1
+            },
+            "store": {
+                "acquireTimeoutMs": 1, "connectTimeoutMs": 1, "statementTimeoutMs": 1,
+                "nodeHeartbeatMs": 1, "nodeDeadAfterMs": 2
+            },
+            "scheduler": {
+                "lateToleranceMs": 1, "fireTimeoutMs": 1, "runRetention": {"maxAgeDays": 1},
+                "heartbeat": {"intervalMs": 10_000}
+            },
+            "webhooks": {
+                "hmac": {"maxAgeSec": 1},
+                "mappings": [{"id": "m", "messageTemplate": "x", "timeoutSeconds": 1}]
+            },
+            "providers": {"p": {"type": "scripted", "timeoutMs": 1000,
+                                "script": [{"steps": [{"delayMs": 0}]}]}},
+            "agents": {"a": {"model": "p/m", "heartbeat": {"intervalMs": 10_000}}}
+        });
+        assert_eq!(with(&base, "/gateway/wsHeartbeatMs", json!(1)), Ok(()));
+        let cases: &[(&str, &str, u64)] = &[
+            (
+                "gateway.wsHeartbeatMs",
+                "/gateway/wsHeartbeatMs",
+                MAX_DAY_MS,
+            ),
+            (
+                "gateway.web.sseKeepAliveMs",
+                "/gateway/web/sseKeepAliveMs",
+                MAX_DAY_MS,
+            ),
+            (
+                "gateway.rateLimit.windowMs",
+                "/gateway/rateLimit/windowMs",
+                MAX_DAY_MS,
+            ),
+            (
+                "gateway.wsMessageRateLimit.windowMs",
+                "/gateway/wsMessageRateLimit/windowMs",
+                MAX_DAY_MS,
+            ),
+            (
+                "gateway.headerReadTimeoutMs",
+                "/gateway/headerReadTimeoutMs",
+                MAX_HOUR_MS,
+            ),
+            (
+                "gateway.bodyReadTimeoutMs",
+                "/gateway/bodyReadTimeoutMs",
+                MAX_DAY_MS,
+            ),
+            (
+                "gateway.shutdownGraceMs",
+                "/gateway/shutdownGraceMs",
+                MAX_HOUR_MS,
+            ),
+            (
+                "media.ttlSeconds",
+                "/media/ttlSeconds",
+                MAX_MEDIA_TTL_SECONDS,
+            ),
+            (
+                "media.sweepIntervalSeconds",
+                "/media/sweepIntervalSeconds",
+                MAX_SWEEP_SECONDS,
+            ),
+            (
+                "observability.traceRetentionHours",
+                "/observability/traceRetentionHours",
+                MAX_RETENTION_HOURS as u64,
+            ),
+            (
+                "observability.diagnosticsRetentionHours",
+                "/observability/diagnosticsRetentionHours",
+                MAX_RETENTION_HOURS as u64,
+            ),
+            (
+                "observability.sweepIntervalSeconds",
+                "/observability/sweepIntervalSeconds",
+                MAX_SWEEP_SECONDS,
+            ),
+            ("store.acquireTimeoutMs", "/store/acquireTimeoutMs", 600_000),
+            ("store.connectTimeoutMs", "/store/connectTimeoutMs", 600_000),
+            (
+                "store.statementTimeoutMs",
+                "/store/statementTimeoutMs",
+                86_400_000,
+            ),
+            (
+                "store.nodeDeadAfterMs",
+                "/store/nodeDeadAfterMs",
+                86_400_000,
+            ),
+            (
+                "scheduler.lateToleranceMs",
+                "/scheduler/lateToleranceMs",
+                604_800_000,
+            ),
+            (
+                "scheduler.fireTimeoutMs",
+                "/scheduler/fireTimeoutMs",
+                86_400_000,
+            ),
+            (
+                "scheduler.runRetention.maxAgeDays",
+                "/scheduler/runRetention/maxAgeDays",
+                3_650,
+            ),
+            (
+                "webhooks.hmac.maxAgeSec",
+                "/webhooks/hmac/maxAgeSec",
+                86_400,
+            ),
+            (
+                "webhooks.mappings[0].timeoutSeconds",
+                "/webhooks/mappings/0/timeoutSeconds",
+                86_400,
+            ),
+            ("providers.p.timeoutMs", "/providers/p/timeoutMs", 600_000),
+            (
+                "providers.p.script[0].steps[0].delayMs",
+                "/providers/p/script/0/steps/0/delayMs",
+                600_000,
+            ),
+            (
+                "scheduler.heartbeat.intervalMs",
+                "/scheduler/heartbeat/intervalMs",
+                86_400_000,
+            ),
+            (
+                "agents.a.heartbeat.intervalMs",
+                "/agents/a/heartbeat/intervalMs",
+                86_400_000,
+            ),
+        ];
+        for (key, at, max) in cases {
+            assert_eq!(with(&base, at, json!(max)), Ok(()), "{key} at {max}");
+            for v in [max + 1, u64::MAX] {
+                let e = with(&base, at, json!(v)).unwrap_err();
+                // u64::MAX does not fit some fields at all: then serde names the key.
+                let named = e.contains(key) || e.contains(&at[1..].replace('/', "."));
+                assert!(named, "{key} = {v}: {e}");
+            }
+        }
+        // store.nodeHeartbeatMs: nodeDeadAfterMs must be at least twice it.
+        let mut b = base.clone();
+        b["store"]["nodeDeadAfterMs"] = json!(86_400_000);
+        assert_eq!(with(&b, "/store/nodeHeartbeatMs", json!(3_600_000)), Ok(()));
+        let e = with(&b, "/store/nodeHeartbeatMs", json!(u64::MAX)).unwrap_err();
+        assert!(e.contains("store.nodeHeartbeatMs"), "{e}");
+
+        let schema = schema().to_string();
+        for (name, max) in [
+            ("wsHeartbeatMs", MAX_DAY_MS),
+            ("sseKeepAliveMs", MAX_DAY_MS),
+            ("connectTimeoutMs", 600_000),
+            ("maxAgeSec", 86_400),
+            ("lateToleranceMs", 604_800_000),
+        ] {
+            let member = format!("\"{name}\":{{");
+            let i = schema.find(&member).unwrap_or_else(|| panic!("{name}"));
+            let end = schema[i..].find('}').map_or(schema.len(), |e| i + e);
+            assert!(
+                schema[i..end].contains(&format!("\"maximum\":{max}")),
+                "{name}: {}",
+                &schema[i..end]
+            );
+        }
+    }
 }

@@ -119,7 +119,10 @@ fn init_logging(to_stderr: bool) {
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
         .with_ansi(ansi);
-    let registry = tracing_subscriber::registry().with(filter);
+    // The fixed cap beside it: the libraries that log frames, headers or bodies stay at warn
+    // whatever the reloadable filter lets through (agent_gateway::logging::QUIET_TARGETS).
+    let cap = tracing_subscriber::filter::filter_fn(agent_gateway::logging::below_cap);
+    let registry = tracing_subscriber::registry().with(filter).with(cap);
     if to_stderr {
         registry.with(fmt.with_writer(std::io::stderr)).init();
     } else {
@@ -173,7 +176,7 @@ impl Target {
         if let Some(file) = self.sqlite_file() {
             if create {
                 if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir)
+                    agent_gateway::store::files::create_private_dir(dir)
                         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
                 }
             } else if !file.exists() {

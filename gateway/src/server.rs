@@ -84,8 +84,7 @@ async fn build_state(
     control: Arc<Control>,
 ) -> Result<AppState, String> {
     let data_dir = config::data_dir(&loaded.config);
-    std::fs::create_dir_all(&data_dir)
-        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    crate::store::files::secure_data_dir(&data_dir)?;
     let mut tokens = loaded.config.gateway.tokens.clone();
     if tokens.is_empty() {
         tokens.push(

@@ -12,6 +12,7 @@ mod e2e_conn;
 mod e2e_context;
 mod e2e_control;
 mod e2e_failures;
+mod e2e_hardening;
 mod e2e_http;
 mod e2e_limits;
 mod e2e_local;

@@ -15,6 +15,13 @@ pub const HEARTBEAT_PROMPT: &str =
     "Heartbeat: check for pending work and report anything that needs attention. \
      Answer HEARTBEAT_OK when nothing does.";
 
+/// Largest `scheduler.lateToleranceMs`: 7 days.
+pub const MAX_LATE_TOLERANCE_MS: u64 = 604_800_000;
+/// Largest `scheduler.fireTimeoutMs`: 24 hours.
+pub const MAX_FIRE_TIMEOUT_MS: u64 = 86_400_000;
+/// Largest `scheduler.runRetention.maxAgeDays`: 10 years.
+pub const MAX_RUN_AGE_DAYS: u32 = 3_650;
+
 /// `scheduler`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -26,9 +33,12 @@ pub struct SchedulerConfig {
     /// What a job whose due time passed while no gateway ran does: `once` fires it once
     /// (however many fires were missed), `skip` waits for its next due time.
     pub missed_fires: MissedFires,
-    /// A fire claimed within this time of its due time is on schedule; later it is a catch-up.
+    /// A fire claimed within this time of its due time is on schedule; later it is a catch-up
+    /// (at most 7 days).
+    #[schemars(range(max = MAX_LATE_TOLERANCE_MS))]
     pub late_tolerance_ms: u64,
-    /// A fire's agent turn ends (as an error) when it runs longer.
+    /// A fire's agent turn ends (as an error) when it runs longer (at most 24 hours).
+    #[schemars(range(max = MAX_FIRE_TIMEOUT_MS))]
     pub fire_timeout_ms: u64,
     /// Jobs one owner may hold (cron.add beyond it is -32002).
     pub max_jobs_per_owner: u32,
@@ -71,7 +81,8 @@ pub enum MissedFires {
 pub struct RunRetention {
     /// Newest finished fires kept per job.
     pub per_job: u32,
-    /// Finished fires older than this are removed (hourly, once per fleet).
+    /// Finished fires older than this are removed (hourly, once per fleet; at most 10 years).
+    #[schemars(range(max = MAX_RUN_AGE_DAYS))]
     pub max_age_days: u32,
 }
 
@@ -154,6 +165,25 @@ pub fn validate(s: &SchedulerConfig) -> Result<(), ConfigError> {
         if v == 0 {
             return Err(ConfigError(format!("{key} must be greater than 0")));
         }
+    }
+    for (key, v, max) in [
+        (
+            "scheduler.lateToleranceMs",
+            s.late_tolerance_ms,
+            MAX_LATE_TOLERANCE_MS,
+        ),
+        (
+            "scheduler.fireTimeoutMs",
+            s.fire_timeout_ms,
+            MAX_FIRE_TIMEOUT_MS,
+        ),
+        (
+            "scheduler.runRetention.maxAgeDays",
+            u64::from(s.run_retention.max_age_days),
+            u64::from(MAX_RUN_AGE_DAYS),
+        ),
+    ] {
+        super::at_most(key, v, max)?;
     }
     Ok(())
 }

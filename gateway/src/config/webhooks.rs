@@ -92,6 +92,11 @@ impl Secret {
     }
 }
 
+/// Largest `webhooks.hmac.maxAgeSec`: 24 hours.
+pub const MAX_AGE_SEC: u64 = 86_400;
+/// Largest `webhooks.mappings[].timeoutSeconds`: 24 hours.
+pub const MAX_TIMEOUT_SECONDS: u64 = 86_400;
+
 /// `webhooks`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -146,7 +151,8 @@ pub struct HmacConfig {
     pub algorithm: Algorithm,
     /// Header carrying the Unix time (seconds) the sender signed at.
     pub timestamp_header_name: String,
-    /// Largest difference between that time and ours, either direction.
+    /// Largest difference between that time and ours, either direction (at most 24 hours).
+    #[schemars(range(max = MAX_AGE_SEC))]
     pub max_age_sec: u64,
     /// Refuse requests without the timestamp header.
     pub require_timestamp: bool,
@@ -203,8 +209,9 @@ pub struct MappingConfig {
     /// Model override (`<provider>/<modelId>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// Agent execution timeout in seconds (default 300).
+    /// Agent execution timeout in seconds (default 300; at most 24 hours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -389,9 +396,13 @@ pub fn validate(c: &WebhooksConfig) -> Result<(), ConfigError> {
             return Err(ConfigError(format!("{key} '{name}' is not a header name")));
         }
     }
+    super::at_most("webhooks.hmac.maxAgeSec", c.hmac.max_age_sec, MAX_AGE_SEC)?;
     let mut ids = std::collections::BTreeSet::new();
     for (i, m) in c.mappings.iter().enumerate() {
         let at = format!("webhooks.mappings[{i}]");
+        if let Some(t) = m.timeout_seconds {
+            super::at_most(&format!("{at}.timeoutSeconds"), t, MAX_TIMEOUT_SECONDS)?;
+        }
         if m.id.trim().is_empty() {
             return Err(ConfigError(format!("{at}.id must not be empty")));
         }

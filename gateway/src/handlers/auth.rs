@@ -81,7 +81,7 @@ impl AuthApi for Rpc {
                 updated_at: now,
             })
             .await?;
-        tracing::info!(profile = %params.profile_id, provider = %params.provider, client = %ctx.principal.client_id, "auth profile stored");
+        tracing::info!(profile = %crate::logging::escaped(&params.profile_id), provider = %crate::logging::escaped(&params.provider), client = %ctx.principal.client_id, "auth profile stored");
         // No provider reads auth profiles yet: nothing to rebuild, only the announcement.
         super::secrets::announce(self, ctx, &aad(&params.profile_id), "set");
         Ok(AuthSetResult {

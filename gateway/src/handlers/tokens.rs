@@ -133,7 +133,7 @@ impl TokensApi for Rpc {
             )));
         }
         self.engine().api_tokens.reload().await?;
-        tracing::info!(token = %id, client = %ctx.principal.client_id, scopes = ?names, "token created");
+        tracing::info!(token = %crate::logging::escaped(&id), client = %ctx.principal.client_id, scopes = ?names, "token created");
         self.token_event(ctx, "created", &id);
         Ok(TokensCreateResult {
             id,
@@ -195,7 +195,7 @@ impl TokensApi for Rpc {
         }
         // Closes the token's WebSockets here (other nodes on the announcement).
         self.engine().api_tokens.reload().await?;
-        tracing::info!(token = %params.id, client = %ctx.principal.client_id, "token revoked");
+        tracing::info!(token = %crate::logging::escaped(&params.id), client = %ctx.principal.client_id, "token revoked");
         self.token_event(ctx, "revoked", &params.id);
         Ok(TokensRevokeResult {
             message: format!("Token {} revoked; its connections were closed.", params.id),
@@ -224,7 +224,7 @@ impl TokensApi for Rpc {
             )));
         };
         self.engine().api_tokens.reload().await?;
-        tracing::info!(token = %params.id, client = %ctx.principal.client_id, "token rotated");
+        tracing::info!(token = %crate::logging::escaped(&params.id), client = %ctx.principal.client_id, "token rotated");
         self.token_event(ctx, "rotated", &params.id);
         let names: Vec<String> = serde_json::from_str(&row.scopes).unwrap_or_default();
         Ok(TokensRotateResult {

@@ -115,6 +115,16 @@ pub fn retry(ms: u64) -> Bytes {
     Bytes::from(format!("retry: {ms}\n\n"))
 }
 
+/// When the first keep-alive comment of a stream ticking every `every` is due. Checked: a
+/// far deadline becomes the latest one the clock holds instead of a panic (the configuration
+/// caps `gateway.web.sseKeepAliveMs` at 24 hours anyway).
+pub fn first_tick(every: std::time::Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(every)
+        .or_else(|| now.checked_add(std::time::Duration::from_secs(86_400)))
+        .unwrap_or(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

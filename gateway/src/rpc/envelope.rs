@@ -136,7 +136,7 @@ async fn handle_one<H: Handlers>(rpc: &H, ctx: &CallContext, item: Value) -> Opt
         Some(_) => return invalid("params must be an object"),
     };
     let counted = RpcMethod::of(method);
-    let span = tracing::info_span!("rpc", method = %method, client = %ctx.client_id);
+    let span = tracing::info_span!("rpc", method = %crate::logging::escaped(method), client = %crate::logging::escaped(&ctx.client_id));
     let outcome = match params {
         Ok(params) => {
             dispatch(rpc, ctx, method, params)

@@ -581,7 +581,7 @@ impl Engine {
                 max_calls: MAX_CALLS_PER_TURN,
             };
             if let Err(e) = b.grow(&mut top, &mut raw, goal).await {
-                tracing::warn!(agent = %t.agent.id, session = %t.key, error = %e,
+                tracing::warn!(agent = %t.agent.id, session = %crate::logging::escaped(t.key), error = %e,
                     "the summary tree was not grown; this turn trims its history instead");
             }
             b.record(&top, before, cost(&top, &raw), "turn");
@@ -621,7 +621,7 @@ fn assemble(
         .find(|&from| fits(from))
         .unwrap_or(entries.len());
     if from > 0 {
-        tracing::warn!(session = %t.key, dropped = from,
+        tracing::warn!(session = %crate::logging::escaped(t.key), dropped = from,
             "the oldest summaries do not fit the model's window with the recent messages; left out of this turn");
     }
     TurnContext {

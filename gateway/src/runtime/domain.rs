@@ -399,6 +399,63 @@ pub const CATALOGUE_TYPES: &[(&str, &str)] = &[
 /// ours; the conversions below map the Rust fields by hand. Empty while the names agree.
 pub const CATALOGUE_MEMBER_RENAMES: &[(&str, &str, &str)] = &[];
 
+// The configuration file's providers and heartbeats are not checked against the catalogue's
+// schemas (the API's are): their durations are checked here with the catalogue's ranges, so a
+// value that loads can never overflow where it becomes a timeout or a deadline.
+/// Range of a provider's `timeoutMs` (catalogue).
+pub const PROVIDER_TIMEOUT_MS: std::ops::RangeInclusive<i64> = 1_000..=600_000;
+/// Largest scripted `delayMs` (catalogue).
+pub const MAX_SCRIPT_DELAY_MS: i64 = 600_000;
+/// Range of a heartbeat's `intervalMs` (catalogue: 10 seconds to 24 hours).
+pub const HEARTBEAT_INTERVAL_MS: std::ops::RangeInclusive<i64> = 10_000..=86_400_000;
+
+fn in_range(at: &str, v: Option<i64>, r: std::ops::RangeInclusive<i64>) -> Result<(), String> {
+    match v {
+        Some(v) if !r.contains(&v) => Err(format!(
+            "{at} must be between {} and {}, got {v}",
+            r.start(),
+            r.end()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The durations of provider `at` (`providers.<id>`) within the catalogue's ranges; the error
+/// names the key.
+pub fn check_provider_durations(at: &str, p: &ProviderSettings) -> Result<(), String> {
+    in_range(
+        &format!("{at}.timeoutMs"),
+        p.timeout_ms,
+        PROVIDER_TIMEOUT_MS,
+    )?;
+    for (i, rule) in p.script.iter().flatten().enumerate() {
+        for (j, step) in rule.steps.iter().enumerate() {
+            in_range(
+                &format!("{at}.script[{i}].steps[{j}].delayMs"),
+                step.delay_ms,
+                0..=MAX_SCRIPT_DELAY_MS,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The durations of heartbeat settings `at` within the catalogue's ranges (cooldown and stale
+/// times are only compared, never added to a clock: not negative is enough).
+pub fn check_heartbeat_durations(at: &str, h: &HeartbeatSettings) -> Result<(), String> {
+    in_range(
+        &format!("{at}.intervalMs"),
+        h.interval_ms,
+        HEARTBEAT_INTERVAL_MS,
+    )?;
+    in_range(
+        &format!("{at}.alertCooldownMs"),
+        h.alert_cooldown_ms,
+        0..=i64::MAX,
+    )?;
+    in_range(&format!("{at}.staleMs"), h.stale_ms, 0..=i64::MAX)
+}
+
 /// The catalogue's name of member `member` of our definition `def`.
 pub fn catalogue_member<'a>(def: &str, member: &'a str) -> &'a str {
     CATALOGUE_MEMBER_RENAMES

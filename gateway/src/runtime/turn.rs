@@ -464,7 +464,7 @@ impl Engine {
                 }
                 Err(failed) => {
                     let e = &failed.error;
-                    tracing::warn!(agent = %agent.id, kind = e.kind.as_str(), status = e.status, error = %bounded(&e.message), "turn ended by a provider failure");
+                    tracing::warn!(agent = %agent.id, kind = e.kind.as_str(), status = e.status, error = %crate::logging::escaped(&bounded(&e.message)), "turn ended by a provider failure");
                     out.finish = FinishReason::Error;
                     out.response = e.public_message();
                     out.failure = Some(TurnFailure {

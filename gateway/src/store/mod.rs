@@ -14,6 +14,7 @@
 mod conformance;
 pub mod context;
 pub mod control;
+pub mod files;
 pub mod fleet;
 pub mod memory;
 pub mod obs;
@@ -39,7 +40,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, SqlitePool};
 
-use crate::config::store::{without_password, Backend, StoreConfig};
+use crate::config::store::{without_password, Backend, StoreConfig, MAX_CONNECT_MS};
 use crate::error::GatewayError;
 
 /// File name of the database inside the data directory.
@@ -90,10 +91,15 @@ pub struct Store {
 
 impl Store {
     /// Opens (creating when missing) the SQLite database at `path` and applies pending
-    /// migrations.
+    /// migrations. The file is made private first (0600, see [`files`]); the path goes to
+    /// sqlx as a file name, never inside a URL, so `?`, `#` and `%` in it are plain
+    /// characters.
     pub async fn open(path: &Path) -> Result<Self, GatewayError> {
-        let url = format!("sqlite://{}", path.display());
-        let options = SqliteConnectOptions::from_str(&url)?
+        files::secure_sqlite_file(path).map_err(|e| {
+            GatewayError::Unavailable(format!("cannot create {}: {e}", path.display()))
+        })?;
+        let options = SqliteConnectOptions::new()
+            .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
@@ -137,7 +143,8 @@ impl Store {
         let shown = without_password(url);
         let refused =
             |e: &dyn std::fmt::Display| format!("cannot connect to PostgreSQL at {shown}: {e}");
-        let options = PgConnectOptions::from_str(url)
+        let url = known_parameters_only(url);
+        let options = PgConnectOptions::from_str(&url)
             .map_err(|e| GatewayError::Unavailable(refused(&e)))?
             .application_name("agent-gateway")
             .options([("statement_timeout", s.statement_timeout_ms.to_string())]);
@@ -148,7 +155,10 @@ impl Store {
             .connect_lazy_with(options);
         // A server still starting is waited for until the deadline; a refusal from the server
         // itself (authentication, unknown database) ends the start at once.
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(s.connect_timeout_ms);
+        // Capped at load (store.connectTimeoutMs); clamped again so no value can overflow.
+        let wait = Duration::from_millis(s.connect_timeout_ms.min(MAX_CONNECT_MS));
+        let now = tokio::time::Instant::now();
+        let deadline = now.checked_add(wait).unwrap_or(now);
         loop {
             match pool.acquire().await {
                 Ok(_) => break,
@@ -254,6 +264,68 @@ impl Store {
     pub async fn close(&self) {
         on_pool!(&self.pool, |p| p.close().await)
     }
+}
+
+/// The query parameters sqlx's PostgreSQL driver understands (sqlx-postgres 0.8
+/// `options/parse.rs`), besides `options[...]`.
+const PG_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// `url` without the query parameters sqlx would ignore: sqlx logs an ignored parameter
+/// with its value (`sslpassword=...` would reach the log), so they are dropped here and only
+/// their names are logged. The text of the kept parameters is unchanged.
+fn known_parameters_only(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else {
+        return url.to_owned();
+    };
+    let Some(query) = u.query().map(str::to_owned) else {
+        return url.to_owned();
+    };
+    let mut ignored = Vec::new();
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let name: String = url::form_urlencoded::parse(pair.as_bytes())
+                .next()
+                .map(|(k, _)| k.into_owned())
+                .unwrap_or_default();
+            let known = pair.is_empty()
+                || PG_PARAMETERS.contains(&name.as_str())
+                || (name.starts_with("options[") && name.ends_with(']'));
+            if !known {
+                ignored.push(name);
+            }
+            known
+        })
+        .collect();
+    if ignored.is_empty() {
+        return url.to_owned();
+    }
+    let names = ignored.join(", ");
+    tracing::warn!(
+        parameters = %crate::logging::escaped(&names),
+        "store.url: ignoring query parameters the PostgreSQL driver does not know"
+    );
+    u.set_query((!kept.is_empty()).then(|| kept.join("&")).as_deref());
+    u.to_string()
 }
 
 /// The highest migration version this build knows.
@@ -515,6 +587,41 @@ mod tests {
         };
         assert!(Store::connect_postgres(&forged, &config).await.is_err());
         drop(server);
+    }
+
+    #[test]
+    fn unknown_postgres_parameters_are_dropped_before_sqlx_sees_them() {
+        let url = "postgres://u:pw@h/db?sslpassword=y&application_name=z&options%5Bx%5D=1&token=t";
+        let kept = known_parameters_only(url);
+        assert_eq!(
+            kept,
+            "postgres://u:pw@h/db?application_name=z&options%5Bx%5D=1"
+        );
+        assert_eq!(
+            known_parameters_only("postgres://h/db?sslmode=disable"),
+            "postgres://h/db?sslmode=disable"
+        );
+        assert_eq!(
+            known_parameters_only("postgres://h/db?secret=1"),
+            "postgres://h/db"
+        );
+    }
+
+    /// A SQLite path with characters a URL would read as syntax opens as the file it names.
+    #[tokio::test]
+    async fn a_sqlite_path_with_url_syntax_characters_opens() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tmp.path().join("a?b#c%d");
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join(DB_FILE);
+        let store = Store::open(&path).await.unwrap_or_else(|e| panic!("{e}"));
+        store.close().await;
+        assert!(path.is_file());
+        let names: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
     }
 
     #[test]

@@ -353,7 +353,7 @@ impl Http {
         if short.len() < text.len() {
             short.push('…');
         }
-        tracing::warn!(upstream = %short, "provider answer: {what}");
+        tracing::warn!(upstream = %crate::logging::escaped(&short), "provider answer: {what}");
     }
 
     /// A connection that failed (connecting, sending, reading the answer).
