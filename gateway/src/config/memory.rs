@@ -1,5 +1,6 @@
 //! `memory`: the embedding model of the vector lane, the embedding queue and caches, recall
-//! thresholds and consolidation of entities and observations.
+//! thresholds, consolidation of entities and observations, and how many entries a tenant may
+//! keep.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -32,9 +33,24 @@ pub struct MemoryConfig {
     /// Unconsolidated entries of one agent that start a consolidation into entities and
     /// observations (through the agent's `memory` operation model); 0 turns it off.
     pub consolidate_after: u32,
-    /// Recall records (`memory.recall_trace`) kept, in hours.
+    /// Recall records (`memory.recall_trace`) kept, in hours (at most ten years, so that the
+    /// cut-off is always a real instant).
+    #[schemars(range(min = 1, max = 87_600))]
     pub recall_retention_hours: u32,
+    /// Entries one tenant may keep, over all its agents. A write that would pass it (a store,
+    /// the agent's `memory_store` tool, an import counted whole) is refused with -32602; derived
+    /// entities and observations do not count. It also bounds the tenant's share of the
+    /// in-memory vector index.
+    #[schemars(range(min = 1, max = 100_000_000))]
+    pub max_entries_per_tenant: u64,
 }
+
+/// Default of `memory.maxEntriesPerTenant`: about 150 MB of 384-dimension vectors in the index.
+pub const DEFAULT_MAX_ENTRIES_PER_TENANT: u64 = 100_000;
+/// Largest `memory.maxEntriesPerTenant`.
+pub const MAX_ENTRIES_PER_TENANT: u64 = 100_000_000;
+/// Largest `memory.recallRetentionHours` (ten years).
+pub const MAX_RECALL_RETENTION_HOURS: u32 = 87_600;
 
 impl Default for MemoryConfig {
     fn default() -> Self {
@@ -48,6 +64,7 @@ impl Default for MemoryConfig {
             keyword_rank_window: crate::store::search::MEMORY_RANK_WINDOW,
             consolidate_after: 20,
             recall_retention_hours: 168,
+            max_entries_per_tenant: DEFAULT_MAX_ENTRIES_PER_TENANT,
         }
     }
 }
@@ -73,8 +90,11 @@ pub fn validate(m: &MemoryConfig) -> Result<(), ConfigError> {
     if !(m.lane_candidates..=10_000_000).contains(&m.keyword_rank_window) {
         return bad("keywordRankWindow must be laneCandidates to 10000000");
     }
-    if m.recall_retention_hours == 0 {
-        return bad("recallRetentionHours must be at least 1");
+    if !(1..=MAX_RECALL_RETENTION_HOURS).contains(&m.recall_retention_hours) {
+        return bad("recallRetentionHours must be 1 to 87600");
+    }
+    if !(1..=MAX_ENTRIES_PER_TENANT).contains(&m.max_entries_per_tenant) {
+        return bad("maxEntriesPerTenant must be 1 to 100000000");
     }
     if !m.embedding_model.is_empty() && !m.embedding_model.contains('/') {
         return bad(
@@ -107,5 +127,44 @@ mod tests {
         );
         let short = with(&|m| m.keyword_rank_window = 49).unwrap_err();
         assert!(short.0.contains("keywordRankWindow"), "{short:?}");
+        assert!(with(&|m| m.max_entries_per_tenant = 1).is_ok());
+        assert!(with(&|m| m.max_entries_per_tenant = MAX_ENTRIES_PER_TENANT).is_ok());
+        let past = with(&|m| m.max_entries_per_tenant = MAX_ENTRIES_PER_TENANT + 1).unwrap_err();
+        assert!(past.0.contains("maxEntriesPerTenant"), "{past:?}");
+        assert!(with(&|m| m.max_entries_per_tenant = 0).is_err());
+        assert!(with(&|m| m.recall_retention_hours = MAX_RECALL_RETENTION_HOURS).is_ok());
+        let long =
+            with(&|m| m.recall_retention_hours = MAX_RECALL_RETENTION_HOURS + 1).unwrap_err();
+        assert!(long.0.contains("recallRetentionHours"), "{long:?}");
+        assert!(with(&|m| m.recall_retention_hours = 0).is_err());
+    }
+
+    #[test]
+    fn the_schema_bounds_the_limit_and_the_retention() {
+        let schema = serde_json::to_value(schemars::schema_for!(MemoryConfig)).unwrap();
+        let props = &schema["properties"];
+        let limit = &props["maxEntriesPerTenant"];
+        assert_eq!(limit["minimum"], 1, "{limit}");
+        assert_eq!(limit["maximum"], MAX_ENTRIES_PER_TENANT, "{limit}");
+        assert_eq!(limit["default"], DEFAULT_MAX_ENTRIES_PER_TENANT, "{limit}");
+        let hours = &props["recallRetentionHours"];
+        assert_eq!(hours["maximum"], MAX_RECALL_RETENTION_HOURS, "{hours}");
+        // Every duration of this section has a ceiling in the schema.
+        for (name, p) in props.as_object().unwrap() {
+            if ["Ms", "Seconds", "Hours"].iter().any(|u| name.ends_with(u)) {
+                assert!(p.get("maximum").is_some(), "{name} has no maximum: {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_limit_is_camel_case_on_the_wire() {
+        let m: MemoryConfig =
+            serde_json::from_value(serde_json::json!({"maxEntriesPerTenant": 3})).unwrap();
+        assert_eq!(m.max_entries_per_tenant, 3);
+        assert_eq!(
+            MemoryConfig::default().max_entries_per_tenant,
+            DEFAULT_MAX_ENTRIES_PER_TENANT
+        );
     }
 }

@@ -494,7 +494,10 @@ impl MemoryApi for Rpc {
             }
         }
         let imported = plans.len() as i64;
-        if !p.dry_run && !plans.is_empty() {
+        if p.dry_run {
+            // A dry run predicts the real one, the per-tenant limit included.
+            engine.memory_check_room(&tenant_id, plans.len()).await?;
+        } else if !plans.is_empty() {
             let news: Vec<NewMemory<'_>> = plans
                 .iter()
                 .map(|(e, c)| NewMemory {
@@ -508,7 +511,7 @@ impl MemoryApi for Rpc {
                     created_at: e.created_at.unwrap_or(now),
                 })
                 .collect();
-            let ids = engine.store.memory_insert_many(&tenant_id, &news).await?;
+            let ids = engine.memory_insert_checked(&tenant_id, &news).await?;
             let checked: Vec<&crate::memory::write::Checked> =
                 plans.iter().map(|(_, c)| c).collect();
             engine.memory_written(&tenant_id, &p.agent_id, &ids, Source::Import, &checked);

@@ -290,6 +290,14 @@ impl VectorIndex {
         self.named_tenant(tenant).map_or(0, |t| t.ids.len())
     }
 
+    /// Every tenant holding entries, with how many (for the metrics gauge; in no set order).
+    pub fn tenant_entries(&self) -> impl Iterator<Item = (&str, usize)> + '_ {
+        self.tenants
+            .iter()
+            .flatten()
+            .map(|t| (t.name.as_str(), t.ids.len()))
+    }
+
     /// Bytes held by vectors and bookkeeping (approximate, for stats and the bench).
     pub fn approx_bytes(&self) -> usize {
         // hashbrown: one control byte per bucket, buckets ~ capacity * 8 / 7.
@@ -578,6 +586,9 @@ mod tests {
         );
         assert_consistent(&ix);
         assert!(ix.approx_bytes() > 3 * 4 * 4);
+        let mut sizes: Vec<(&str, usize)> = ix.tenant_entries().collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, vec![("t1", 1), ("t2", 2)]);
     }
 
     #[test]

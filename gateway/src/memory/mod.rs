@@ -103,7 +103,7 @@ pub struct Memory {
 impl Memory {
     pub fn new(config: MemoryConfig) -> Arc<Self> {
         let cap = NonZeroUsize::new(config.cache_entries.max(1)).unwrap_or(NonZeroUsize::MIN);
-        Arc::new(Self {
+        let memory = Arc::new(Self {
             config,
             index: RwLock::new(index::VectorIndex::new()),
             index_loaded: AtomicBool::new(false),
@@ -115,7 +115,10 @@ impl Memory {
             overflowed: AtomicBool::new(false),
             counters: Mutex::new(HashMap::new()),
             consolidating: Mutex::new(HashSet::new()),
-        })
+        });
+        // The per-tenant gauge on /metrics reads the index at each scrape.
+        crate::obs::metrics::watch_memory_index(&memory);
+        memory
     }
 
     /// The embedding model of the vector lane; None when it is turned off.

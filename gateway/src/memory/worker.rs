@@ -202,8 +202,15 @@ async fn embed_rows(e: &Engine, model: &str, rows: &[Unembedded]) -> bool {
 }
 
 async fn sweep_recalls(e: &Engine) {
-    let keep_ms = i64::from(e.memory.config.recall_retention_hours) * 3_600_000;
-    if let Err(err) = e.store.memory_recalls_sweep(now_ms() - keep_ms).await {
+    // Checked although the configuration caps the hours: a cut-off that cannot be computed
+    // sweeps nothing rather than everything.
+    let Some(before) = i64::from(e.memory.config.recall_retention_hours)
+        .checked_mul(3_600_000)
+        .and_then(|keep_ms| now_ms().checked_sub(keep_ms))
+    else {
+        return;
+    };
+    if let Err(err) = e.store.memory_recalls_sweep(before).await {
         tracing::warn!(error = %err, "old recall records not swept");
     }
 }

@@ -105,9 +105,33 @@ impl Engine {
             trust_level: checked.trust_level,
             ..entry
         };
-        let id = self.store.memory_insert(owner, &stored).await?;
+        let id = self
+            .store
+            .memory_insert(owner, &stored, self.memory.config.max_entries_per_tenant)
+            .await?;
         self.memory_written(owner, stored.agent_id, &[id], source, &[&checked]);
         Ok((id, checked))
+    }
+
+    /// Stores already checked entries of `owner` (an import) in one transaction, all or none:
+    /// refused whole (-32602 naming `memory.maxEntriesPerTenant`) when they would take the
+    /// tenant past its limit. Their ids in order.
+    pub async fn memory_insert_checked(
+        &self,
+        owner: &str,
+        entries: &[NewMemory<'_>],
+    ) -> Result<Vec<i64>, GatewayError> {
+        self.store
+            .memory_insert_many(owner, entries, self.memory.config.max_entries_per_tenant)
+            .await
+    }
+
+    /// Refuses (-32602 naming the limit) when `adding` entries would take `owner` past
+    /// `memory.maxEntriesPerTenant`: what a dry run of an import reports.
+    pub async fn memory_check_room(&self, owner: &str, adding: usize) -> Result<(), GatewayError> {
+        self.store
+            .memory_check_room(owner, adding, self.memory.config.max_entries_per_tenant)
+            .await
     }
 
     /// After entries were stored: queue their embeddings, report tainted ones, and start a

@@ -4,14 +4,17 @@
 //!
 //! Every label value comes from a bounded set: route templates, HTTP methods and statuses,
 //! catalogue method names, JSON-RPC error codes, fixed limiter and queue names, and the
-//! operator's provider/model ids (at most [`MAX_MODEL_SERIES`] pairs, then `other`). Never a
-//! raw path, a method name a client made up, or anything else a client chooses.
+//! operator's provider/model ids (at most [`MAX_MODEL_SERIES`] pairs, then `other`), and the
+//! tenant ids (client ids, never secrets) of the largest memory indexes (at most
+//! [`MAX_MEMORY_TENANT_SERIES`], then `other`). Never a raw path, a method name a client made
+//! up, or anything else a client chooses.
 //!
 //! The request paths (HTTP, JSON-RPC) keep their handles in static tables filled on first use:
 //! a request costs a table lookup, an atomic add and a histogram sample, no allocation.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, OnceLock, PoisonError};
+use std::fmt::Write as _;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -51,6 +54,11 @@ const MODEL_DURATION: &str = "agentgw_model_call_duration_seconds";
 const TURNS: &str = "agentgw_turns_total";
 const QUEUE_DEPTH: &str = "agentgw_queue_depth";
 const RECORDER_DROPPED: &str = "agentgw_recorder_dropped_total";
+const MEMORY_INDEX_ENTRIES: &str = "agentgw_memory_index_entries";
+
+/// Tenants with a series of their own in `agentgw_memory_index_entries` (the largest ones);
+/// the others are summed into `tenant="other"`.
+pub const MAX_MEMORY_TENANT_SERIES: usize = 100;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -95,7 +103,9 @@ pub fn install() {
 
 /// The exposition (text format 0.0.4).
 pub fn render() -> String {
-    handle().render()
+    let mut out = handle().render();
+    memory_index_exposition(&mut out);
+    out
 }
 
 fn describe() {
@@ -752,6 +762,95 @@ pub fn recorder_dropped(kind: &'static str) {
     );
 }
 
+// ---------------------------------------------------------------------------------------
+// Memory index entries per tenant
+
+/// The memory state of every live server generation (one in a daemon; the test suite runs
+/// many gateways in one process). Weak: a dropped generation leaves the gauge by itself.
+static MEMORY_INDEXES: Mutex<Vec<Weak<crate::memory::Memory>>> = Mutex::new(Vec::new());
+
+/// Makes `memory`'s vector index part of `agentgw_memory_index_entries`.
+pub fn watch_memory_index(memory: &Arc<crate::memory::Memory>) {
+    let mut watched = MEMORY_INDEXES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    watched.retain(|m| m.strong_count() > 0);
+    watched.push(Arc::downgrade(memory));
+}
+
+/// Appends `agentgw_memory_index_entries{tenant}`: vectors held in the in-memory recall index
+/// per tenant, read from the live indexes at the scrape (no work on the write path, and no
+/// series left behind by a tenant that emptied). The label set is bounded: the largest
+/// [`MAX_MEMORY_TENANT_SERIES`] tenants, then one `other` series summing the rest (a tenant
+/// whose id is `other` shares that series).
+fn memory_index_exposition(out: &mut String) {
+    let live: Vec<Arc<crate::memory::Memory>> = {
+        let mut watched = MEMORY_INDEXES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        watched.retain(|m| m.strong_count() > 0);
+        watched.iter().filter_map(Weak::upgrade).collect()
+    };
+    let mut by_tenant: HashMap<String, u64> = HashMap::new();
+    for memory in &live {
+        let Ok(index) = memory.index.read() else {
+            continue;
+        };
+        for (tenant, entries) in index.tenant_entries() {
+            *by_tenant.entry(tenant.to_owned()).or_default() += entries as u64;
+        }
+    }
+    let (top, rest) = largest_tenants(by_tenant, MAX_MEMORY_TENANT_SERIES);
+    let _ = writeln!(
+        out,
+        "# HELP {MEMORY_INDEX_ENTRIES} Vectors held in the in-memory recall index, by tenant (the {MAX_MEMORY_TENANT_SERIES} largest; the rest summed as tenant=\"other\")"
+    );
+    let _ = writeln!(out, "# TYPE {MEMORY_INDEX_ENTRIES} gauge");
+    for (tenant, entries) in &top {
+        let _ = writeln!(
+            out,
+            "{MEMORY_INDEX_ENTRIES}{{tenant=\"{}\"}} {entries}",
+            label_value(tenant)
+        );
+    }
+    if let Some(rest) = rest {
+        let _ = writeln!(out, "{MEMORY_INDEX_ENTRIES}{{tenant=\"other\"}} {rest}");
+    }
+}
+
+/// The `max` largest tenants, largest first (ties by name), and the sum of the others; the
+/// sum is None when a tenant named `other` is among the largest, which then holds it.
+fn largest_tenants(
+    by_tenant: HashMap<String, u64>,
+    max: usize,
+) -> (Vec<(String, u64)>, Option<u64>) {
+    let mut sizes: Vec<(String, u64)> = by_tenant.into_iter().collect();
+    sizes.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let rest: u64 = sizes.iter().skip(max).map(|(_, n)| n).sum();
+    sizes.truncate(max);
+    match sizes.iter_mut().find(|(t, _)| t == "other") {
+        Some((_, n)) => {
+            *n += rest;
+            (sizes, None)
+        }
+        None => (sizes, Some(rest)),
+    }
+}
+
+/// A label value escaped as the text format wants (backslash, double quote, line feed).
+fn label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -818,5 +917,47 @@ mod tests {
         assert!(m.other.is_some());
         let _ = m.series("cap-test", "m0");
         assert_eq!(m.pairs, MAX_MODEL_SERIES);
+    }
+
+    #[test]
+    fn memory_tenant_series_are_capped_with_an_other_bucket() {
+        let sizes: HashMap<String, u64> = (0..10u64).map(|i| (format!("t{i}"), i + 1)).collect();
+        let (top, rest) = largest_tenants(sizes.clone(), 3);
+        assert_eq!(
+            top,
+            vec![
+                ("t9".to_owned(), 10),
+                ("t8".to_owned(), 9),
+                ("t7".to_owned(), 8)
+            ]
+        );
+        assert_eq!(rest, Some((1..=7).sum()));
+        // At the cap exactly, nobody is left over.
+        let (top, rest) = largest_tenants(sizes.clone(), 10);
+        assert_eq!((top.len(), rest), (10, Some(0)));
+        // A tenant called "other" holds the rest itself: one series, never two.
+        let mut with_other = sizes;
+        with_other.insert("other".to_owned(), 100);
+        let (top, rest) = largest_tenants(with_other, 2);
+        assert_eq!(top[0], ("other".to_owned(), 100 + (1..=9).sum::<u64>()));
+        assert_eq!(rest, None);
+    }
+
+    #[test]
+    fn memory_index_gauge_reads_the_live_indexes() {
+        let memory = crate::memory::Memory::new(crate::config::memory::MemoryConfig::default());
+        let tenant = "gauge-unit-test-tenant \"q\"";
+        if let Ok(mut ix) = memory.index.write() {
+            assert!(ix.upsert(tenant, "a", 1, &[1.0, 0.0]));
+            assert!(ix.upsert(tenant, "a", 2, &[0.0, 1.0]));
+        }
+        let line = "agentgw_memory_index_entries{tenant=\"gauge-unit-test-tenant \\\"q\\\"\"} 2";
+        assert!(
+            render().lines().any(|l| l == line),
+            "{line} not in the exposition"
+        );
+        drop(memory);
+        assert!(!render().contains("gauge-unit-test-tenant"));
+        assert_eq!(label_value("a\\b\nc"), "a\\\\b\\nc");
     }
 }

@@ -5,7 +5,7 @@
 //! Every read and write of entries is scoped by a [`Tenant`] bound in SQL; the memory methods
 //! always pass the reach of exactly one tenant.
 
-use super::{now_ms, on_pool, text, Store, StoreRow};
+use super::{now_ms, on_pool, text, Pool, Store, StoreRow};
 use crate::error::GatewayError;
 use crate::tenancy::Tenant;
 
@@ -249,11 +249,73 @@ macro_rules! bind_filter {
     }};
 }
 
+/// The refusal of a write that would take a tenant past `memory.maxEntriesPerTenant`.
+pub fn limit_reached(max_entries: u64) -> GatewayError {
+    GatewayError::InvalidParams(format!(
+        "memory.maxEntriesPerTenant ({max_entries}) reached for this tenant"
+    ))
+}
+
+/// Whether `adding` more entries fit beside the `held` ones under `max_entries`.
+fn fits(held: i64, adding: usize, max_entries: u64) -> bool {
+    let held = u64::try_from(held).unwrap_or(0);
+    let adding = u64::try_from(adding).unwrap_or(u64::MAX);
+    held.checked_add(adding).is_some_and(|n| n <= max_entries)
+}
+
+/// Entries of one tenant, counted on the `memories_by_tenant (tenant_id, agent_id)` index (a
+/// range of that index, never the table).
+const COUNT_TENANT: &str = "SELECT COUNT(*) FROM memories WHERE tenant_id = $1";
+
+/// Inserts `$entries` of `$owner` on `$tx` after counting the tenant's entries: refused whole
+/// when they would pass `$max`. One body for both backends' transactions.
+macro_rules! insert_counted {
+    ($tx:ident, $owner:expr, $entries:expr, $max:expr, $now:expr) => {{
+        let held: i64 = sqlx::query_scalar(COUNT_TENANT)
+            .bind($owner)
+            .fetch_one(&mut *$tx)
+            .await?;
+        if !fits(held, $entries.len(), $max) {
+            return Err(limit_reached($max));
+        }
+        let mut ids = Vec::with_capacity($entries.len());
+        for m in $entries {
+            let tags = serde_json::to_string(m.tags).unwrap_or_else(|_| "[]".to_owned());
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO memories (tenant_id, agent_id, session_key, content, tags, \
+                 memory_type, trust_level, pinned, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+            )
+            .bind($owner)
+            .bind(m.agent_id)
+            .bind(m.session_key)
+            .bind(text(m.content))
+            .bind(&tags)
+            .bind(m.memory_type)
+            .bind(m.trust_level)
+            .bind(i64::from(m.pinned))
+            .bind(m.created_at)
+            .bind($now)
+            .fetch_one(&mut *$tx)
+            .await?;
+            ids.push(id);
+        }
+        $tx.commit().await?;
+        ids
+    }};
+}
+
 impl Store {
-    /// Stores a memory owned by `owner`; its id.
-    pub async fn memory_insert(&self, owner: &str, m: &NewMemory<'_>) -> Result<i64, GatewayError> {
+    /// Stores a memory owned by `owner`, refused when the tenant holds `max_entries` already;
+    /// its id.
+    pub async fn memory_insert(
+        &self,
+        owner: &str,
+        m: &NewMemory<'_>,
+        max_entries: u64,
+    ) -> Result<i64, GatewayError> {
         let ids = self
-            .memory_insert_many(owner, std::slice::from_ref(m))
+            .memory_insert_many(owner, std::slice::from_ref(m), max_entries)
             .await?;
         ids.first()
             .copied()
@@ -282,44 +344,70 @@ impl Store {
                 pinned: false,
                 created_at: now_ms(),
             },
+            u64::MAX,
         )
         .await
     }
 
-    /// Stores many entries of `owner` in one transaction; their ids in order.
+    /// Stores many entries of `owner` in one transaction; their ids in order. All or nothing:
+    /// when the tenant's entries and these would pass `max_entries`, nothing is stored and the
+    /// answer is -32602 naming `memory.maxEntriesPerTenant`.
+    ///
+    /// The count and the inserts are one critical section per tenant, so concurrent writers
+    /// cannot both take the last free place: SQLite's `BEGIN IMMEDIATE` takes the database's
+    /// write lock before the count (a deferred transaction would read first and could fail
+    /// on upgrading); PostgreSQL takes a transaction advisory lock on the tenant's name.
     pub async fn memory_insert_many(
         &self,
         owner: &str,
         entries: &[NewMemory<'_>],
+        max_entries: u64,
     ) -> Result<Vec<i64>, GatewayError> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = now_ms();
-        let mut ids = Vec::with_capacity(entries.len());
-        on_pool!(self.pool(), |p| {
-            let mut tx = p.begin().await?;
-            for m in entries {
-                let tags = serde_json::to_string(m.tags).unwrap_or_else(|_| "[]".to_owned());
-                let id: i64 = sqlx::query_scalar(
-                    "INSERT INTO memories (tenant_id, agent_id, session_key, content, tags, \
-                     memory_type, trust_level, pinned, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
-                )
-                .bind(owner)
-                .bind(m.agent_id)
-                .bind(m.session_key)
-                .bind(text(m.content))
-                .bind(&tags)
-                .bind(m.memory_type)
-                .bind(m.trust_level)
-                .bind(i64::from(m.pinned))
-                .bind(m.created_at)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await?;
-                ids.push(id);
+        let ids = match self.pool() {
+            Pool::Sqlite(p) => {
+                let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+                insert_counted!(tx, owner, entries, max_entries, now)
             }
-            tx.commit().await?;
-        });
+            Pool::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext('memories:' || $1))")
+                    .bind(owner)
+                    .execute(&mut *tx)
+                    .await?;
+                insert_counted!(tx, owner, entries, max_entries, now)
+            }
+        };
         Ok(ids)
+    }
+
+    /// How many entries `owner` holds (derived entities and observations are not entries).
+    pub async fn memory_tenant_count(&self, owner: &str) -> Result<i64, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            sqlx::query_scalar(COUNT_TENANT)
+                .bind(owner)
+                .fetch_one(p)
+                .await?
+        }))
+    }
+
+    /// Refuses (-32602 naming the limit) when `adding` entries would take `owner` past
+    /// `max_entries`: the check a dry run makes; a real write checks again in its transaction.
+    pub async fn memory_check_room(
+        &self,
+        owner: &str,
+        adding: usize,
+        max_entries: u64,
+    ) -> Result<(), GatewayError> {
+        let held = self.memory_tenant_count(owner).await?;
+        if fits(held, adding, max_entries) {
+            Ok(())
+        } else {
+            Err(limit_reached(max_entries))
+        }
     }
 
     /// One entry within `tenant`'s reach.
@@ -1124,6 +1212,73 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    crate::store::conformance::both!(the_tenant_limit_holds_per_tenant_and_under_concurrency);
+
+    fn entry(content: &str) -> NewMemory<'_> {
+        NewMemory {
+            agent_id: "bot",
+            session_key: None,
+            content,
+            tags: &[],
+            memory_type: "semantic",
+            trust_level: "learned",
+            pinned: false,
+            created_at: now_ms(),
+        }
+    }
+
+    fn is_limit(r: Result<impl std::fmt::Debug, GatewayError>, max: u64) {
+        match r {
+            Err(GatewayError::InvalidParams(m)) => assert_eq!(
+                m,
+                format!("memory.maxEntriesPerTenant ({max}) reached for this tenant")
+            ),
+            other => panic!("not refused at the limit: {other:?}"),
+        }
+    }
+
+    async fn the_tenant_limit_holds_per_tenant_and_under_concurrency(s: Store) {
+        // The write that makes it exactly 3 passes; the next is refused.
+        for i in 0..3 {
+            s.memory_insert("t1", &entry(&format!("fact {i}")), 3)
+                .await
+                .unwrap();
+        }
+        is_limit(s.memory_insert("t1", &entry("fourth"), 3).await, 3);
+        assert_eq!(s.memory_tenant_count("t1").await.unwrap(), 3);
+        // Another tenant is unaffected.
+        s.memory_insert("t2", &entry("other tenant"), 3)
+            .await
+            .unwrap();
+        // Many at once: counted whole, all or nothing.
+        let three = [entry("a"), entry("b"), entry("c")];
+        is_limit(s.memory_insert_many("t2", &three, 3).await, 3);
+        assert_eq!(s.memory_tenant_count("t2").await.unwrap(), 1);
+        is_limit(s.memory_check_room("t2", 3, 3).await, 3);
+        s.memory_check_room("t2", 2, 3).await.unwrap();
+        let ids = s.memory_insert_many("t2", &three[..2], 3).await.unwrap();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(s.memory_tenant_count("t2").await.unwrap(), 3);
+        assert!(s.memory_insert_many("t2", &[], 3).await.unwrap().is_empty());
+        // A limit lowered below what a tenant holds refuses its writes, and nothing more.
+        is_limit(s.memory_insert("t2", &entry("d"), 2).await, 2);
+        // Concurrent writers never take the tenant past its limit together.
+        let writes = (0..8).map(|i| {
+            let s = s.clone();
+            async move {
+                let content = format!("racing {i}");
+                s.memory_insert("t3", &entry(&content), 5).await
+            }
+        });
+        let results = futures_util::future::join_all(writes).await;
+        let stored = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(stored, 5, "{results:?}");
+        for r in results.into_iter().filter(|r| r.is_err()) {
+            is_limit(r, 5);
+        }
+        assert_eq!(s.memory_tenant_count("t3").await.unwrap(), 5);
+    }
 
     #[test]
     fn vectors_round_trip_through_bytes() {
