@@ -7,6 +7,7 @@ pub mod document;
 pub mod memory;
 pub mod scheduler;
 pub mod store;
+pub mod trust;
 pub mod webhooks;
 
 use std::collections::BTreeMap;

@@ -78,13 +78,25 @@ enum Exit {
     Restart,
 }
 
+/// Builds a generation on this node's configuration file (`file`, as loaded): the store is
+/// opened first, the configuration in force is settled with the fleet's stored document
+/// (`config_writes::reconcile`), and the engine is opened on it.
 async fn build_state(
-    loaded: Loaded,
+    file: Loaded,
     generation: u64,
     control: Arc<Control>,
 ) -> Result<AppState, String> {
-    let data_dir = config::data_dir(&loaded.config);
+    let text = |e: GatewayError| match e {
+        GatewayError::Internal(m) => m,
+        other => other.to_string(),
+    };
+    let data_dir = config::data_dir(&file.config);
     crate::store::files::secure_data_dir(&data_dir)?;
+    let connected = Store::connect(&file.config.store, &data_dir)
+        .await
+        .map_err(text)?;
+    let settled = crate::runtime::config_writes::reconcile(&connected.0, file.clone()).await;
+    let loaded = settled.loaded;
     let mut tokens = loaded.config.gateway.tokens.clone();
     if tokens.is_empty() {
         tokens.push(
@@ -92,12 +104,15 @@ async fn build_state(
                 .map_err(|e| format!("cannot write the local token: {e}"))?,
         );
     }
-    let engine = Engine::open(&loaded.config, data_dir.clone(), control.clone())
-        .await
-        .map_err(|e| match e {
-            GatewayError::Internal(m) => m,
-            other => other.to_string(),
-        })?;
+    let engine = Engine::open_on(
+        connected,
+        &loaded.config,
+        &file.config,
+        data_dir.clone(),
+        control.clone(),
+    )
+    .await
+    .map_err(text)?;
     let engine_tokens = engine.api_tokens.clone();
     let webhooks = crate::webhooks::Webhooks::new(&loaded.config.webhooks)
         .map_err(|e| e.to_string())?
@@ -112,7 +127,8 @@ async fn build_state(
         Arc::new(engine),
     );
     state.webhooks = webhooks;
-    crate::runtime::config_writes::observe_at_start(&state).await;
+    state.file_document = settled.file_document;
+    state.set_config_sha(settled.sha);
     crate::webhooks::resume_queued(
         state.webhooks.as_deref(),
         &state.engine,
@@ -170,7 +186,9 @@ async fn next_generation(
                 continue;
             }
         };
-        if let Err(e) = check(&next.config, Some(current_store)).await {
+        // Checked as it would run: the fleet's document on this file.
+        let settled = crate::runtime::config_writes::reconcile(current_store, next.clone()).await;
+        if let Err(e) = check(&settled.loaded.config, Some(current_store)).await {
             refused(e);
             continue;
         }
@@ -208,6 +226,7 @@ pub async fn run(
         tracing::warn!(%problem, "HTTP providers cannot be used until the trusted roots file is fixed");
     }
     let mut state = Arc::new(build_state(loaded.clone(), generation, control.clone()).await?);
+    crate::runtime::config_writes::follow(&state);
     loop {
         control.admission.configure(&state.config.gateway.limits);
         tracing::info!(%addr, generation, "agent-gateway listening");
@@ -247,6 +266,7 @@ pub async fn run(
                 loaded = next;
                 generation += 1;
                 state = Arc::new(next_state);
+                crate::runtime::config_writes::follow(&state);
                 tracing::info!(generation, "restarted in-process");
             }
         }

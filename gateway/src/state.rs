@@ -28,6 +28,12 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Webhook routes (None when `webhooks.enabled` is false).
     pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    /// This node's configuration file as read for this generation (an empty object without
+    /// one): where the file-only keys come from (`config::trust`).
+    pub file_document: serde_json::Value,
+    /// The history commit of the fleet's configuration document this generation runs (None
+    /// before one was stored); the fleet follower compares it with the store's.
+    pub config_sha: std::sync::Mutex<Option<String>>,
     /// The configuration in force as `config.read` shows it: `config` plus the changes applied
     /// live since this generation started (agents, providers).
     live: std::sync::RwLock<Arc<Config>>,
@@ -57,6 +63,24 @@ impl AppState {
             control,
             engine,
             webhooks: None,
+            file_document: serde_json::Value::Object(Default::default()),
+            config_sha: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The fleet document's commit this generation runs.
+    pub fn config_sha(&self) -> Option<String> {
+        self.config_sha
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Records the fleet document's commit now in force here.
+    pub fn set_config_sha(&self, sha: Option<String>) {
+        match self.config_sha.lock() {
+            Ok(mut s) => *s = sha,
+            Err(p) => *p.into_inner() = sha,
         }
     }
 

@@ -6,6 +6,7 @@
 mod autobahn;
 mod common;
 mod contract;
+mod e2e_admin_boundary;
 mod e2e_admission;
 mod e2e_agents;
 mod e2e_conn;

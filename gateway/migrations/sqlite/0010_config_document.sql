@@ -10,9 +10,11 @@ CREATE TABLE config_document (
     updated_at BIGINT NOT NULL
 );
 
--- Digests of configuration files the fleet has read at a start: a file not seen before is an
--- operator's edit, which is recorded as a commit and wins.
+-- Configuration files the fleet has read at a start, newest last: a file other than the newest
+-- one read before is an operator's edit; what it changed since that one is recorded as a
+-- commit and wins.
 CREATE TABLE config_files_seen (
-    digest  TEXT PRIMARY KEY,               -- hex SHA-256 of the file's document (JSON)
-    seen_at BIGINT NOT NULL
+    digest   TEXT PRIMARY KEY,              -- hex SHA-256 of the file's document (JSON)
+    document TEXT NOT NULL,                 -- that document (the base of the next edit)
+    seen_at  BIGINT NOT NULL
 );

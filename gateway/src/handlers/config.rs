@@ -1,5 +1,6 @@
-//! `config.*`: reading the configuration in force and its schema; changing it (set, patch,
-//! apply, rollback: `runtime::config_writes`), its history, diffs and audit log.
+//! `config.*`: reading the configuration in force and its schema (file-only keys marked
+//! `x-fileOnly`); changing the fleet's document (set, patch, apply, rollback:
+//! `runtime::config_writes`), its history, diffs and audit log.
 
 use std::collections::BTreeMap;
 
@@ -261,11 +262,10 @@ impl ConfigApi for Rpc {
                     unified(&before, &render(&head.document), from, &head.sha)
                 }
             },
-            // That commit against the configuration in force (the file, redacted).
+            // That commit against the fleet's document in force (redacted).
             Some(sha) => {
                 let v = writes::version(store, sha).await?;
-                let path = writes::file_path(&self.state);
-                let (_, current) = writes::read_document(&path)?;
+                let (current, _) = writes::fleet_document(&self.state).await?;
                 let now = config::document::redacted(&current);
                 unified(
                     &render(&v.document),
@@ -393,6 +393,7 @@ const CATALOGUE_METHODS: &[&str] = &["providers.create", "agents.create"];
 /// `every_domain_member_has_a_catalogue_member` fails until the mapping is added.
 pub fn constrained_schema() -> Result<Value, GatewayError> {
     let mut root = config::schema();
+    config::trust::mark_schema(&mut root);
     let catalogue = catalogue_defs().ok_or_else(|| {
         GatewayError::Internal("configuration schema: catalogue definitions unreadable".into())
     })?;

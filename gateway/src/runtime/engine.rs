@@ -165,13 +165,29 @@ impl Engine {
 }
 
 impl Engine {
-    /// Opens the database and seeds providers and agents from the configuration.
+    /// Opens the database and seeds providers and agents from the configuration (which is
+    /// also the file: a configuration without a stored fleet document).
     pub async fn open(
         config: &Config,
         data_dir: PathBuf,
         control: Arc<Control>,
     ) -> Result<Self, GatewayError> {
-        let (store, key) = Store::connect(&config.store, &data_dir).await?;
+        let connected = Store::connect(&config.store, &data_dir).await?;
+        Self::open_on(connected, config, config, data_dir, control).await
+    }
+
+    /// Opens the engine on a connected store (`Store::connect`), seeding providers and agents
+    /// from `config` (the configuration in force: the fleet's document on this node's file).
+    /// What the API may set for providers comes from `file`, this node's configuration file
+    /// as read, never from a document an API write changed.
+    pub async fn open_on(
+        connected: (Store, String),
+        config: &Config,
+        file: &Config,
+        data_dir: PathBuf,
+        control: Arc<Control>,
+    ) -> Result<Self, GatewayError> {
+        let (store, key) = connected;
         let store = store.for_node(control.node_id.clone());
         let now = crate::store::now_ms();
         if store.is_shared() {
@@ -255,6 +271,9 @@ impl Engine {
             secrets,
             api_tokens,
         };
+        engine
+            .providers
+            .trust_file(&file.providers, (EMBEDDED_PROVIDER, &embedded_provider()));
         engine.seed(config).await?;
         engine.seed_jobs().await?;
         Ok(engine)

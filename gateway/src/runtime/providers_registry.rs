@@ -183,10 +183,12 @@ pub struct Providers {
     snapshot: RwLock<Arc<Snapshot>>,
     /// Serialises changes (persist, then swap).
     write: tokio::sync::Mutex<()>,
-    /// What create/update may set; the file's providers add their key variables when seeded.
+    /// What create/update may set; the file's providers bind their key variables to their
+    /// endpoints ([`Providers::trust_file`]).
     policy: RwLock<ApiPolicy>,
-    /// The base URL each provider of the configuration file names: any other one in force was
-    /// set through the API, and its addresses are checked again at every connection.
+    /// The base URL each provider of the configuration file names ([`Providers::trust_file`]):
+    /// any other one in force was set through the API, and its addresses are checked again at
+    /// every connection.
     file_urls: RwLock<BTreeMap<String, Option<String>>>,
     /// Where `apiKeyEnv` names are resolved (stored secrets, then the environment); None in a
     /// dry run, which reads the environment only.
@@ -232,18 +234,87 @@ impl Providers {
             .unwrap_or_else(|p| p.into_inner().clone())
     }
 
+    /// Takes what the configuration file allows the API from the file's own providers (the
+    /// embedded one when it names none): each key variable bound to the base URL the file
+    /// sends it to, and the base URLs that need no address check at connection time. Called
+    /// with the file as read for this generation, never with a document an API write changed.
+    pub fn trust_file(
+        &self,
+        file: &BTreeMap<String, ProviderSettings>,
+        embedded: (&str, &ProviderSettings),
+    ) {
+        let mut policy = self.policy();
+        let mut urls = BTreeMap::new();
+        let entries: Vec<(&str, &ProviderSettings)> = if file.is_empty() {
+            vec![embedded]
+        } else {
+            file.iter().map(|(id, c)| (id.as_str(), c)).collect()
+        };
+        for (id, cfg) in entries {
+            let Ok(completed) = complete(id, cfg.clone()) else {
+                continue;
+            };
+            if let Some(var) = &completed.api_key_env {
+                policy.bind_env(var, completed.base_url.as_deref());
+            }
+            urls.insert(id.to_owned(), completed.base_url.clone());
+        }
+        match self.policy.write() {
+            Ok(mut p) => *p = policy,
+            Err(p) => *p.into_inner() = policy,
+        }
+        match self.file_urls.write() {
+            Ok(mut f) => *f = urls,
+            Err(f) => *f.into_inner() = urls,
+        }
+    }
+
+    /// Checks a provider entry written through `config.*` as `providers.create/update` would
+    /// check it: when it is new, or its key variable or base URL changed, the variable must be
+    /// allowed with that base URL and a changed base URL must pass the URL policy.
+    pub async fn check_api_entry(
+        &self,
+        id: &str,
+        entry: &ProviderSettings,
+        before: Option<&ProviderSettings>,
+    ) -> Result<(), GatewayError> {
+        let next = complete(id, entry.clone())
+            .map_err(|e| GatewayError::InvalidParams(format!("providers.{id}: {e}")))?;
+        let before = before.and_then(|b| complete(id, b.clone()).ok());
+        let key_changed = before
+            .as_ref()
+            .is_none_or(|b| b.api_key_env != next.api_key_env);
+        let url_changed = before.as_ref().is_none_or(|b| b.base_url != next.base_url);
+        if !(key_changed || url_changed) {
+            return Ok(());
+        }
+        self.check_api_settings(
+            next.api_key_env.as_deref(),
+            next.base_url.as_deref(),
+            next.base_url.as_deref().filter(|_| url_changed),
+        )
+        .await
+        .map_err(|e| match e {
+            GatewayError::InvalidParams(m) => {
+                GatewayError::InvalidParams(format!("providers.{id}: {m}"))
+            }
+            other => other,
+        })
+    }
+
     /// Checks settings made through the API against the policy: the completed `apiKeyEnv`
-    /// (the type's default counts too, since it is a variable the call would read) and a
-    /// given `baseUrl`.
+    /// (the type's default counts too, since it is a variable the call would read) with the
+    /// base URL it would be sent to, and a given `baseUrl`.
     async fn check_api_settings(
         &self,
         key_env: Option<&str>,
+        key_url: Option<&str>,
         base_url: Option<&str>,
     ) -> Result<(), GatewayError> {
         let policy = self.policy();
         if let Some(var) = key_env {
             policy
-                .check_key_env(var)
+                .check_key_env(var, key_url)
                 .map_err(GatewayError::InvalidParams)?;
         }
         if let Some(url) = base_url {
@@ -327,8 +398,12 @@ impl Providers {
     /// Adds a provider; Conflict when the id exists.
     pub async fn create(&self, id: &str, config: ProviderSettings) -> Result<(), GatewayError> {
         let config = complete(id, config)?;
-        self.check_api_settings(config.api_key_env.as_deref(), config.base_url.as_deref())
-            .await?;
+        self.check_api_settings(
+            config.api_key_env.as_deref(),
+            config.base_url.as_deref(),
+            config.base_url.as_deref(),
+        )
+        .await?;
         let _w = self.write.lock().await;
         let text = to_json(&config)?;
         if !self
@@ -359,8 +434,13 @@ impl Providers {
         }
         let (key_changed, url_changed) = (change.api_key_env.is_some(), change.base_url.is_some());
         let merged = complete(id, merge_provider(current, change))?;
+        // A changed base URL checks the key again: a key stays bound to its endpoint.
         self.check_api_settings(
-            merged.api_key_env.as_deref().filter(|_| key_changed),
+            merged
+                .api_key_env
+                .as_deref()
+                .filter(|_| key_changed || url_changed),
+            merged.base_url.as_deref(),
             merged.base_url.as_deref().filter(|_| url_changed),
         )
         .await?;
@@ -404,18 +484,6 @@ impl Providers {
         let hash = seed_hash(config);
         let completed = complete(id, config.clone())
             .map_err(|e| GatewayError::InvalidParams(format!("providers.{id}: {e}")))?;
-        if let Some(var) = &completed.api_key_env {
-            match self.policy.write() {
-                Ok(mut p) => p.allow_env(var),
-                Err(p) => p.into_inner().allow_env(var),
-            }
-        }
-        match self.file_urls.write() {
-            Ok(mut f) => f.insert(id.to_owned(), completed.base_url.clone()),
-            Err(f) => f
-                .into_inner()
-                .insert(id.to_owned(), completed.base_url.clone()),
-        };
         let text = to_json(&completed)?;
         self.store
             .registry_seed(Table::Providers, id, &text, &hash)

@@ -486,6 +486,107 @@ impl Store {
         }))
     }
 
+    // ------------------------------------------------------------------ the fleet's document
+
+    /// The configuration document in force for the fleet and the history commit it is, if
+    /// one was stored (the text is the JSON object, secrets included).
+    pub async fn config_document(&self) -> Result<Option<(String, Option<String>)>, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            sqlx::query_as::<_, (String, Option<String>)>(
+                "SELECT document, head_sha FROM config_document WHERE id = 1",
+            )
+            .fetch_optional(p)
+            .await?
+        }))
+    }
+
+    /// Replaces the document with `document` (its history commit `v`, recorded in the same
+    /// transaction) if the document in force is still the commit `expected` (None: no
+    /// document yet). False when another writer got there first: nothing was written.
+    pub async fn config_document_put(
+        &self,
+        expected: Option<&str>,
+        document: &str,
+        v: &VersionRow,
+    ) -> Result<bool, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            let mut tx = p.begin().await?;
+            let written = match expected {
+                None => sqlx::query(
+                    "INSERT INTO config_document (id, document, head_sha, updated_at) \
+                     VALUES (1, $1, $2, $3) ON CONFLICT (id) DO NOTHING",
+                )
+                .bind(document)
+                .bind(&v.sha)
+                .bind(v.created_at)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+                Some(head) => sqlx::query(
+                    "UPDATE config_document SET document = $1, head_sha = $2, updated_at = $3 \
+                     WHERE id = 1 AND head_sha = $4",
+                )
+                .bind(document)
+                .bind(&v.sha)
+                .bind(v.created_at)
+                .bind(head)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+            };
+            if written != 1 {
+                return Ok(false);
+            }
+            sqlx::query(
+                "INSERT INTO config_versions (sha, parent, message, author, section, key, \
+                 document, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(&v.sha)
+            .bind(&v.parent)
+            .bind(&v.message)
+            .bind(&v.author)
+            .bind(&v.section)
+            .bind(&v.key)
+            .bind(&v.document)
+            .bind(v.created_at)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            true
+        }))
+    }
+
+    /// Records a configuration file read at a start (its digest and document) as the newest
+    /// one read; returns the one that was newest before (digest, document), if any.
+    pub async fn config_file_read(
+        &self,
+        digest: &str,
+        document: &str,
+    ) -> Result<Option<(String, String)>, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            let mut tx = p.begin().await?;
+            let before: Option<(String, String, i64)> = sqlx::query_as(
+                "SELECT digest, document, seen_at FROM config_files_seen \
+                 ORDER BY seen_at DESC, digest LIMIT 1",
+            )
+            .fetch_optional(&mut *tx)
+            .await?;
+            // Strictly newer than every earlier read, whatever the clocks of the nodes say.
+            let at = before.as_ref().map_or(now_ms(), |b| now_ms().max(b.2 + 1));
+            sqlx::query(
+                "INSERT INTO config_files_seen (digest, document, seen_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (digest) DO UPDATE SET seen_at = EXCLUDED.seen_at",
+            )
+            .bind(digest)
+            .bind(document)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            before.map(|b| (b.0, b.1))
+        }))
+    }
+
     // ------------------------------------------------------------------ audit
 
     /// Appends an audit record (its id and time are the store's).

@@ -10,7 +10,7 @@
 //! to a URL of the caller's choosing; without the URL policy, the gateway's network position
 //! (cloud metadata, internal services) would be reachable through `models.test` and turns.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
@@ -58,7 +58,11 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The policy in force for one engine: the configured allowances and the allow-list.
 #[derive(Debug, Clone, Default)]
 pub struct ApiPolicy {
+    /// `providerPolicy.apiKeyEnvAllowlist`: may be named with any base URL the policy allows.
     allowed_env: BTreeSet<String>,
+    /// Variables the configuration file's providers name, each bound to the base URLs the
+    /// file sends it to (None: the type's own endpoint): a key stays with its endpoint.
+    bound_env: BTreeMap<String, BTreeSet<Option<String>>>,
     allow_loopback: bool,
     allow_private: bool,
 }
@@ -67,26 +71,41 @@ impl ApiPolicy {
     pub fn new(c: &ProviderPolicyConfig) -> Self {
         Self {
             allowed_env: c.api_key_env_allowlist.iter().cloned().collect(),
+            bound_env: BTreeMap::new(),
             allow_loopback: c.allow_loopback_base_url,
             allow_private: c.allow_private_base_url,
         }
     }
 
-    /// Adds a variable a provider of the configuration file names.
-    pub fn allow_env(&mut self, name: &str) {
-        self.allowed_env.insert(name.to_owned());
+    /// Binds a variable a provider of the configuration file names to the base URL it is
+    /// sent to there (None: the provider type's own endpoint).
+    pub fn bind_env(&mut self, name: &str, base_url: Option<&str>) {
+        self.bound_env
+            .entry(name.to_owned())
+            .or_default()
+            .insert(base_url.map(str::to_owned));
     }
 
-    /// Refuses an `apiKeyEnv` the configuration does not allow (the message names the member;
-    /// it does not list the allowed names, which are the operator's business).
-    pub fn check_key_env(&self, name: &str) -> Result<(), String> {
+    /// Refuses an `apiKeyEnv` the configuration does not allow with this base URL (None: the
+    /// type's own endpoint): a variable of the allow-list goes anywhere the URL policy allows;
+    /// one the file's providers name goes only where the file sends it. The message names the
+    /// member; it does not list the allowed names, which are the operator's business.
+    pub fn check_key_env(&self, name: &str, base_url: Option<&str>) -> Result<(), String> {
         if self.allowed_env.contains(name) {
             return Ok(());
         }
-        Err(format!(
-            "'config.apiKeyEnv': the variable {name:?} may not be named through the API; \
-             the configuration file's providers or providerPolicy.apiKeyEnvAllowlist must list it"
-        ))
+        match self.bound_env.get(name) {
+            Some(urls) if urls.contains(&base_url.map(str::to_owned)) => Ok(()),
+            Some(_) => Err(format!(
+                "'config.apiKeyEnv': the variable {name:?} is bound to the endpoint the \
+                 configuration file sends it to; it may not be sent to another base URL \
+                 through the API (providerPolicy.apiKeyEnvAllowlist lifts this)"
+            )),
+            None => Err(format!(
+                "'config.apiKeyEnv': the variable {name:?} may not be named through the API; \
+                 the configuration file's providers or providerPolicy.apiKeyEnvAllowlist must list it"
+            )),
+        }
     }
 
     /// Refuses a `baseUrl` outside the URL policy: its scheme, its literal host, and every
@@ -355,12 +374,23 @@ mod tests {
     #[test]
     fn key_variables_and_their_names() {
         let mut p = policy(false, false);
-        assert!(p.check_key_env("EXTRA_KEY").is_ok());
-        let err = p.check_key_env("AWS_SECRET_ACCESS_KEY").unwrap_err();
+        assert!(p
+            .check_key_env("EXTRA_KEY", Some("https://x.example/"))
+            .is_ok());
+        let err = p.check_key_env("AWS_SECRET_ACCESS_KEY", None).unwrap_err();
         assert!(err.starts_with("'config.apiKeyEnv'"), "{err}");
-        p.allow_env("OPENAI_API_KEY");
-        assert!(p.check_key_env("OPENAI_API_KEY").is_ok());
-        assert!(p.check_key_env("openai_api_key").is_err());
+        p.bind_env("OPENAI_API_KEY", None);
+        assert!(p.check_key_env("OPENAI_API_KEY", None).is_ok());
+        assert!(p.check_key_env("openai_api_key", None).is_err());
+        // A file's key stays with the file's endpoint.
+        let err = p
+            .check_key_env("OPENAI_API_KEY", Some("http://127.0.0.1:9/"))
+            .unwrap_err();
+        assert!(err.contains("bound"), "{err}");
+        p.bind_env("OPENAI_API_KEY", Some("http://127.0.0.1:9/"));
+        assert!(p
+            .check_key_env("OPENAI_API_KEY", Some("http://127.0.0.1:9/"))
+            .is_ok());
         for good in ["A", "_X", "OPENAI_API_KEY", "k1"] {
             assert!(valid_env_name(good), "{good}");
         }
