@@ -1209,7 +1209,7 @@ pub trait SessionApi: Send + Sync {
     > + Send;
     /// `session.send` (scope `rpc`): Sends a message into another session and, by default, waits for that agent's reply.
     ///
-    /// Designed from the reference's parameters (its result was an open object). mode wait runs the target session's turn and answers with the reply, or with status timeout once timeout_ms passes (the turn keeps running); mode async answers at once with status accepted and a runId for session.run_status. max_turns bounds the reply-back exchange the message may start. Unknown session (and no agent_id to create it) -32001.
+    /// Designed from the reference's parameters (its result was an open object). mode wait runs the target session's turn and answers with the reply, or with status timeout once timeout_ms passes (the turn keeps running); mode async answers at once with status accepted and a runId for session.run_status. max_turns bounds the reply-back exchange the message may start. Unknown session (and no agent_id to create it) -32001. A new canonical key must name agent_id's agent; a key that is not canonical is a label in the caller's own tenant. The gateway's own sessions (channels heartbeat, webhook, cron) are never created or continued here: -32602 naming session_key for a caller that may read them (admin, a cron job's owner), -32001 for anyone else, as for any session that is not theirs.
     fn send(
         &self,
         ctx: &crate::rpc::CallContext,

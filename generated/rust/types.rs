@@ -15309,7 +15309,7 @@ pub struct SessionHistoryResult {
     #[serde(rename = "hasMore")]
     pub has_more: bool,
 }
-/// The parts that identify a conversation for agent.execute. The same parts always address the same session.
+/// The parts that identify a conversation for agent.execute. The same parts always address the same session, which belongs to the calling token (or the tenant an admin token names). Control characters (C0, DEL, C1) are refused in every part (-32602).
 ///
 /// Source: spec.
 #[derive(
@@ -15322,13 +15322,13 @@ pub struct SessionHistoryResult {
 )]
 #[serde(deny_unknown_fields)]
 pub struct SessionKeyParts {
-    /// Tenant label; defaults to the calling token's client id.
+    /// Tenant label; defaults to the calling token's client id. Only admin tokens name another tenant; a name containing ':' (the gateway's own principals) is -32602.
     #[serde(rename = "tenantId", default, skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<String>,
     /// User label within the tenant.
     #[serde(rename = "userId", default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
-    /// Channel label (for example api, webhook, cron).
+    /// Channel label; api when omitted. The channels of the gateway's own sessions (heartbeat, webhook, cron) are refused (-32602): only the gateway writes there.
     #[serde(rename = "channelId", default, skip_serializing_if = "Option::is_none")]
     pub channel_id: Option<String>,
 }

@@ -254,6 +254,44 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        if rule.kind == RecordKind::Tenant && rule.param.starts_with("sessionKey.") {
+            // The other parts never change whose session a turn runs in: with alice named, every
+            // channel and user is hers (refused); without, mallory's own, where the gateway's
+            // channels are refused (-32602 naming sessionKey.channelId).
+            for channel in [
+                None,
+                Some("api"),
+                Some("heartbeat"),
+                Some("webhook"),
+                Some("cron"),
+            ] {
+                for user in [None, Some("main")] {
+                    let mut p = params.clone();
+                    if let Some(c) = channel {
+                        p = with_path(p, "sessionKey.channelId", c);
+                    }
+                    if let Some(u) = user {
+                        p = with_path(p, "sessionKey.userId", u);
+                    }
+                    let r = gw.call(MALLORY, info.name, p.clone()).await;
+                    assert_eq!(code(&r), -32001, "{} {p}: {r}", info.name);
+                    p["sessionKey"].as_object_mut().unwrap().remove("tenantId");
+                    let r = gw.call(MALLORY, info.name, p.clone()).await;
+                    if matches!(channel, Some("heartbeat" | "webhook" | "cron")) {
+                        assert_eq!(code(&r), -32602, "{} {p}: {r}", info.name);
+                        assert!(
+                            r["error"]["message"]
+                                .as_str()
+                                .unwrap()
+                                .contains("'sessionKey.channelId'"),
+                            "{r}"
+                        );
+                    } else {
+                        assert!(r.get("result").is_some(), "{} {p}: {r}", info.name);
+                    }
+                }
+            }
+        }
         if rule.claim && rule.kind == RecordKind::Session {
             // A key that does not exist yet, in alice's namespace, cannot be claimed either.
             let fresh = "agent:default:api:client:not-yet";

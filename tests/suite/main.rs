@@ -22,6 +22,7 @@ mod e2e_memory;
 mod e2e_metrics;
 mod e2e_multinode;
 mod e2e_obs;
+mod e2e_owners;
 mod e2e_process;
 mod e2e_restart;
 mod e2e_rpc;

@@ -15,7 +15,7 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::CallContext;
 use crate::runtime::agents::Agent;
-use crate::runtime::sessions::{SessionIdent, DEFAULT_CHANNEL, DEFAULT_USER};
+use crate::runtime::sessions::{CallerKey, KeyPart, SessionIdent};
 use crate::runtime::turn::TurnRequest;
 use crate::scopes::Scopes;
 
@@ -25,21 +25,29 @@ impl Rpc {
         self.engine().agents.require_or_default(id)
     }
 
-    /// The stored session a key object names: in the caller's tenant unless it names one (the
-    /// catalogue's `tenant` rule on `sessionKey.tenantId` lets only admin tokens name another).
+    /// The session a key object names, owned by the caller or the tenant it names (the
+    /// catalogue's `tenant` rule on `sessionKey.tenantId` lets only admin tokens name another,
+    /// and [`SessionIdent::for_caller`] never yields another owner: the rule checks the very
+    /// owner the turn uses). A channel of the gateway's own sessions is -32602.
     pub(super) fn session_ident(
         &self,
         ctx: &CallContext,
         agent: &Agent,
         parts: &SessionKeyParts,
     ) -> Result<SessionIdent, GatewayError> {
-        let tenant = parts.tenant_id.as_deref().unwrap_or(&ctx.client_id);
-        Ok(SessionIdent::new(
-            &agent.id,
-            parts.channel_id.as_deref().unwrap_or(DEFAULT_CHANNEL),
-            tenant,
-            parts.user_id.as_deref().unwrap_or(DEFAULT_USER),
-        ))
+        let key = CallerKey {
+            channel: parts.channel_id.as_deref(),
+            tenant: parts.tenant_id.as_deref(),
+            user: parts.user_id.as_deref(),
+        };
+        SessionIdent::for_caller(ctx, &agent.id, key).map_err(|r| {
+            r.named(|part| match part {
+                KeyPart::Agent => "agentId",
+                KeyPart::Channel => "sessionKey.channelId",
+                KeyPart::Tenant => "sessionKey.tenantId",
+                KeyPart::User => "sessionKey.userId",
+            })
+        })
     }
 
     /// The caller's scopes, narrowed to `requested` when given (never widened).

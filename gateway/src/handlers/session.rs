@@ -22,8 +22,8 @@ use crate::rpc::generated::types::{
 };
 use crate::rpc::CallContext;
 use crate::runtime::runs::RunSpec;
-use crate::runtime::sessions::{self, SessionIdent};
-use crate::store::sessions::{key_parts, owner_of, SessionFilter, SessionRow};
+use crate::runtime::sessions::{self, CallerKey, SessionIdent};
+use crate::store::sessions::{SessionFilter, SessionRow};
 
 /// Tool groups session.spawn can narrow a run to.
 const TOOL_GROUPS: &[(&str, &[&str])] = &[
@@ -368,13 +368,8 @@ impl SessionApi for Rpc {
                 let agent = engine
                     .agents
                     .require(p.agent_id.as_deref().unwrap_or(&s.agent_id))?;
-                let ident = SessionIdent {
-                    key: s.key.clone(),
-                    agent_id: agent.id.clone(),
-                    channel: s.channel.clone(),
-                    tenant_id: s.tenant_id.clone().unwrap_or_default(),
-                    user_id: s.user_id.clone().unwrap_or_default(),
-                };
+                let ident = SessionIdent::for_caller_stored(&s, &agent.id)
+                    .map_err(|r| r.at("session_key"))?;
                 (agent, ident)
             }
             None => {
@@ -387,17 +382,19 @@ impl SessionApi for Rpc {
                 let agent = engine.agents.require(agent_id)?;
                 // A canonical key is created as named (in the caller's tenant, or any tenant
                 // an admin names); any other key is a label of a new key in the caller's own
-                // tenant, so no caller can take a name away from another.
-                let ident = match key_parts(&p.session_key) {
-                    Some([_, channel, tenant, user]) => SessionIdent {
-                        key: p.session_key.clone(),
-                        agent_id: agent.id.clone(),
-                        tenant_id: owner_of(&channel, &tenant),
-                        channel,
-                        user_id: user,
-                    },
+                // tenant, so no caller can take a name away from another. Either way the owner
+                // is the caller's (or the admin-named tenant's), never the gateway's.
+                let named = SessionIdent::for_caller_key(ctx, &agent.id, &p.session_key);
+                let ident = match named.map_err(|r| r.at("session_key"))? {
+                    Some(ident) => ident,
                     None => {
-                        SessionIdent::new(&agent.id, SEND_CHANNEL, &ctx.client_id, &p.session_key)
+                        let label = CallerKey {
+                            channel: Some(SEND_CHANNEL),
+                            tenant: None,
+                            user: Some(&p.session_key),
+                        };
+                        SessionIdent::for_caller(ctx, &agent.id, label)
+                            .map_err(|r| r.at("session_key"))?
                     }
                 };
                 (agent, ident)
@@ -521,7 +518,12 @@ impl SessionApi for Rpc {
             }
         }
         let child = format!("spawn-{}", uuid::Uuid::new_v4().simple());
-        let session = SessionIdent::new(&agent.id, "subagent", &ctx.client_id, &child);
+        let child = CallerKey {
+            channel: Some("subagent"),
+            tenant: None,
+            user: Some(&child),
+        };
+        let session = SessionIdent::for_caller(ctx, &agent.id, child).map_err(|r| r.at("agent"))?;
         let started = engine
             .start_run(RunSpec {
                 agent: agent.clone(),

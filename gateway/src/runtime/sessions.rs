@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
+use crate::auth::Identity;
+use crate::error::GatewayError;
 use crate::rpc::generated::types::{
     SessionMessage, SessionMessageRole, SessionToolCall, TokensUsed,
 };
 use crate::runtime::providers::scripted::estimate_tokens;
 use crate::runtime::providers::{ChatMessage, Role, ToolCall};
-use crate::store::sessions::MessageRow;
+use crate::store::sessions::{MessageRow, SessionRow};
 
 /// Channel label of sessions created through agent.execute without a channelId.
 pub const DEFAULT_CHANNEL: &str = "api";
@@ -17,31 +19,239 @@ pub const DEFAULT_CHANNEL: &str = "api";
 pub const DEFAULT_USER: &str = "main";
 
 /// Who a session belongs to, and its canonical key.
+///
+/// Built only through this module's constructors (a private field seals it), so the owner is
+/// always derived from a principal, never from a label a caller chose:
+/// [`SessionIdent::for_caller`] for API callers (it can never yield an internal owner),
+/// [`SessionIdent::internal`] for the gateway's own heartbeat, webhook and cron code, and
+/// [`SessionIdent::stored`] for an identity that was already authorized and recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionIdent {
     pub key: String,
     pub agent_id: String,
     pub channel: String,
-    /// The owner of the session: the key's tenant part, or `<channel>:<tenant part>` for the
-    /// gateway's own channels (`store::sessions::owner_of`).
+    /// The owner of the session: the calling principal (or the tenant an admin named), or for
+    /// the gateway's own channels the owner [`InternalChannel::owner`] gives.
     pub tenant_id: String,
     pub user_id: String,
+    _sealed: Sealed,
 }
 
-use crate::store::sessions::owner_of;
-pub use crate::store::sessions::session_key;
+/// Only this module can build one (so only its constructors build a [`SessionIdent`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sealed;
+
+use crate::store::sessions::is_internal_principal;
+pub use crate::store::sessions::{session_key, InternalChannel};
+
+/// The parts of a session key as an API caller names them; an absent part takes its default
+/// (channel [`DEFAULT_CHANNEL`], the caller's own tenant, user [`DEFAULT_USER`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallerKey<'a> {
+    pub channel: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+    pub user: Option<&'a str>,
+}
+
+/// Which part of a caller's session key was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPart {
+    Agent,
+    Channel,
+    Tenant,
+    User,
+}
+
+/// Why a caller's session key was refused; the call site names the part as its surface spells
+/// it (-32602 / 400).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRefused {
+    pub part: KeyPart,
+    pub why: String,
+}
+
+impl KeyRefused {
+    /// Invalid params naming the part through `name` (e.g. `sessionKey.channelId`).
+    pub fn named(self, name: impl Fn(KeyPart) -> &'static str) -> GatewayError {
+        GatewayError::InvalidParams(format!("'{}': {}", name(self.part), self.why))
+    }
+
+    /// Invalid params naming the one field all parts come from (e.g. `session_key`).
+    pub fn at(self, field: &str) -> GatewayError {
+        GatewayError::InvalidParams(format!("'{field}': {}", self.why))
+    }
+}
+
+/// Refuses control characters (C0, DEL, C1: CR/LF would split log lines and keys) in a part.
+fn printable(part: KeyPart, value: &str) -> Result<(), KeyRefused> {
+    match value.chars().find(|c| c.is_control()) {
+        Some(c) => Err(KeyRefused {
+            part,
+            why: format!(
+                "must not contain control characters (found U+{:04X})",
+                c as u32
+            ),
+        }),
+        None => Ok(()),
+    }
+}
 
 impl SessionIdent {
-    /// The identity, owner and canonical key ([`session_key`]) of a session.
-    pub fn new(agent_id: &str, channel: &str, tenant_id: &str, user_id: &str) -> Self {
-        let key = session_key(agent_id, channel, tenant_id, user_id);
+    /// The session an API caller names. Its owner is the caller's client id, or the tenant it
+    /// names when its tenant reaches that one (the catalogue's `tenant` rule has refused
+    /// another tenant's name to a caller without admin before the handler ran). Never an
+    /// internal owner: a channel label of the gateway's own ([`InternalChannel`]) is refused,
+    /// and so is a named tenant that is an internal principal; control characters are
+    /// refused in every part.
+    pub fn for_caller(
+        caller: &Identity,
+        agent_id: &str,
+        parts: CallerKey<'_>,
+    ) -> Result<Self, KeyRefused> {
+        let channel = parts.channel.unwrap_or(DEFAULT_CHANNEL);
+        let user = parts.user.unwrap_or(DEFAULT_USER);
+        printable(KeyPart::Agent, agent_id)?;
+        printable(KeyPart::Channel, channel)?;
+        printable(KeyPart::User, user)?;
+        if let Some(c) = InternalChannel::of(channel) {
+            return Err(KeyRefused {
+                part: KeyPart::Channel,
+                why: format!(
+                    "'{}' is a channel of the gateway's own sessions (heartbeat, webhook, cron); \
+                     choose another label",
+                    c.label()
+                ),
+            });
+        }
+        let owner = match parts.tenant {
+            Some(named) if named != caller.client_id => {
+                printable(KeyPart::Tenant, named)?;
+                if is_internal_principal(named) {
+                    return Err(KeyRefused {
+                        part: KeyPart::Tenant,
+                        why: format!(
+                            "'{named}' is not a tenant (':' marks the gateway's own principals)"
+                        ),
+                    });
+                }
+                if !caller.tenant().reaches(Some(named)) {
+                    return Err(KeyRefused {
+                        part: KeyPart::Tenant,
+                        why: "only admin tokens name another tenant".to_owned(),
+                    });
+                }
+                named
+            }
+            _ => caller.client_id.as_str(),
+        };
+        Ok(Self::build(
+            agent_id,
+            channel,
+            owner,
+            user,
+            owner.to_owned(),
+        ))
+    }
+
+    /// The session a caller names by a whole canonical key
+    /// (`agent:<agent>:<channel>:<tenant>:<user>`) that is not stored yet, to create it for
+    /// `agent_id`: the same rules as [`SessionIdent::for_caller`] with the key's parts, and the
+    /// key must name that agent (else the session created would not be the one named). None
+    /// for a key of any other form.
+    pub fn for_caller_key(
+        caller: &Identity,
+        agent_id: &str,
+        key: &str,
+    ) -> Result<Option<Self>, KeyRefused> {
+        let Some([agent, channel, tenant, user]) = crate::store::sessions::key_parts(key) else {
+            return Ok(None);
+        };
+        if agent != agent_id {
+            return Err(KeyRefused {
+                part: KeyPart::Agent,
+                why: format!("names agent '{agent}', not '{agent_id}'"),
+            });
+        }
+        let parts = CallerKey {
+            channel: Some(&channel),
+            tenant: Some(&tenant),
+            user: Some(&user),
+        };
+        Self::for_caller(caller, agent_id, parts).map(Some)
+    }
+
+    /// A stored session an API caller continues (the catalogue's rule has checked that the
+    /// caller reaches it), run by `agent_id`. The gateway's own conversations (heartbeat,
+    /// webhook, cron) are continued by the gateway only, whoever reaches them for reading.
+    pub fn for_caller_stored(row: &SessionRow, agent_id: &str) -> Result<Self, KeyRefused> {
+        if let Some(c) = InternalChannel::of(&row.channel) {
+            return Err(KeyRefused {
+                part: KeyPart::Channel,
+                why: format!(
+                    "{} is a {} session of the gateway's own; only the gateway continues it",
+                    row.key,
+                    c.label()
+                ),
+            });
+        }
+        Ok(Self::stored(
+            row.key.clone(),
+            agent_id.to_owned(),
+            row.channel.clone(),
+            row.tenant_id.clone().unwrap_or_default(),
+            row.user_id.clone().unwrap_or_default(),
+        ))
+    }
+
+    /// A session of one of the gateway's own channels: for the heartbeat, webhook and cron
+    /// code only (never with caller input as the channel). `tenant` is the key's tenant part
+    /// (`system`, the mapping id, the job's owner); the owner follows from the channel.
+    pub fn internal(channel: InternalChannel, agent_id: &str, tenant: &str, user: &str) -> Self {
+        Self::build(
+            agent_id,
+            channel.label(),
+            tenant,
+            user,
+            channel.owner(tenant),
+        )
+    }
+
+    /// The identity of a session that was already authorized and recorded: a stored session
+    /// row, or the record a queued run kept when it was accepted. Never from caller input.
+    pub fn stored(
+        key: String,
+        agent_id: String,
+        channel: String,
+        owner: String,
+        user_id: String,
+    ) -> Self {
         Self {
             key,
+            agent_id,
+            channel,
+            tenant_id: owner,
+            user_id,
+            _sealed: Sealed,
+        }
+    }
+
+    fn build(agent_id: &str, channel: &str, tenant: &str, user: &str, owner: String) -> Self {
+        Self {
+            key: session_key(agent_id, channel, tenant, user),
             agent_id: agent_id.to_owned(),
             channel: channel.to_owned(),
-            tenant_id: owner_of(channel, tenant_id),
-            user_id: user_id.to_owned(),
+            tenant_id: owner,
+            user_id: user.to_owned(),
+            _sealed: Sealed,
         }
+    }
+
+    /// The owner a canonical key names, as [`SessionIdent::internal`] and
+    /// [`SessionIdent::for_caller`] derive it (for the unit tests of both against the store's
+    /// namespace rules).
+    #[cfg(test)]
+    fn key_owner(&self) -> Option<String> {
+        crate::store::sessions::key_tenant(&self.key)
     }
 }
 
@@ -186,14 +396,118 @@ mod tests {
 
     #[test]
     fn keys_of_distinct_parts_never_collide() {
-        let a = SessionIdent::new("a", "api", "t:1", "u");
-        let b = SessionIdent::new("a", "api", "t", "1:u");
-        assert_ne!(a.key, b.key);
-        assert_eq!(a.key, "agent:a:api:t%3A1:u");
+        let a = session_key("a", "api", "t:1", "u");
+        let b = session_key("a", "api", "t", "1:u");
+        assert_ne!(a, b);
+        assert_eq!(a, "agent:a:api:t%3A1:u");
         // An escaped colon in a part stays distinct from a colon.
-        let c = SessionIdent::new("a%3A", "api", "", "ü:");
-        assert_eq!(c.key, "agent:a%253A:api::ü%3A");
-        assert_ne!(c.key, SessionIdent::new("a:", "api", "", "ü:").key);
+        let c = session_key("a%3A", "api", "", "ü:");
+        assert_eq!(c, "agent:a%253A:api::ü%3A");
+        assert_ne!(c, session_key("a:", "api", "", "ü:"));
+    }
+
+    fn caller(id: &str, admin: bool) -> crate::auth::Principal {
+        use crate::rpc::generated::methods::Scope;
+        let scopes = if admin {
+            crate::scopes::Scopes::all()
+        } else {
+            crate::scopes::Scopes::only(Scope::Rpc)
+        };
+        crate::auth::Principal::new(id, scopes)
+    }
+
+    fn parts<'a>(
+        channel: Option<&'a str>,
+        tenant: Option<&'a str>,
+        user: Option<&'a str>,
+    ) -> CallerKey<'a> {
+        CallerKey {
+            channel,
+            tenant,
+            user,
+        }
+    }
+
+    #[test]
+    fn a_caller_owns_its_sessions_and_never_reaches_an_internal_one() {
+        let system = caller("system", false);
+        let s = SessionIdent::for_caller(&system, "bot", CallerKey::default()).unwrap();
+        assert_eq!(s.key, "agent:bot:api:system:main");
+        assert_eq!(s.tenant_id, "system");
+        assert_eq!(s.key_owner().as_deref(), Some("system"));
+        // Every internal channel label is refused, whoever asks and whatever else is named.
+        for who in [caller("system", false), caller("root", true)] {
+            for c in InternalChannel::ALL {
+                for tenant in [None, Some("system"), Some("echo")] {
+                    let r = SessionIdent::for_caller(
+                        &who,
+                        "bot",
+                        parts(Some(c.label()), tenant, Some("main")),
+                    )
+                    .unwrap_err();
+                    assert_eq!(r.part, KeyPart::Channel);
+                }
+            }
+        }
+        // An admin names another tenant, never an internal principal.
+        let root = caller("root", true);
+        let s = SessionIdent::for_caller(&root, "bot", parts(None, Some("alice"), None)).unwrap();
+        assert_eq!(
+            (s.tenant_id.as_str(), s.key.as_str()),
+            ("alice", "agent:bot:api:alice:main")
+        );
+        for internal in ["heartbeat:system", "webhook:echo", "cron:config"] {
+            let r = SessionIdent::for_caller(&root, "bot", parts(None, Some(internal), None))
+                .unwrap_err();
+            assert_eq!(r.part, KeyPart::Tenant);
+        }
+        // A caller without admin cannot name another tenant (the rule refused it before).
+        let r =
+            SessionIdent::for_caller(&system, "bot", parts(None, Some("alice"), None)).unwrap_err();
+        assert_eq!(r.part, KeyPart::Tenant);
+        // Naming one's own tenant is the same session as naming none.
+        let own = SessionIdent::for_caller(&system, "bot", parts(None, Some("system"), None));
+        assert_eq!(own.unwrap().key, "agent:bot:api:system:main");
+        // Control characters, in every part.
+        for (p, bad) in [
+            (KeyPart::Channel, parts(Some("a\nb"), None, None)),
+            (KeyPart::User, parts(None, None, Some("u\r"))),
+            (KeyPart::User, parts(None, None, Some("u\u{7f}"))),
+            (KeyPart::User, parts(None, None, Some("u\u{85}"))),
+            (KeyPart::Tenant, parts(None, Some("t\u{0}"), None)),
+        ] {
+            assert_eq!(
+                SessionIdent::for_caller(&root, "bot", bad)
+                    .unwrap_err()
+                    .part,
+                p
+            );
+        }
+        let r = SessionIdent::for_caller(&root, "b\tot", CallerKey::default()).unwrap_err();
+        assert_eq!(r.part, KeyPart::Agent);
+        // The internal principals' own work may own internal sessions (their own id).
+        let hook = caller("webhook:echo", false);
+        let s = SessionIdent::for_caller(&hook, "bot", CallerKey::default()).unwrap();
+        assert_eq!(s.tenant_id, "webhook:echo");
+    }
+
+    #[test]
+    fn internal_sessions_have_internal_owners() {
+        let hb = SessionIdent::internal(InternalChannel::Heartbeat, "bot", "system", "main");
+        assert_eq!(hb.key, "agent:bot:heartbeat:system:main");
+        assert_eq!(hb.tenant_id, "heartbeat:system");
+        let wh = SessionIdent::internal(InternalChannel::Webhook, "bot", "echo", "d1");
+        assert_eq!(wh.tenant_id, "webhook:echo");
+        let cron = SessionIdent::internal(InternalChannel::Cron, "bot", "alice", "job1");
+        assert_eq!(cron.tenant_id, "alice");
+        for s in [hb, wh, cron] {
+            assert_eq!(
+                s.key_owner().as_deref(),
+                Some(s.tenant_id.as_str()),
+                "{}",
+                s.key
+            );
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Who owns a session, a run or a cron job, for the catalogue's ownership rules
 //! (`tenancy::Owners`).
 
-use super::sessions::key_tenant;
+use super::sessions::{key_namespace, key_tenant};
 use super::Store;
 use crate::error::GatewayError;
 use crate::rpc::generated::methods::RecordKind;
@@ -53,14 +53,21 @@ impl Owners for Store {
             // admin's, so neither the squatter nor the namespace's tenant continues it.
             Some(owner) if namespace.is_some() && owner != namespace => Lookup::Exists(None),
             Some(owner) => Lookup::Exists(owner),
-            None => Lookup::Missing { namespace },
+            // Who may create it: the tenant part's own, except in an internal channel, whose
+            // keys are the gateway's namespace (no token claims a heartbeat, webhook or cron
+            // session before the gateway writes it).
+            None => Lookup::Missing {
+                namespace: namespace.and_then(|_| key_namespace(id)),
+            },
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::sessions::{key_tenant, session_key};
+    use super::super::sessions::{
+        is_internal_principal, key_namespace, key_tenant, session_key, InternalChannel,
+    };
 
     #[test]
     fn the_tenant_of_a_canonical_key_round_trips() {
@@ -77,5 +84,35 @@ mod tests {
         ] {
             assert_eq!(key_tenant(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn internal_channel_keys_are_in_the_gateways_namespace() {
+        // Heartbeat and webhook sessions belong to the gateway's own principals.
+        let hb = session_key("bot", "heartbeat", "system", "main");
+        assert_eq!(key_tenant(&hb).as_deref(), Some("heartbeat:system"));
+        let wh = session_key("bot", "webhook", "echo", "d1");
+        assert_eq!(key_tenant(&wh).as_deref(), Some("webhook:echo"));
+        // A cron session belongs to its job's owner, who reads it ...
+        let cron = session_key("bot", "cron", "alice", "job1");
+        assert_eq!(key_tenant(&cron).as_deref(), Some("alice"));
+        // ... but no token creates one: every internal key's namespace is internal.
+        for c in InternalChannel::ALL {
+            for tenant in ["system", "echo", "alice", ""] {
+                let key = session_key("bot", c.label(), tenant, "main");
+                let ns = key_namespace(&key).unwrap();
+                assert!(is_internal_principal(&ns), "{key}: {ns}");
+            }
+            assert_eq!(InternalChannel::of(c.label()), Some(c));
+        }
+        // Other channels: the tenant part, as before.
+        let api = session_key("bot", "api", "alice", "main");
+        assert_eq!(key_namespace(&api).as_deref(), Some("alice"));
+        assert_eq!(key_namespace("free-form"), None);
+        // Heartbeat and webhook owners are internal principals; token ids never are.
+        for c in [InternalChannel::Heartbeat, InternalChannel::Webhook] {
+            assert!(is_internal_principal(&c.owner("system")));
+        }
+        assert!(!is_internal_principal("system"));
     }
 }

@@ -94,16 +94,61 @@ fn reached(n: u8) -> String {
     format!("(${n} IS NULL OR s.tenant_id = ${n})")
 }
 
-/// Channels whose sessions belong to the gateway's own principals, never to a token: their
-/// owner is `<channel>:<tenant part>`, and token ids cannot contain ':' (config validation).
-pub const INTERNAL_CHANNELS: &[&str] = &["webhook", "heartbeat"];
+/// A channel whose sessions only the gateway itself creates and continues (heartbeat ticks,
+/// webhook runs, cron fires). API callers never name one: `runtime::sessions::SessionIdent`
+/// builds a caller's session through a constructor that refuses these labels, and a canonical
+/// key naming one is in the gateway's namespace, never claimable by a token
+/// ([`key_namespace`]). A later internal channel is one more variant here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InternalChannel {
+    Heartbeat,
+    Webhook,
+    Cron,
+}
+
+impl InternalChannel {
+    /// Every internal channel.
+    pub const ALL: [InternalChannel; 3] = [Self::Heartbeat, Self::Webhook, Self::Cron];
+
+    /// The channel label, as it appears in session keys.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Heartbeat => "heartbeat",
+            Self::Webhook => "webhook",
+            Self::Cron => "cron",
+        }
+    }
+
+    /// The internal channel a label names, if any.
+    pub fn of(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.label() == label)
+    }
+
+    /// The owner of a session of this channel whose key's tenant part is `tenant`: the
+    /// gateway's own principal `<channel>:<tenant>` for heartbeats (`heartbeat:system`) and
+    /// webhooks (`webhook:<mapping>`); for cron the job's owner (the client id that created
+    /// the job, who reads its turns, or `cron:config` for the operator's jobs).
+    pub fn owner(self, tenant: &str) -> String {
+        match self {
+            Self::Heartbeat | Self::Webhook => format!("{}:{tenant}", self.label()),
+            Self::Cron => tenant.to_owned(),
+        }
+    }
+}
+
+/// Whether `id` names one of the gateway's own principals (`heartbeat:system`,
+/// `webhook:<mapping>`, `cron:config`). They all contain ':', which no token id may contain
+/// (`gateway.tokens[].id` is refused at start, the `tokens.create` id pattern refuses it), so a
+/// token's client id never equals an internal owner.
+pub fn is_internal_principal(id: &str) -> bool {
+    id.contains(':')
+}
 
 /// The owner of a session created under `channel` for the key's tenant part `tenant`.
 pub fn owner_of(channel: &str, tenant: &str) -> String {
-    if INTERNAL_CHANNELS.contains(&channel) {
-        format!("{channel}:{tenant}")
-    } else {
-        tenant.to_owned()
+    match InternalChannel::of(channel) {
+        Some(c) => c.owner(tenant),
+        None => tenant.to_owned(),
     }
 }
 
@@ -232,10 +277,23 @@ fn unescape(part: &str) -> Option<String> {
 }
 
 /// The owner a key in the canonical form of [`session_key`] names (see [`owner_of`]); None for
-/// any other form.
+/// any other form. A stored session of the key has this owner (else it predates ownership
+/// rules and is nobody's but admin's).
 pub fn key_tenant(key: &str) -> Option<String> {
     let [_, channel, tenant, _] = key_parts(key)?;
     Some(owner_of(&channel, &tenant))
+}
+
+/// Whose namespace a canonical key that is not stored yet is in, for the ownership rules'
+/// `missing: claim`: its tenant part, or for an internal channel the gateway's own
+/// `<channel>:<tenant>` (an internal principal, so no token claims it, its owner included: a
+/// cron job's session is created by its fires only). None for any other form.
+pub fn key_namespace(key: &str) -> Option<String> {
+    let [_, channel, tenant, _] = key_parts(key)?;
+    Some(match InternalChannel::of(&channel) {
+        Some(c) => format!("{}:{tenant}", c.label()),
+        None => tenant,
+    })
 }
 
 impl Store {

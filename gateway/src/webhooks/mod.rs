@@ -339,13 +339,13 @@ fn resumed_spec(engine: &Engine, row: &RunRow, resume: &str) -> Result<RunSpec, 
         .require(&r.agent_id)
         .map_err(|e| format!("the queued run cannot start: {e}"))?;
     // The key as stored (`tenant_id` is the session's owner, not the key's tenant part).
-    let session = SessionIdent {
-        key: row.session_key.clone(),
-        agent_id: r.agent_id.clone(),
-        channel: r.channel.clone(),
-        tenant_id: r.tenant_id.clone(),
-        user_id: r.user_id.clone(),
-    };
+    let session = SessionIdent::stored(
+        row.session_key.clone(),
+        r.agent_id.clone(),
+        r.channel.clone(),
+        r.tenant_id.clone(),
+        r.user_id.clone(),
+    );
     Ok(RunSpec {
         agent,
         session,

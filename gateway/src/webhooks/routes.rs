@@ -18,7 +18,7 @@ use crate::obs::recorder::webhook_event;
 use crate::rpc::generated::methods::Scope;
 use crate::runtime::engine::Engine;
 use crate::runtime::runs::RunSpec;
-use crate::runtime::sessions::SessionIdent;
+use crate::runtime::sessions::{InternalChannel, SessionIdent};
 use crate::state::AppState;
 use crate::store::runs::{Delivery, RunRow};
 use crate::transport::json_error;
@@ -27,7 +27,7 @@ use crate::transport::limits::{read_body, BodyError};
 /// The strict endpoint's path below the base.
 pub const STRICT_PATH: &str = "webhook";
 /// Channel name of webhook sessions (the mapping id is their namespace).
-pub const WEBHOOK_CHANNEL: &str = "webhook";
+pub const WEBHOOK_CHANNEL: &str = InternalChannel::Webhook.label();
 
 fn ok(body: Value) -> Response {
     (StatusCode::OK, poem::web::Json(body)).into_response()
@@ -303,7 +303,7 @@ async fn act(
     };
     let (task, session) = (
         text,
-        SessionIdent::new(&agent.id, WEBHOOK_CHANNEL, &m.id, &part),
+        SessionIdent::internal(InternalChannel::Webhook, &agent.id, &m.id, &part),
     );
     let delivery = (m.deliver.is_some() || m.channel.is_some() || m.to.is_some()).then(|| {
         json!({"deliver": m.deliver.unwrap_or(false), "channel": m.channel, "to": m.to}).to_string()

@@ -10003,11 +10003,11 @@ export interface SessionHistoryResult {
 }
 
 /**
- * The parts that identify a conversation for agent.execute. The same parts always address the same session.
+ * The parts that identify a conversation for agent.execute. The same parts always address the same session, which belongs to the calling token (or the tenant an admin token names). Control characters (C0, DEL, C1) are refused in every part (-32602).
  */
 export interface SessionKeyParts {
   /**
-   * Tenant label; defaults to the calling token's client id.
+   * Tenant label; defaults to the calling token's client id. Only admin tokens name another tenant; a name containing ':' (the gateway's own principals) is -32602.
    */
   "tenantId"?: string;
   /**
@@ -10015,7 +10015,7 @@ export interface SessionKeyParts {
    */
   "userId"?: string;
   /**
-   * Channel label (for example api, webhook, cron).
+   * Channel label; api when omitted. The channels of the gateway's own sessions (heartbeat, webhook, cron) are refused (-32602): only the gateway writes there.
    */
   "channelId"?: string;
 }

@@ -20,7 +20,7 @@ use crate::auth::Principal;
 use crate::http::security::{RestBearer, SseAuth};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
-use crate::runtime::sessions::SessionIdent;
+use crate::runtime::sessions::{CallerKey, SessionIdent};
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::state::AppState;
 use crate::store::sessions::SessionFilter;
@@ -79,8 +79,15 @@ fn chat_turn(
         })?,
     };
     let agent = engine.agents.require(&agent_id)?;
-    let session =
-        session_key.map(|k| SessionIdent::new(&agent.id, API_CHANNEL, &principal.client_id, k));
+    let key = |k| CallerKey {
+        channel: Some(API_CHANNEL),
+        tenant: None,
+        user: Some(k),
+    };
+    let session = session_key
+        .map(|k| SessionIdent::for_caller(principal, &agent.id, key(k)))
+        .transpose()
+        .map_err(|r| r.at("sessionKey"))?;
     Ok(TurnRequest {
         session,
         ..TurnRequest::new(agent, message, &principal.context(None))

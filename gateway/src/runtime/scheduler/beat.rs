@@ -20,7 +20,7 @@ use crate::runtime::engine::Engine;
 use crate::runtime::providers::ErrorKind;
 use crate::runtime::scheduler::schedule::ActiveHours;
 use crate::runtime::scheduler::{FireSlots, Slot};
-use crate::runtime::sessions::SessionIdent;
+use crate::runtime::sessions::{InternalChannel, SessionIdent};
 use crate::store::now_ms;
 use crate::store::scheduler::{BeatClaim, BeatFinish, BeatRow};
 
@@ -31,7 +31,7 @@ pub const HEARTBEAT_CALLER: &str = "heartbeat:system";
 pub const ACK_TOKEN: &str = "HEARTBEAT_OK";
 
 /// The channel and tenant of heartbeat sessions.
-const CHANNEL: &str = "heartbeat";
+const CHANNEL: &str = InternalChannel::Heartbeat.label();
 const TENANT: &str = "system";
 
 /// Longest error backoff.
@@ -75,11 +75,21 @@ pub fn session_for(
     settings: &HeartbeatSettings,
 ) -> Result<SessionIdent, GatewayError> {
     let Some(key) = settings.session.as_deref() else {
-        return Ok(SessionIdent::new(agent, CHANNEL, TENANT, "main"));
+        return Ok(SessionIdent::internal(
+            InternalChannel::Heartbeat,
+            agent,
+            TENANT,
+            "main",
+        ));
     };
     match crate::store::sessions::key_parts(key) {
         Some([a, c, t, user]) if a == agent && c == CHANNEL && t == TENANT && !user.is_empty() => {
-            Ok(SessionIdent::new(agent, CHANNEL, TENANT, &user))
+            Ok(SessionIdent::internal(
+                InternalChannel::Heartbeat,
+                agent,
+                TENANT,
+                &user,
+            ))
         }
         _ => Err(GatewayError::InvalidParams(format!(
             "session: heartbeat turns run in a heartbeat session of the agent \

@@ -10,17 +10,22 @@ use crate::rpc::generated::types::FinishReason;
 use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv, GateSpec};
 use crate::runtime::scheduler::{summary_of, Slot};
-use crate::runtime::sessions::SessionIdent;
+use crate::runtime::sessions::{InternalChannel, SessionIdent};
 use crate::store::now_ms;
 use crate::store::scheduler::{Claimed, FireOutcome, JobRow};
 
-/// The channel of cron sessions (not internal: the session belongs to the job's owner, who
-/// reads its turns with session.history).
-pub const CRON_CHANNEL: &str = "cron";
+/// The channel of cron sessions: an internal channel (only fires write there), though the
+/// session belongs to the job's owner, who reads its turns with session.history.
+pub const CRON_CHANNEL: &str = InternalChannel::Cron.label();
 
 /// The session a job's fires run in.
 pub fn session_of(job: &JobRow) -> SessionIdent {
-    SessionIdent::new(&job.agent_id, CRON_CHANNEL, &job.owner, &job.job_id)
+    SessionIdent::internal(
+        InternalChannel::Cron,
+        &job.agent_id,
+        &job.owner,
+        &job.job_id,
+    )
 }
 
 /// Runs the claimed fire on its own task, holding `slot` until it is recorded.

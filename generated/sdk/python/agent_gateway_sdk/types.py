@@ -3700,7 +3700,7 @@ SessionHistoryResult = TypedDict("SessionHistoryResult", {
     "hasMore": "Required[bool]",
 }, total=False)
 
-# The parts that identify a conversation for agent.execute. The same parts always address the same session.
+# The parts that identify a conversation for agent.execute. The same parts always address the same session, which belongs to the calling token (or the tenant an admin token names). Control characters (C0, DEL, C1) are refused in every part (-32602).
 SessionKeyParts = TypedDict("SessionKeyParts", {
     "tenantId": "NotRequired[str]",
     "userId": "NotRequired[str]",
