@@ -621,3 +621,73 @@ pub fn check_trace_where(data: &[u8]) {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The memory write guard
+
+/// Longest input the time bound is promised for (libFuzzer's default `-max_len`).
+pub const GUARD_MAX_INPUT: usize = 4096;
+/// Time one judgement of a [`GUARD_MAX_INPUT`]-byte input may take. The guard is a few linear
+/// passes (well under a millisecond in a release build); the bound is loose because the CI
+/// harness runs a debug build on two shared cores, and tight enough to catch a quadratic path.
+pub const GUARD_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn guard_severity(v: &agent_gateway::memory::guard::Verdict) -> u8 {
+    use agent_gateway::memory::guard::Verdict;
+    match v {
+        Verdict::Clean => 0,
+        Verdict::Suspicious(_) => 1,
+        Verdict::Malicious(_) => 2,
+    }
+}
+
+/// Input: a memory text (lossy UTF-8).
+///
+/// `check` never panics; its verdict is deterministic; it is never less strict than the raw
+/// judgement (`check_raw`) nor than the judgement of the folded copy (`fold_lookalikes`), and
+/// keeps every rule the raw judgement matched; the fold leaves ASCII alone; a verdict's rule list
+/// is non-empty exactly when it is not clean; an input of at most [`GUARD_MAX_INPUT`] bytes is
+/// judged within [`GUARD_TIME_LIMIT`].
+pub fn check_guard(data: &[u8]) {
+    use agent_gateway::memory::guard::{check, check_raw, fold_lookalikes, Verdict};
+    let input = text(data);
+    let started = std::time::Instant::now();
+    let verdict = check(&input);
+    let took = started.elapsed();
+    if data.len() <= GUARD_MAX_INPUT {
+        assert!(
+            took <= GUARD_TIME_LIMIT,
+            "guard: {took:?} for {} bytes",
+            data.len()
+        );
+    }
+    assert_eq!(check(&input), verdict, "guard: two verdicts for one text");
+    assert_eq!(
+        verdict == Verdict::Clean,
+        verdict.rules().is_empty(),
+        "guard: {verdict:?}"
+    );
+    let raw = check_raw(&input);
+    assert!(
+        guard_severity(&verdict) >= guard_severity(&raw),
+        "guard: {verdict:?} is less strict than the raw {raw:?}"
+    );
+    for rule in raw.rules() {
+        assert!(
+            verdict.rules().contains(rule),
+            "guard: {verdict:?} lost the raw rule {rule}"
+        );
+    }
+    match fold_lookalikes(&input) {
+        Some(folded) => {
+            assert!(!input.is_ascii(), "guard: an ASCII text was folded");
+            assert_ne!(folded, input, "guard: a fold that changed nothing");
+            let seen = check_raw(&folded);
+            assert!(
+                guard_severity(&verdict) >= guard_severity(&seen),
+                "guard: {verdict:?} is less strict than the folded {seen:?} ({folded:?})"
+            );
+        }
+        None => {}
+    }
+}

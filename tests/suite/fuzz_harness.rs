@@ -76,6 +76,15 @@ const TOKENS: &[&[u8]] = &[
     b"'",
     b"<=",
     b"!=",
+    // look-alike letters and invisibles, for the memory guard
+    "ɪɢɴᴏʀᴇ".as_bytes(),
+    "ⁱⁿˢᵗʳᵘᶜᵗⁱᵒⁿˢ".as_bytes(),
+    "ⅰ".as_bytes(),
+    "ո".as_bytes(),
+    "ℯ".as_bytes(),
+    "\u{200B}".as_bytes(),
+    "\u{E000}".as_bytes(),
+    b" previous instructions",
 ];
 
 /// One mutation of a corpus item: a few random edits (libFuzzer's kinds, in small).
@@ -209,6 +218,14 @@ async fn media_id_corpus_and_mutations() {
 async fn trace_where_corpus_and_mutations() {
     run("trace_where", ITERATIONS, |input| async move {
         props::check_trace_where(&input)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn memory_guard_corpus_and_mutations() {
+    run("memory_guard", ITERATIONS, |input| async move {
+        props::check_guard(&input)
     })
     .await;
 }

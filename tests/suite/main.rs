@@ -19,6 +19,7 @@ mod e2e_limits;
 mod e2e_local;
 mod e2e_media;
 mod e2e_memory;
+mod e2e_memory_limits;
 mod e2e_metrics;
 mod e2e_multinode;
 mod e2e_obs;
