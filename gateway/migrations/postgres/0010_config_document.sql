@@ -4,7 +4,7 @@
 -- file would (secrets included), so that every node can apply it.
 
 CREATE TABLE config_document (
-    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    id         BIGINT PRIMARY KEY CHECK (id = 1),
     document   TEXT NOT NULL,               -- JSON object, the configuration file's shape
     head_sha   TEXT,                        -- the history commit this document is
     updated_at BIGINT NOT NULL

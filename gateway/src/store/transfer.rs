@@ -515,6 +515,23 @@ pub const TABLES: &[Table] = &[
         identity: true,
     },
     Table {
+        name: "config_document",
+        cols: &[
+            int("id"),
+            txt("document"),
+            txt_n("head_sha"),
+            int("updated_at"),
+        ],
+        order_by: "id",
+        identity: false,
+    },
+    Table {
+        name: "config_files_seen",
+        cols: &[txt("digest"), txt("document"), int("seen_at")],
+        order_by: "digest",
+        identity: false,
+    },
+    Table {
         name: "config_audit",
         cols: &[
             int("id"),
@@ -1574,17 +1591,20 @@ mod tests {
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], FORMAT);
         assert_eq!(header["version"], 1);
-        assert_eq!(header["schema"], 9);
+        assert_eq!(header["schema"], 10);
         assert_eq!(header["source"], src.backend_name());
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(
             TABLES.iter().map(|t| rows(t.name)).collect::<Vec<_>>(),
-            [2, 1, 3, 4, 1, 2, 0, 0, 0, 0, 0, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+            [
+                2, 1, 3, 4, 1, 2, 0, 0, 0, 0, 0, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1,
+                1, 1
+            ],
             "providers agents sessions messages notes memories (entities mentions observations \
              sources summaries: none) runs usage usage_hourly \
              deliveries cron_jobs cron_runs heartbeat_state heartbeat_events api_tokens secrets \
-             auth_profiles config_versions config_audit trace_rows diagnostics prompt_reports \
-             channel_activity"
+             auth_profiles config_versions (config_document config_files_seen: none) \
+             config_audit trace_rows diagnostics prompt_reports channel_activity"
         );
         assert_eq!(lines.len() as u64, summary.total_rows() + 2);
         assert!(lines[1].starts_with(r#"{"t":"providers","r":{"id":"p-B","kind":"openai""#));
@@ -1943,11 +1963,11 @@ mod tests {
         for (header, says) in [
             (
                 r#"{"format":"agent-gateway-store","version":1,"schema":4}"#,
-                "schema version 4 and this build is at version 9: migrate first",
+                "schema version 4 and this build is at version 10: migrate first",
             ),
             (
-                r#"{"format":"agent-gateway-store","version":1,"schema":10}"#,
-                "schema version 10, newer than this build's 9",
+                r#"{"format":"agent-gateway-store","version":1,"schema":11}"#,
+                "schema version 11, newer than this build's 10",
             ),
             (
                 r#"{"format":"agent-gateway-store","version":2,"schema":5}"#,
