@@ -27,9 +27,30 @@ pub struct Identity {
     pub scopes: Scopes,
     /// Whose records it reaches (derived from the two above when it is built).
     tenant: Tenant,
+    /// Whether it authenticated with an API token of the store, which can be revoked, rotated
+    /// or expire while its connections are open (configuration tokens last as long as their
+    /// server generation, and internal principals have no token).
+    revocable: bool,
+    /// An API token's `expiresAt` (epoch ms), fixed for the secret it authenticated with.
+    expires_at: Option<i64>,
 }
 
 impl Identity {
+    /// Whether its connections have to be ended when its token stops working (an API token's).
+    pub fn revocable(&self) -> bool {
+        self.revocable
+    }
+
+    /// When its token expires (epoch ms), if it does.
+    pub fn expires_at(&self) -> Option<i64> {
+        self.expires_at
+    }
+
+    /// Whether its token has expired by now.
+    pub fn expired(&self) -> bool {
+        self.expires_at.is_some_and(|at| now() >= at)
+    }
+
     /// Whose records this caller reaches: every tenant's with `admin`, else its own.
     pub fn tenant(&self) -> &Tenant {
         &self.tenant
@@ -69,11 +90,28 @@ impl Principal {
     }
 
     pub(crate) fn new(client_id: &str, scopes: Scopes) -> Self {
+        Self::built(client_id, scopes, false, None)
+    }
+
+    /// The principal of an API token of the store (revocable, possibly expiring).
+    pub(crate) fn api(client_id: &str, scopes: Scopes, expires_at: Option<i64>) -> Self {
+        Self::built(client_id, scopes, true, expires_at)
+    }
+
+    fn built(client_id: &str, scopes: Scopes, revocable: bool, expires_at: Option<i64>) -> Self {
         Self(Arc::new(Identity {
             tenant: Tenant::for_principal(client_id, scopes.contains(Scope::Admin)),
             client_id: client_id.to_owned(),
             scopes,
+            revocable,
+            expires_at,
         }))
+    }
+
+    /// Whether `self` and `other` are the same authentication (one token secret, one server
+    /// generation), not merely the same client id.
+    pub fn same(&self, other: &Principal) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     pub fn context(&self, connection: Option<u64>) -> CallContext {
@@ -214,6 +252,11 @@ impl TokenStore {
             .any(|e| Arc::ptr_eq(&e.principal.0, &p.0))
             || self.api.as_ref().is_some_and(|a| a.is_current(p))
     }
+
+    /// [`ApiTokens::watch`]: None without API tokens or for a configuration token.
+    pub fn watch(&self, p: &Principal) -> Option<crate::hub::StreamWatch> {
+        self.api.as_ref().and_then(|a| a.watch(p))
+    }
 }
 
 /// The API tokens of the store, in memory for the request path: replaced as a whole on every
@@ -257,8 +300,10 @@ impl ApiTokens {
     }
 
     /// Reads the live tokens again. A secret still live keeps its entry (its principal, so
-    /// connections made with it stay current, and its last use). Open WebSockets of a token
-    /// whose secret is no longer live (revoked, rotated) are closed with 4001.
+    /// connections made with it stay current, and its last use). Open connections of a token
+    /// whose secret is no longer live (revoked, rotated) are ended: WebSockets close with 4001,
+    /// event streams end. Every node runs this when a token changes anywhere in the fleet
+    /// (the store's announcement), so this is where revocation reaches every node.
     pub async fn reload(&self) -> Result<(), crate::error::GatewayError> {
         let rows = self.store.tokens_all().await?;
         let before = self.snapshot();
@@ -286,7 +331,7 @@ impl ApiTokens {
                     };
                     let used = r.last_used_at.unwrap_or(0);
                     Arc::new(Entry {
-                        principal: Principal::new(&r.id, granted),
+                        principal: Principal::api(&r.id, granted, r.expires_at),
                         scopes,
                         created_at: Some(r.created_at),
                         expires_at: r.expires_at,
@@ -297,22 +342,50 @@ impl ApiTokens {
             };
             next.insert(d, entry);
         }
-        let gone: Vec<&Arc<Entry>> = before
+        let mut gone: Vec<&str> = before
             .iter()
             .filter(|(d, _)| !next.contains_key(*d))
-            .map(|(_, e)| e)
+            .map(|(_, e)| e.principal.client_id.as_str())
             .collect();
+        gone.sort_unstable();
+        gone.dedup();
+        let next = Arc::new(next);
         if let Ok(mut live) = self.live.write() {
-            *live = Arc::new(next);
+            *live = next.clone();
         }
-        for e in gone {
-            let id = &e.principal.client_id;
-            let closed = self.control.hub.revoke_client(id);
+        // After the swap: a connection registered from here on finds its principal gone when
+        // it checks `is_current`; one registered before is ended here. A connection made with
+        // the secret that is live now (a rotation's new one) is kept.
+        for id in gone {
+            let live_of_id: Vec<&Principal> = next
+                .values()
+                .map(|e| &e.principal)
+                .filter(|p| p.client_id == id)
+                .collect();
+            let closed = self
+                .control
+                .hub
+                .revoke(id, |p| live_of_id.iter().any(|l| l.same(p)));
             if closed > 0 {
-                tracing::info!(client = %id, closed, "token revoked: its WebSockets are closed with 4001");
+                tracing::info!(client = %id, closed, "token revoked or rotated: its WebSockets are closed with 4001 and its event streams ended");
             }
         }
         Ok(())
+    }
+
+    /// Registers an event stream of `p` with the hub, so that revoking, rotating or expiring
+    /// its token ends it; None for a principal whose token cannot be revoked (nothing to
+    /// register, so streams of configuration tokens cost nothing here). A token revoked
+    /// between the stream's authentication and this registration is noticed here.
+    pub fn watch(&self, p: &Principal) -> Option<crate::hub::StreamWatch> {
+        if !p.revocable() {
+            return None;
+        }
+        let watch = self.control.hub.watch_stream(p);
+        if !self.is_current(p) {
+            watch.revoked().cancel();
+        }
+        Some(watch)
     }
 
     /// Whether `p` is the principal of a live token (same secret as when it authenticated).

@@ -13,12 +13,21 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 
+use crate::runtime::config_writes::OPERATOR;
 use crate::tenancy::Tenant;
 
 /// Events a subscriber may have queued before it counts as lagging.
 pub const SUBSCRIBER_BUFFER: usize = 256;
 /// Events kept for the activity feed.
 pub const RECENT: usize = 100;
+
+/// Events only operators (admin) see, whoever publishes them: audit records, secret changes,
+/// and webhook deliveries (caused by unauthenticated requests; they name paths, mappings and
+/// session keys of the whole gateway). Published with the owner
+/// [`crate::runtime::config_writes::OPERATOR`], an id no token has.
+pub fn operator_only(name: &str) -> bool {
+    name == "audit:event" || name == "webhook:received" || name.starts_with("secret:")
+}
 
 /// What an event carries until somebody reads it: any serializable payload.
 trait Payload: Send + Sync {
@@ -115,9 +124,11 @@ impl EventBus {
         let _ = self.forward.set(to);
     }
 
-    /// Publishes a system-wide event (see [`EventBus::publish_owned`]).
+    /// Publishes a system-wide event (see [`EventBus::publish_owned`]). An operator-only
+    /// event ([`operator_only`]) published here still reaches operators only.
     pub fn publish<T: Serialize + Send + Sync + 'static>(&self, name: &'static str, data: T) {
-        self.publish_owned(None, name, data);
+        let owner = operator_only(name).then(|| Arc::from(OPERATOR));
+        self.publish_owned(owner, name, data);
     }
 
     /// Publishes an event of `owner`'s session (None: system-wide) to every current
@@ -229,6 +240,26 @@ mod tests {
             [json!(3), json!(1)]
         );
         assert_eq!(seen(all()), [json!(3), json!(2), json!(1)]);
+    }
+
+    #[test]
+    fn operator_events_published_system_wide_reach_operators_only() {
+        let bus = EventBus::new(8);
+        bus.publish("audit:event", json!({"kind": "webhook.rejected"}));
+        bus.publish("webhook:received", json!({"path": "echo"}));
+        bus.publish("secret:rotated", json!({"name": "k"}));
+        bus.publish("agent:hot_added", json!({"agentId": "a"}));
+        let names = |t: Tenant| -> Vec<String> {
+            bus.recent(&t, 10)
+                .iter()
+                .map(|e| e.name.to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(Tenant::for_principal("alice", false)),
+            ["agent:hot_added"]
+        );
+        assert_eq!(names(all()).len(), 4);
     }
 
     #[tokio::test]

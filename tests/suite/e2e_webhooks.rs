@@ -361,7 +361,7 @@ async fn mapped_endpoints_route_run_and_acknowledge() {
     // Refused signatures and accepted deliveries are system events.
     let activity: Value = reqwest::Client::new()
         .get(gw.url("/api/activity?limit=100"))
-        .bearer_auth(RPC)
+        .bearer_auth(ADMIN)
         .send()
         .await
         .unwrap()

@@ -26,6 +26,7 @@ mod e2e_obs;
 mod e2e_owners;
 mod e2e_process;
 mod e2e_restart;
+mod e2e_revocation;
 mod e2e_rpc;
 mod e2e_scheduler;
 mod e2e_tenancy;

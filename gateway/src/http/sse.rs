@@ -1,6 +1,7 @@
 //! Server-sent events as a poem-openapi payload: the body is a stream of ready-made frames,
 //! and the document describes the event's JSON type. Frames are written here and nowhere
-//! else (`event:`, `data:` split on newlines, comments for keep-alive, `retry:`).
+//! else (`event:`, `data:` split on newlines, comments for keep-alive, `retry:`), and a stream
+//! of a revocable token ends here when its token stops working ([`until_revoked`]).
 
 use std::marker::PhantomData;
 
@@ -110,6 +111,31 @@ pub fn comment(text: &str) -> Bytes {
     Bytes::from(format!(": {text}\n\n"))
 }
 
+/// `frames` until `watch` fires (the token was revoked, rotated or expired): then one comment
+/// naming the reason, and the stream ends (so does whatever produced the frames: dropping a
+/// streaming turn cancels it). Without a watch (a token that cannot be revoked), `frames`
+/// as they are: nothing is added per frame.
+pub fn until_revoked(
+    frames: BoxStream<'static, Bytes>,
+    watch: Option<crate::hub::StreamWatch>,
+) -> BoxStream<'static, Bytes> {
+    let Some(watch) = watch else {
+        return frames;
+    };
+    futures_util::stream::unfold((frames, Some(watch)), |(mut frames, watch)| async move {
+        let watch = watch?;
+        tokio::select! {
+            biased;
+            _ = watch.revoked().cancelled() => {
+                let last = comment(watch.reason());
+                Some((last, (frames, None)))
+            }
+            frame = frames.next() => frame.map(|f| (f, (frames, Some(watch)))),
+        }
+    })
+    .boxed()
+}
+
 /// The reconnect delay clients should use.
 pub fn retry(ms: u64) -> Bytes {
     Bytes::from(format!("retry: {ms}\n\n"))
@@ -138,5 +164,28 @@ mod tests {
         );
         assert_eq!(retry(3000), Bytes::from("retry: 3000\n\n"));
         assert_eq!(comment("ping"), Bytes::from(": ping\n\n"));
+    }
+
+    #[tokio::test]
+    async fn a_revoked_stream_says_why_and_ends() {
+        use futures_util::stream;
+        let hub = crate::hub::Hub::default();
+        let p = crate::auth::Principal::api("app", crate::scopes::Scopes::all(), None);
+        let watch = hub.watch_stream(&p);
+        let revoke = watch.revoked().clone();
+        let frames = stream::iter([Bytes::from("a")])
+            .chain(stream::pending())
+            .boxed();
+        let mut out = until_revoked(frames, Some(watch));
+        assert_eq!(out.next().await, Some(Bytes::from("a")));
+        assert_eq!(hub.streams(), 1);
+        revoke.cancel();
+        assert_eq!(out.next().await, Some(comment("token revoked")));
+        assert_eq!(out.next().await, None);
+        assert_eq!(hub.streams(), 0, "the ended stream is unregistered");
+
+        let plain = stream::iter([Bytes::from("b")]).boxed();
+        let out: Vec<Bytes> = until_revoked(plain, None).collect().await;
+        assert_eq!(out, [Bytes::from("b")]);
     }
 }

@@ -97,12 +97,15 @@ pub struct StreamingTurn {
     rx: mpsc::UnboundedReceiver<String>,
     done: Option<JoinHandle<Result<TurnOutcome, GatewayError>>>,
     _cancel_on_drop: DropGuard,
+    /// The caller's registration when its token can be revoked: the stream ends when it is.
+    watch: Option<crate::hub::StreamWatch>,
 }
 
 impl StreamingTurn {
     fn start(engine: Arc<Engine>, mut req: TurnRequest) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
+        let watch = engine.api_tokens.watch(&req.caller);
         req.sink = Some(tx.into());
         req.cancel = cancel.clone();
         let done = tokio::spawn(async move { engine.run_turn(req).await });
@@ -110,6 +113,7 @@ impl StreamingTurn {
             rx,
             done: Some(done),
             _cancel_on_drop: cancel.drop_guard(),
+            watch,
         }
     }
 
@@ -151,9 +155,10 @@ pub struct Started {
 
 impl Started {
     /// The response body: `render` applied to every delta and to the outcome. Dropping the
-    /// stream (the client went away) cancels the turn.
-    pub fn frames<R: Render>(self, render: R) -> BoxStream<'static, Bytes> {
-        stream::unfold(
+    /// stream (the client went away, or its token was revoked) cancels the turn.
+    pub fn frames<R: Render>(mut self, render: R) -> BoxStream<'static, Bytes> {
+        let watch = self.turn.watch.take();
+        let frames = stream::unfold(
             (self.turn, self.first, render, false),
             |(mut turn, pending, mut render, finished)| async move {
                 if finished {
@@ -175,6 +180,7 @@ impl Started {
                 }
             },
         )
-        .boxed()
+        .boxed();
+        crate::http::sse::until_revoked(frames, watch)
     }
 }

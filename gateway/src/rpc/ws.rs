@@ -38,6 +38,8 @@ pub const CLOSE_NORMAL: u16 = 1000;
 pub const CLOSE_UNAUTHORIZED: u16 = 4001;
 /// Close reason when the connection's token was revoked or rotated (code 4001).
 pub const REVOKED_REASON: &str = "Token revoked";
+/// Close reason when the connection's token reached its `expiresAt` (code 4001).
+pub const EXPIRED_REASON: &str = "Token expired";
 /// Close code and reason when the server stops or restarts.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 pub const SHUTDOWN_REASON: &str = "Server shutting down";
@@ -322,7 +324,7 @@ async fn connection(
 ) {
     let g = &state.config.gateway;
     let (outbox, mut rx) = Outbox::new(OUTBOUND_QUEUE);
-    let conn_id = state.hub().register(&principal.client_id, outbox.clone());
+    let conn_id = state.hub().register(&principal, outbox.clone());
     // `agentgw_websocket_connections` until this task ends, however it ends.
     let _open = crate::obs::metrics::WsConnection::open();
     if !state.tokens.is_current(&principal) {
@@ -367,8 +369,13 @@ async fn connection(
             }
             Wake::Stopped => break End::Close(CLOSE_GOING_AWAY, SHUTDOWN_REASON),
             Wake::Revoked => {
-                tracing::info!(conn = conn_id, client = %principal.client_id, "token revoked: websocket closed");
-                break End::Close(CLOSE_UNAUTHORIZED, REVOKED_REASON);
+                let reason = if principal.expired() {
+                    EXPIRED_REASON
+                } else {
+                    REVOKED_REASON
+                };
+                tracing::info!(conn = conn_id, client = %principal.client_id, reason, "token no longer valid: websocket closed");
+                break End::Close(CLOSE_UNAUTHORIZED, reason);
             }
         };
         let msg = match step {

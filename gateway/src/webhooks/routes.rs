@@ -100,7 +100,8 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
         Some(v) => match v.verify(req.headers(), &bytes, chrono::Utc::now().timestamp()) {
             Ok(_) => true,
             Err(rejection) => {
-                engine.emit(
+                // Caused by an unauthenticated request: operators see it, tenants never do.
+                engine.emit_operator(
                     "audit:event",
                     json!({"kind": "webhook.rejected", "path": path, "reason": rejection.message()}),
                 );
@@ -138,8 +139,9 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
     let matched = hooks.route(&path, &ctx.payload).cloned();
     let Some(mapping) = matched else {
         if strict {
-            // A strict event no mapping takes is recorded and acknowledged.
-            engine.emit(
+            // A strict event no mapping takes is recorded and acknowledged (for operators:
+            // webhook events name paths, mappings and session keys of the whole gateway).
+            engine.emit_operator(
                 "webhook:received",
                 json!({"path": path, "event": ctx.payload.get("event"), "source": ctx.payload.get("source"), "mapping": null}),
             );
@@ -174,7 +176,7 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
                     None,
                     json!({"mapping": mapping.id}),
                 );
-                engine.emit(
+                engine.emit_operator(
                     "webhook:received",
                     json!({"path": path, "mapping": mapping.id, "replay": true}),
                 );
@@ -245,7 +247,7 @@ async fn act(
             session_key,
             json!({"mapping": m.id, "action": m.action.as_str(), "agentId": agent.id}),
         );
-        engine.emit(
+        engine.emit_operator(
             "webhook:received",
             json!({"path": ctx.path, "mapping": m.id, "action": m.action.as_str(),
                    "wakeMode": wake_mode, "agentId": agent.id, "sessionKey": session_key}),

@@ -397,6 +397,8 @@ impl RestApi {
         auth: SseAuth,
         Data(state): Data<&Arc<AppState>>,
     ) -> Result<Sse<EventOut>, RestError> {
+        // Ended when the token is revoked, rotated or expires (on whichever node).
+        let watch = state.tokens.watch(auth.principal());
         let rx = state.control.events.subscribe();
         let tenant = auth.principal().tenant().clone();
         let keep_alive = Duration::from_millis(state.config.gateway.web.sse_keep_alive_ms.max(1));
@@ -436,7 +438,10 @@ impl RestApi {
                 }
             },
         );
-        Ok(Sse::new(opening.chain(events).boxed()))
+        Ok(Sse::new(sse::until_revoked(
+            opening.chain(events).boxed(),
+            watch,
+        )))
     }
 
     /// Chat stream (SSE)
