@@ -546,9 +546,9 @@ pub trait MemoryApi: Send + Sync {
     ) -> impl ::core::future::Future<
         Output = Result<super::types::MemoryFlushResult, crate::error::GatewayError>,
     > + Send;
-    /// `memory.get_file` (scope `rpc`): Reads a text file (or a line range of it) from an agent's workspace, as its memory_get tool does.
+    /// `memory.get_file` (scope `rpc`): Reads one of an agent's memory files (MEMORY.md or a file under memory/), or a line range of it.
     ///
-    /// Shape from the reference. The path is resolved inside the agent's workspace; an absolute path, a path leaving the workspace (.., symlinks) is -32602; a missing file -32001. Lines are 1-based and inclusive; a range past the end is clamped. agentId is a designed addition, as in memory.search_files.
+    /// Shape from the reference; what it reads is a deliberate departure from the reference, which read any file of the workspace. An agent's workspace holds the operator's content for that agent (instructions, templates, skills, memory files) and is shared by every tenant of the agent; no turn, tool or tenant-facing method writes tenant data into it. Only the agent's memory files are readable: path is MEMORY.md or a path under memory/, relative to the workspace. An absolute path, any segment starting with '.' (.., ., dotfiles such as .netrc or .git/config, memory/.x), an empty segment, any other file, and a path whose resolved target (symlinks followed) is not itself a memory file of the same workspace are -32602 naming path; a missing memory file is -32001. The memory files are the operator's and the same for every tenant, so there is no owner rule: any rpc caller reads the same files of any agent, as the agent itself sees them. Files over 4 MiB or not UTF-8 are -32602. Lines are 1-based and inclusive; a range past the end is clamped. agentId is a designed addition, as in memory.search_files.
     fn get_file(
         &self,
         ctx: &crate::rpc::CallContext,
@@ -651,7 +651,7 @@ pub trait MemoryApi: Send + Sync {
     > + Send;
     /// `memory.search_files` (scope `rpc`): Full-text search over one agent's memory, as its memory_search tool sees it (500-character previews).
     ///
-    /// Shape from the reference. Searches only the given agent's entries within the caller's tenant. agentId is a designed addition (the reference took the agent from the calling tool's context, which a gateway client does not have).
+    /// Shape from the reference. Searches only the given agent's entries within the caller's tenant, in the memory store; it never reads workspace files (memory.get_file reads the agent's memory files). agentId is a designed addition (the reference took the agent from the calling tool's context, which a gateway client does not have).
     fn search_files(
         &self,
         ctx: &crate::rpc::CallContext,
@@ -1062,7 +1062,7 @@ pub trait ProvidersApi: Send + Sync {
 pub trait SchedulerApi: Send + Sync {
     /// `scheduler.wake` (scope `rpc`): Fires the heartbeat coalescer now; rapid calls collapse into one run (fire-and-forget).
     ///
-    /// Behaviour from the spec, result from the reference. The call answers at once; the heartbeat run happens in the background. The coalescer keeps one queued heartbeat per agent in the store (fleet-wide, kept across restarts): while one is queued, calls fold into it (woke false); while one runs, the first call queues exactly one more. A wake ignores activeHours and whether scheduled heartbeats are enabled, but waits out an error backoff. agentId is designed (heartbeats are per agent; the spec names none): the default agent when omitted, unknown -32001. Webhook mappings with action wake use the same path.
+    /// Behaviour from the spec, result from the reference; the limits below are designed. The call answers at once; the heartbeat run happens in the background. The coalescer keeps one queued heartbeat per agent in the store (fleet-wide, kept across restarts): while one is queued, calls fold into it (woke false, reason coalesced); while one runs, the first call queues exactly one more. A wake ignores activeHours but waits out an error backoff. Waking an agent whose heartbeat is disabled is an admin power: for a caller without admin nothing is queued and the result is woke false with reason heartbeat_disabled (admin wakes it as before). Each caller without admin (by token client id) may wake at most 6 times per minute, whatever the agent (the full burst at once, then one call per 10 s; calls answered heartbeat_disabled count too); over the limit -32000. Admin callers are not limited (they may run heartbeat turns at will with heartbeat.trigger). source is a short label (letters, digits, _ . : -; at most 64 characters; anything else -32602 naming source), recorded in the heartbeat state and the scheduler:heartbeat_check event and never placed in the heartbeat prompt, so a caller cannot add text to the operator's heartbeat turn. agentId is designed (heartbeats are per agent; the spec names none): the default agent when omitted, unknown -32001. Webhook mappings with action wake use the same path with the source webhook:<mapping id> (characters outside the label's set become _, cut at 64), without the per-caller limit or the disabled-heartbeat rule (the operator configured them).
     fn wake(
         &self,
         ctx: &crate::rpc::CallContext,

@@ -373,7 +373,7 @@ pub enum MethodId {
     MemoryExport,
     /// `memory.flush`: Deletes every memory entry of a tenant, or of one agent in it. Destructive.
     MemoryFlush,
-    /// `memory.get_file`: Reads a text file (or a line range of it) from an agent's workspace, as its memory_get tool does.
+    /// `memory.get_file`: Reads one of an agent's memory files (MEMORY.md or a file under memory/), or a line range of it.
     MemoryGetFile,
     /// `memory.inspect`: Reads one entry by id, or the store's statistics when no id is given.
     MemoryInspect,
@@ -2514,13 +2514,13 @@ pub static METHODS: [MethodInfo; 223usize] = [
         name: "memory.get_file",
         namespace: "memory",
         scope: Scope::Rpc,
-        summary: "Reads a text file (or a line range of it) from an agent's workspace, as its memory_get tool does.",
+        summary: "Reads one of an agent's memory files (MEMORY.md or a file under memory/), or a line range of it.",
         source: "reference",
         stub: false,
         internal: false,
         sensitive_params: &[],
         owner: None,
-        params_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"MemoryGetFileParams\",\"type\":\"object\",\"properties\":{\"path\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":1024,\"description\":\"File path relative to the agent workspace (for example MEMORY.md).\"},\"startLine\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"First line to return.\",\"default\":1},\"endLine\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"Last line to return; the end of the file when omitted.\"},\"agentId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"The agent whose workspace to read; the default agent when omitted.\"}},\"required\":[\"path\"],\"additionalProperties\":false,\"description\":\"Parameters of `memory.get_file`.\"}",
+        params_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"MemoryGetFileParams\",\"type\":\"object\",\"properties\":{\"path\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":1024,\"description\":\"MEMORY.md or a path under memory/, relative to the agent workspace (for example memory/notes.md).\"},\"startLine\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"First line to return.\",\"default\":1},\"endLine\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"Last line to return; the end of the file when omitted.\"},\"agentId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"The agent whose workspace to read; the default agent when omitted.\"}},\"required\":[\"path\"],\"additionalProperties\":false,\"description\":\"Parameters of `memory.get_file`.\"}",
         result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"MemoryGetFileResult\",\"type\":\"object\",\"properties\":{\"path\":{\"type\":\"string\",\"description\":\"The path as requested.\"},\"startLine\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"First line returned.\"},\"endLine\":{\"type\":\"integer\",\"minimum\":0,\"description\":\"Last line returned (after clamping to the file's length).\"},\"totalLines\":{\"type\":\"integer\",\"minimum\":0,\"description\":\"Lines in the whole file.\"},\"content\":{\"type\":\"string\",\"description\":\"The selected lines joined with newlines.\"}},\"required\":[\"path\",\"startLine\",\"endLine\",\"totalLines\",\"content\"],\"additionalProperties\":false,\"description\":\"Result of `memory.get_file`.\"}",
     },
     MethodInfo {
@@ -3364,8 +3364,8 @@ pub static METHODS: [MethodInfo; 223usize] = [
         internal: false,
         sensitive_params: &[],
         owner: None,
-        params_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"SchedulerWakeParams\",\"type\":\"object\",\"properties\":{\"agentId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"The agent to wake; the default agent when omitted.\"},\"source\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"description\":\"Free-form label of who asked for the wake (recorded in the scheduler events).\",\"default\":\"agent\"}},\"additionalProperties\":false,\"description\":\"Parameters of `scheduler.wake`.\"}",
-        result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"SchedulerWakeResult\",\"type\":\"object\",\"properties\":{\"woke\":{\"type\":\"boolean\",\"description\":\"True when this call scheduled a run; false when it was coalesced into one already pending.\"},\"source\":{\"type\":\"string\",\"description\":\"The source label applied.\"}},\"required\":[\"woke\",\"source\"],\"additionalProperties\":false,\"description\":\"Result of `scheduler.wake`.\"}",
+        params_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"SchedulerWakeParams\",\"type\":\"object\",\"properties\":{\"agentId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"The agent to wake; the default agent when omitted.\"},\"source\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"pattern\":\"^[A-Za-z0-9_.:-]{1,64}$\",\"description\":\"Short label of who asked for the wake (recorded in the heartbeat state and scheduler events, never in a prompt).\",\"default\":\"agent\"}},\"additionalProperties\":false,\"description\":\"Parameters of `scheduler.wake`.\"}",
+        result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"SchedulerWakeResult\",\"type\":\"object\",\"properties\":{\"woke\":{\"type\":\"boolean\",\"description\":\"True when this call scheduled a run; false when it was coalesced into one already pending.\"},\"reason\":{\"type\":\"string\",\"enum\":[\"coalesced\",\"heartbeat_disabled\"],\"description\":\"Why no run was scheduled; present only when woke is false: coalesced (folded into one already pending) or heartbeat_disabled (the agent's heartbeat is disabled and the caller is not admin).\"},\"source\":{\"type\":\"string\",\"description\":\"The source label applied.\"}},\"required\":[\"woke\",\"source\"],\"additionalProperties\":false,\"description\":\"Result of `scheduler.wake`.\"}",
     },
     MethodInfo {
         id: MethodId::SecretsDelete,

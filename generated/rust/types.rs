@@ -8568,7 +8568,7 @@ pub struct MemoryFlushResultScope {
 )]
 #[serde(deny_unknown_fields)]
 pub struct MemoryGetFileParams {
-    /// File path relative to the agent workspace (for example MEMORY.md).
+    /// MEMORY.md or a path under memory/, relative to the agent workspace (for example memory/notes.md).
     #[serde(rename = "path")]
     pub path: String,
     /// First line to return.
@@ -14755,7 +14755,7 @@ pub struct SchedulerWakeParams {
     /// The agent to wake; the default agent when omitted.
     #[serde(rename = "agentId", default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
-    /// Free-form label of who asked for the wake (recorded in the scheduler events).
+    /// Short label of who asked for the wake (recorded in the heartbeat state and scheduler events, never in a prompt).
     #[serde(rename = "source", default = "default_scheduler_wake_params_source")]
     pub source: String,
 }
@@ -14778,9 +14778,51 @@ pub struct SchedulerWakeResult {
     /// True when this call scheduled a run; false when it was coalesced into one already pending.
     #[serde(rename = "woke")]
     pub woke: bool,
+    /// Why no run was scheduled; present only when woke is false: coalesced (folded into one already pending) or heartbeat_disabled (the agent's heartbeat is disabled and the caller is not admin).
+    #[serde(rename = "reason", default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<SchedulerWakeResultReason>,
     /// The source label applied.
     #[serde(rename = "source")]
     pub source: String,
+}
+/// Why no run was scheduled; present only when woke is false: coalesced (folded into one already pending) or heartbeat_disabled (the agent's heartbeat is disabled and the caller is not admin).
+///
+/// Source: spec.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+pub enum SchedulerWakeResultReason {
+    #[serde(rename = "coalesced")]
+    Coalesced,
+    #[serde(rename = "heartbeat_disabled")]
+    HeartbeatDisabled,
+}
+impl SchedulerWakeResultReason {
+    /// The wire string of this value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Coalesced => "coalesced",
+            Self::HeartbeatDisabled => "heartbeat_disabled",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "coalesced" => Some(Self::Coalesced),
+            "heartbeat_disabled" => Some(Self::HeartbeatDisabled),
+            _ => None,
+        }
+    }
 }
 /// A scripted provider failure, as an HTTP status would report it.
 ///

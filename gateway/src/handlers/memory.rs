@@ -20,8 +20,6 @@ use crate::tenancy::Tenant;
 
 /// Characters of content in browse pages and search_files results.
 const PREVIEW: usize = 500;
-/// Largest workspace file memory.get_file reads.
-const MAX_FILE_BYTES: u64 = 4 << 20;
 
 fn entry(r: MemoryRow, max_chars: Option<usize>) -> MemoryEntry {
     MemoryEntry {
@@ -326,8 +324,10 @@ impl MemoryApi for Rpc {
     ) -> Result<MemoryGetFileResult, GatewayError> {
         let engine = self.engine();
         let agent = engine.agents.require_or_default(p.agent_id.as_deref())?;
+        // The agent's memory files only (MEMORY.md, memory/**): operator content shared by
+        // every tenant of the agent, so no tenant rule applies (memory/files.rs judges the path).
         let root = crate::runtime::agents::workspace_dir(&engine.data_dir, &agent.id);
-        let text = read_workspace_file(&root, &p.path).await?;
+        let text = crate::memory::files::read(&root, &p.path).await?;
         let lines: Vec<&str> = text.lines().collect();
         let total = lines.len() as i64;
         let end = p.end_line.unwrap_or(total).min(total);
@@ -720,45 +720,4 @@ impl Rpc {
             .await?
             .ok_or_else(|| not_found(id))
     }
-}
-
-/// Reads a text file inside an agent's workspace: a relative path that stays inside it once
-/// symlinks are resolved (-32602 otherwise), an existing file (-32001 otherwise), at most
-/// [`MAX_FILE_BYTES`], UTF-8.
-async fn read_workspace_file(root: &std::path::Path, path: &str) -> Result<String, GatewayError> {
-    use std::path::Component;
-    let rel = std::path::Path::new(path);
-    let escapes = rel.is_absolute()
-        || path.contains('\0')
-        || rel
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
-    if escapes {
-        return Err(GatewayError::InvalidParams(
-            "'path': must be a relative path inside the agent workspace (no '..', not absolute)"
-                .into(),
-        ));
-    }
-    let missing = || GatewayError::NotFound(format!("File not found: {path}"));
-    let root = tokio::fs::canonicalize(root).await.map_err(|_| missing())?;
-    let full = tokio::fs::canonicalize(root.join(rel))
-        .await
-        .map_err(|_| missing())?;
-    if !full.starts_with(&root) {
-        return Err(GatewayError::InvalidParams(
-            "'path': resolves outside the agent workspace".into(),
-        ));
-    }
-    let meta = tokio::fs::metadata(&full).await.map_err(|_| missing())?;
-    if !meta.is_file() {
-        return Err(missing());
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(GatewayError::InvalidParams(format!(
-            "'path': the file is larger than {MAX_FILE_BYTES} bytes"
-        )));
-    }
-    let bytes = tokio::fs::read(&full).await.map_err(|_| missing())?;
-    String::from_utf8(bytes)
-        .map_err(|_| GatewayError::InvalidParams("'path': the file is not UTF-8 text".into()))
 }

@@ -6,6 +6,7 @@
 //! need the providers are `Engine` methods in the submodules.
 
 pub mod consolidate;
+pub mod files;
 pub mod fuse;
 pub mod guard;
 pub mod index;

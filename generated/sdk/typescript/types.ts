@@ -5525,7 +5525,7 @@ export interface MemoryFlushResultScope {
  */
 export interface MemoryGetFileParams {
   /**
-   * File path relative to the agent workspace (for example MEMORY.md).
+   * MEMORY.md or a path under memory/, relative to the agent workspace (for example memory/notes.md).
    */
   "path": string;
   /**
@@ -9591,7 +9591,7 @@ export interface SchedulerWakeParams {
    */
   "agentId"?: string;
   /**
-   * Free-form label of who asked for the wake (recorded in the scheduler events).
+   * Short label of who asked for the wake (recorded in the heartbeat state and scheduler events, never in a prompt).
    */
   "source"?: string;
 }
@@ -9605,10 +9605,19 @@ export interface SchedulerWakeResult {
    */
   "woke": boolean;
   /**
+   * Why no run was scheduled; present only when woke is false: coalesced (folded into one already pending) or heartbeat_disabled (the agent's heartbeat is disabled and the caller is not admin).
+   */
+  "reason"?: SchedulerWakeResultReason;
+  /**
    * The source label applied.
    */
   "source": string;
 }
+
+/**
+ * Why no run was scheduled; present only when woke is false: coalesced (folded into one already pending) or heartbeat_disabled (the agent's heartbeat is disabled and the caller is not admin).
+ */
+export type SchedulerWakeResultReason = "coalesced" | "heartbeat_disabled";
 
 /**
  * A scripted provider failure, as an HTTP status would report it.

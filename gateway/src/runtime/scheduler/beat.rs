@@ -5,7 +5,9 @@
 //! A tick runs in the agent's heartbeat session (`agent:<a>:heartbeat:system:main` unless the
 //! settings name another heartbeat session of the agent) as the gateway's `heartbeat:system`
 //! principal, which owns that session, with `rpc` tools only. Its message is the prompt, then
-//! every pending wake event, then the wake sources.
+//! every pending wake event. Wake sources are short labels kept in the heartbeat state and the
+//! `scheduler:heartbeat_check` event, never in the message: a caller of `scheduler.wake` must
+//! not be able to add text to the operator's turn.
 
 use std::sync::Arc;
 
@@ -126,16 +128,39 @@ pub fn next_tick(settings: &HeartbeatSettings, after: i64) -> Option<i64> {
     })
 }
 
-/// The message of a tick.
+/// Longest wake source label.
+pub const MAX_SOURCE_CHARS: usize = 64;
+
+/// A wake source as a label `^[A-Za-z0-9_.:-]{1,64}$` (the pattern `scheduler.wake` requires):
+/// other characters become `_`, the rest is cut, empty becomes `wake`. Labels from the API
+/// already match; this holds the same shape for sources built inside the gateway
+/// (`webhook:<mapping id>`, where a mapping id is free text).
+pub fn source_label(raw: &str) -> String {
+    let label: String = raw
+        .chars()
+        .take(MAX_SOURCE_CHARS)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if label.is_empty() {
+        "wake".to_owned()
+    } else {
+        label
+    }
+}
+
+/// The message of a tick: the prompt, then the pending events' texts (webhook events arrive
+/// already marked as untrusted external content). The wake sources are not part of it.
 pub fn tick_message(prompt: &str, claim: &BeatClaim) -> String {
     let mut out = prompt.to_owned();
     for (_, text) in &claim.events {
         out.push_str("\n\n");
         out.push_str(text);
-    }
-    if !claim.sources.is_empty() {
-        out.push_str("\n\nWake sources: ");
-        out.push_str(&claim.sources.join(", "));
     }
     out
 }
@@ -241,12 +266,13 @@ impl Engine {
         bypass_backoff: bool,
     ) -> Result<bool, GatewayError> {
         let now = now_ms();
+        let source = source_label(source);
         if let Some(text) = event {
-            self.store.beat_event(agent_id, source, text, now).await?;
+            self.store.beat_event(agent_id, &source, text, now).await?;
         }
         let queued = self
             .store
-            .beat_wake(agent_id, source, bypass_backoff, now)
+            .beat_wake(agent_id, &source, bypass_backoff, now)
             .await?;
         // A folded trigger may have let the queued wake run now: the timer looks again.
         if queued || bypass_backoff {
@@ -263,7 +289,7 @@ impl Engine {
         text: &str,
     ) -> Result<(), GatewayError> {
         self.store
-            .beat_event(agent_id, source, text, now_ms())
+            .beat_event(agent_id, &source_label(source), text, now_ms())
             .await
     }
 

@@ -97,7 +97,8 @@ async fn run(
             agent_id: &job.agent_id,
             due_at_ms: claimed.due_at,
         };
-        let g = run_gate(&workspace, &spec, &env).await;
+        let home = crate::runtime::scheduler::gate::home_dir(&engine.data_dir, &job.agent_id);
+        let g = run_gate(&workspace, &home, &spec, &env).await;
         if g.decision == Decision::FailedOpen {
             tracing::warn!(job = %job.job_id, reason = ?g.reason, "wake gate failed open; the turn runs");
         }

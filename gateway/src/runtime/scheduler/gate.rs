@@ -5,6 +5,11 @@
 //! its own process group, its output is bounded, and the whole group is killed on timeout. Every failure
 //! *fails open* (the fire goes ahead): a broken gate must never silently stop a job.
 //!
+//! A gate's `HOME` is a private directory of its agent outside every workspace
+//! (`<dataDir>/gates/<agent>/home`, mode 0700, checked and repaired at every run): credentials the tools
+//! it runs write there (`.netrc`, `.config/...`) never land in the workspace, which `memory.get_file` and
+//! the agent's own turns read. Gates are declared in the configuration file only, never through the API.
+//!
 //! Protocol: exit 0 with stdout `{"wake": bool, "toolCalls"?: n}` decides by `wake`; exit 0 with any other
 //! stdout (empty, not JSON, not exactly one such object, or more than [`MAX_OUTPUT`] bytes) wakes; exit
 //! [`SKIP_EXIT_CODE`] skips; anything else fails open with a reason.
@@ -46,6 +51,8 @@ const EXIT_READ_GRACE: Duration = Duration::from_secs(1);
 const BUSY_RETRY_DELAYS_MS: [u64; 4] = [10, 25, 50, 100];
 /// Read chunk for draining pipes.
 const READ_CHUNK: usize = 8192;
+/// Mode of a gate's home and of the directories above it that the gateway creates.
+const HOME_MODE: u32 = 0o700;
 
 /// A cron job's wake gate, as declared in the operator's configuration
 /// (`scheduler.jobs.<name>.wakeGate`) and stored with the job.
@@ -156,10 +163,87 @@ pub fn check_spec(spec: &GateSpec) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the gate once and decides. Never panics; returns within about `timeout_seconds` + 1 s.
-pub async fn run_gate(workspace: &Path, spec: &GateSpec, env: &GateEnv<'_>) -> GateOutcome {
+/// The private `HOME` of `agent_id`'s gates: `<data_dir>/gates/<agent>/home`, beside the workspaces
+/// (`<data_dir>/workspaces/<agent>`), never inside one. An agent id that is not a plain file name (the
+/// configuration file does not restrict them) is hex-encoded behind a `%`, which no plain id contains, so
+/// it can neither leave `gates/` nor share another agent's home.
+pub fn home_dir(data_dir: &Path, agent_id: &str) -> PathBuf {
+    let plain = !agent_id.is_empty()
+        && agent_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let name = if plain {
+        agent_id.to_owned()
+    } else {
+        agent_id.bytes().fold(String::from("%"), |mut out, b| {
+            out.push_str(&format!("{b:02x}"));
+            out
+        })
+    };
+    data_dir.join("gates").join(name).join("home")
+}
+
+/// Makes `home` a directory of mode 0700 (created with its missing parents, 0700 as well; a wrong mode is
+/// repaired) that is not a symlink and lies outside the canonical `workspace`. Its canonical path, or a
+/// fail-open reason.
+async fn private_home(home: &Path, workspace: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let home = home.to_owned();
+    let workspace = workspace.to_owned();
+    tokio::task::spawn_blocking(move || -> Result<PathBuf, String> {
+        let fail = |e: std::io::Error| format!("gate home: {e}");
+        // Judged before anything is created, on the deepest part of the path that exists (the rest
+        // cannot be a symlink yet), so a refused home leaves nothing behind in the workspace.
+        let planned = home
+            .ancestors()
+            .find_map(|a| {
+                let canon = std::fs::canonicalize(a).ok()?;
+                Some(canon.join(home.strip_prefix(a).ok()?))
+            })
+            .ok_or_else(|| "gate home: no usable parent".to_owned())?;
+        if planned.starts_with(&workspace) || workspace.starts_with(&planned) {
+            return Err("gate home: overlaps the workspace".to_owned());
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(HOME_MODE)
+            .create(&home)
+            .map_err(fail)?;
+        // Not followed: a symlink planted in its place could point anywhere, the workspace included.
+        let meta = std::fs::symlink_metadata(&home).map_err(fail)?;
+        if !meta.file_type().is_dir() {
+            return Err("gate home: not a directory".to_owned());
+        }
+        if meta.permissions().mode() & 0o7777 != HOME_MODE {
+            tracing::warn!(
+                home = %home.display(),
+                mode = %format!("{:o}", meta.permissions().mode() & 0o7777),
+                "wake gate home had the wrong mode; set to 0700"
+            );
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(HOME_MODE))
+                .map_err(fail)?;
+        }
+        let home = std::fs::canonicalize(&home).map_err(fail)?;
+        if home.starts_with(&workspace) || workspace.starts_with(&home) {
+            return Err("gate home: overlaps the workspace".to_owned());
+        }
+        Ok(home)
+    })
+    .await
+    .map_err(|e| format!("gate home: {e}"))?
+}
+
+/// Runs the gate once and decides, with `home` (see [`home_dir`]) as its private `HOME`. Never panics;
+/// returns within about `timeout_seconds` + 1 s.
+pub async fn run_gate(
+    workspace: &Path,
+    home: &Path,
+    spec: &GateSpec,
+    env: &GateEnv<'_>,
+) -> GateOutcome {
     let started = Instant::now();
-    let (decision, reason, tool_calls, stderr) = match run_checked(workspace, spec, env).await {
+    let (decision, reason, tool_calls, stderr) = match run_checked(workspace, home, spec, env).await
+    {
         Ok(Verdict {
             decision,
             tool_calls,
@@ -208,12 +292,14 @@ impl Verdict {
 /// `Err` is a fail-open reason for anything that went wrong before the gate produced a result.
 async fn run_checked(
     workspace: &Path,
+    home: &Path,
     spec: &GateSpec,
     env: &GateEnv<'_>,
 ) -> Result<Verdict, String> {
     check_spec(spec)?;
     let (workspace, script) = resolve_script(workspace, &spec.script).await?;
-    let mut child = spawn(&workspace, &script, spec, env).await?;
+    let home = private_home(home, &workspace).await?;
+    let mut child = spawn(&workspace, &home, &script, spec, env).await?;
     let pgid = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
@@ -340,6 +426,7 @@ async fn resolve_script(workspace: &Path, script: &str) -> Result<(PathBuf, Path
 
 async fn spawn(
     workspace: &Path,
+    home: &Path,
     script: &Path,
     spec: &GateSpec,
     env: &GateEnv<'_>,
@@ -348,7 +435,7 @@ async fn spawn(
     cmd.args(&spec.args)
         .env_clear()
         .env("PATH", GATE_PATH)
-        .env("HOME", workspace)
+        .env("HOME", home)
         .env("LANG", "C.UTF-8")
         .env("GATEWAY_JOB_ID", env.job_id)
         .env("GATEWAY_JOB_NAME", env.job_name)
@@ -492,6 +579,12 @@ mod tests {
         }
     }
 
+    /// Runs a gate with a fresh private home beside (never inside) the workspace.
+    async fn gate(ws: &Path, spec: &GateSpec) -> GateOutcome {
+        let home = tempfile::tempdir().unwrap();
+        run_gate(ws, &home.path().join("home"), spec, &ENV).await
+    }
+
     fn write_script(dir: &Path, name: &str, body: &str, mode: u32) {
         let path = dir.join(name);
         std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -503,7 +596,7 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         write_script(ws.path(), "gate.sh", body, 0o755);
         let started = Instant::now();
-        let out = run_gate(ws.path(), &spec("gate.sh", timeout_seconds), &ENV).await;
+        let out = gate(ws.path(), &spec("gate.sh", timeout_seconds)).await;
         assert!(
             started.elapsed() < Duration::from_secs(u64::from(timeout_seconds) + 5),
             "gate run not bounded: {:?}",
@@ -669,14 +762,21 @@ mod tests {
 
     #[tokio::test]
     async fn environment_is_scrubbed() {
-        let (out, ws) = run_body(
+        let ws = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir().unwrap();
+        write_script(
+            ws.path(),
+            "gate.sh",
             "env > env.txt; pwd > pwd.txt; echo \"$1|$2\" > args.txt",
-            10,
-        )
-        .await;
+            0o755,
+        );
+        let home = home_dir(data.path(), "agent-7");
+        let out = run_gate(ws.path(), &home, &spec("gate.sh", 10), &ENV).await;
         assert_eq!(out.decision, Decision::Wake, "{out:?}");
         let canon = std::fs::canonicalize(ws.path()).unwrap();
         let canon = canon.to_str().unwrap();
+        let home_canon = std::fs::canonicalize(&home).unwrap();
+        let home_canon = home_canon.to_str().unwrap();
 
         let vars: Vec<(String, String)> = std::fs::read_to_string(ws.path().join("env.txt"))
             .unwrap()
@@ -690,7 +790,9 @@ mod tests {
                 .map(|(_, v)| v.as_str())
         };
         assert_eq!(get("PATH"), Some("/usr/local/bin:/usr/bin:/bin"));
-        assert_eq!(get("HOME"), Some(canon));
+        // A private home, not the workspace.
+        assert_eq!(get("HOME"), Some(home_canon));
+        assert_ne!(get("HOME"), Some(canon));
         assert_eq!(get("LANG"), Some("C.UTF-8"));
         assert_eq!(get("GATEWAY_JOB_ID"), Some("job-1"));
         assert_eq!(get("GATEWAY_JOB_NAME"), Some("nightly digest"));
@@ -747,7 +849,7 @@ mod tests {
             "$HOME".to_owned(),
             "; rm -rf x".to_owned(),
         ];
-        let out = run_gate(ws.path(), &s, &ENV).await;
+        let out = gate(ws.path(), &s).await;
         assert_eq!(out.decision, Decision::Wake, "{out:?}");
         assert_eq!(
             std::fs::read_to_string(ws.path().join("args.txt")).unwrap(),
@@ -759,10 +861,10 @@ mod tests {
     async fn group_writable_fails_open() {
         let ws = tempfile::tempdir().unwrap();
         write_script(ws.path(), "gate.sh", "exit 10", 0o775);
-        let out = run_gate(ws.path(), &spec("gate.sh", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("gate.sh", 5)).await;
         assert_failed(&out, "group- or world-writable");
         write_script(ws.path(), "gate2.sh", "exit 10", 0o757);
-        let out = run_gate(ws.path(), &spec("gate2.sh", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("gate2.sh", 5)).await;
         assert_failed(&out, "group- or world-writable");
     }
 
@@ -770,7 +872,7 @@ mod tests {
     async fn not_executable_fails_open() {
         let ws = tempfile::tempdir().unwrap();
         write_script(ws.path(), "gate.sh", "exit 10", 0o644);
-        let out = run_gate(ws.path(), &spec("gate.sh", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("gate.sh", 5)).await;
         assert_failed(&out, "not executable");
     }
 
@@ -778,7 +880,7 @@ mod tests {
     async fn symlink_outside_workspace_fails_open() {
         let ws = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("/bin/true", ws.path().join("gate")).unwrap();
-        let out = run_gate(ws.path(), &spec("gate", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("gate", 5)).await;
         assert_failed(&out, "outside the workspace");
     }
 
@@ -788,26 +890,26 @@ mod tests {
         std::fs::create_dir(ws.path().join("bin")).unwrap();
         write_script(ws.path(), "bin/real.sh", "exit 10", 0o755);
         std::os::unix::fs::symlink("bin/real.sh", ws.path().join("gate")).unwrap();
-        let out = run_gate(ws.path(), &spec("gate", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("gate", 5)).await;
         assert_eq!(out.decision, Decision::Skip, "{out:?}");
     }
 
     #[tokio::test]
     async fn missing_and_odd_paths_fail_open() {
         let ws = tempfile::tempdir().unwrap();
-        let out = run_gate(ws.path(), &spec("nope.sh", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("nope.sh", 5)).await;
         assert_failed(&out, "not found");
         std::fs::create_dir(ws.path().join("dir")).unwrap();
-        let out = run_gate(ws.path(), &spec("dir", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("dir", 5)).await;
         assert_failed(&out, "not a regular file");
-        let out = run_gate(ws.path(), &spec(".", 5), &ENV).await;
+        let out = gate(ws.path(), &spec(".", 5)).await;
         assert_failed(&out, "outside the workspace");
         // Run-time repetition of the configuration checks.
-        let out = run_gate(ws.path(), &spec("../x", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("../x", 5)).await;
         assert_failed(&out, "..");
-        let out = run_gate(ws.path(), &spec("gate.sh", 0), &ENV).await;
+        let out = gate(ws.path(), &spec("gate.sh", 0)).await;
         assert_failed(&out, "timeout_seconds");
-        let out = run_gate(&ws.path().join("gone"), &spec("gate.sh", 5), &ENV).await;
+        let out = gate(&ws.path().join("gone"), &spec("gate.sh", 5)).await;
         assert_failed(&out, "workspace");
     }
 
@@ -817,7 +919,7 @@ mod tests {
         let path = ws.path().join("gate.bin");
         std::fs::write(&path, b"\x7fELF garbage").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let out = run_gate(ws.path(), &spec("gate.bin", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("gate.bin", 5)).await;
         assert_failed(&out, "spawn failed");
     }
 
@@ -827,7 +929,7 @@ mod tests {
         let path = ws.path().join("gate.sh");
         std::fs::write(&path, "exit 10\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let out = run_gate(ws.path(), &spec("gate.sh", 5), &ENV).await;
+        let out = gate(ws.path(), &spec("gate.sh", 5)).await;
         assert_failed(&out, "spawn failed");
     }
 
@@ -905,5 +1007,72 @@ mod tests {
         assert_eq!(s, spec("gate.sh", 5));
         let back: GateSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
+    }
+
+    fn mode_of(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[tokio::test]
+    async fn home_is_private_and_outside_the_workspace() {
+        let data = tempfile::tempdir().unwrap();
+        let ws = data.path().join("workspaces").join("agent-7");
+        std::fs::create_dir_all(&ws).unwrap();
+        write_script(&ws, "gate.sh", "touch \"$HOME/.netrc\"", 0o755);
+        let home = home_dir(data.path(), "agent-7");
+        assert_eq!(home, data.path().join("gates/agent-7/home"));
+        let out = run_gate(&ws, &home, &spec("gate.sh", 10), &ENV).await;
+        assert_eq!(out.decision, Decision::Wake, "{out:?}");
+        assert_eq!(mode_of(&home), 0o700);
+        assert_eq!(mode_of(&data.path().join("gates/agent-7")), 0o700);
+        // What the gate's tools write under HOME stays out of the workspace.
+        assert!(home.join(".netrc").exists());
+        assert!(!ws.join(".netrc").exists());
+
+        // A wrong mode is repaired at the next run.
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = run_gate(&ws, &home, &spec("gate.sh", 10), &ENV).await;
+        assert_eq!(out.decision, Decision::Wake, "{out:?}");
+        assert_eq!(mode_of(&home), 0o700);
+    }
+
+    #[tokio::test]
+    async fn home_inside_the_workspace_or_a_symlink_fails_open() {
+        let data = tempfile::tempdir().unwrap();
+        let ws = data.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        write_script(&ws, "gate.sh", "echo '{\"wake\": false}'", 0o755);
+        let out = run_gate(&ws, &ws.join("home"), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "overlaps the workspace");
+        assert!(
+            !ws.join("home").exists(),
+            "nothing created in the workspace"
+        );
+        let out = run_gate(&ws, data.path(), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "overlaps the workspace");
+        // A symlink planted where the home goes is refused: into the workspace as overlapping,
+        // anywhere else as not being the home directory itself.
+        std::os::unix::fs::symlink(&ws, data.path().join("linked")).unwrap();
+        let out = run_gate(&ws, &data.path().join("linked"), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "overlaps the workspace");
+        std::fs::create_dir(data.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(data.path().join("elsewhere"), data.path().join("l2")).unwrap();
+        let out = run_gate(&ws, &data.path().join("l2"), &spec("gate.sh", 5), &ENV).await;
+        assert_failed(&out, "not a directory");
+        // A private home elsewhere: the gate decides.
+        let out = run_gate(&ws, &data.path().join("h"), &spec("gate.sh", 5), &ENV).await;
+        assert_eq!(out.decision, Decision::Skip, "{out:?}");
+    }
+
+    #[test]
+    fn home_dir_names_stay_inside_gates() {
+        let data = Path::new("/data");
+        assert_eq!(
+            home_dir(data, "main_2-x"),
+            Path::new("/data/gates/main_2-x/home")
+        );
+        assert_eq!(home_dir(data, ".."), Path::new("/data/gates/%2e2e/home"));
+        assert_eq!(home_dir(data, "a/b"), Path::new("/data/gates/%612f62/home"));
+        assert_eq!(home_dir(data, ""), Path::new("/data/gates/%/home"));
     }
 }

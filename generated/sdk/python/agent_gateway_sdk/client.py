@@ -554,7 +554,7 @@ class _TypedMethods:
         return self.call("memory.flush", dict(params or {}))
 
     def memory_get_file(self, params: "Optional[types.MemoryGetFileParams]" = None) -> "types.MemoryGetFileResult":
-        """`memory.get_file` (scope rpc): Reads a text file (or a line range of it) from an agent's workspace, as its memory_get tool does."""
+        """`memory.get_file` (scope rpc): Reads one of an agent's memory files (MEMORY.md or a file under memory/), or a line range of it."""
         return self.call("memory.get_file", dict(params or {}))
 
     def memory_inspect(self, params: "Optional[types.MemoryInspectParams]" = None) -> "types.MemoryInspectResult":

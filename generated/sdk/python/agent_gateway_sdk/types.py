@@ -72,6 +72,7 @@ ObsVoiceStatsErrorKind = Literal["no_keyless_engine", "auth_required", "model_lo
 ObsVoiceStatsOutcome = Literal["ok", "failed"]
 ObsVoiceStatsSource = Literal["keyless-local", "follow-main-key", "fallback", "explicit"]
 ProvidersType = Literal["openai", "anthropic", "local", "scripted"]
+SchedulerWakeResultReason = Literal["coalesced", "heartbeat_disabled"]
 SessionMessageDeliveryStatus = Literal["pending", "delivered", "failed"]
 SessionMessageRole = Literal["system", "user", "assistant", "tool"]
 SessionSendParamsMode = Literal["wait", "async"]
@@ -3544,6 +3545,7 @@ SchedulerWakeParams = TypedDict("SchedulerWakeParams", {
 # Result of `scheduler.wake`.
 SchedulerWakeResult = TypedDict("SchedulerWakeResult", {
     "woke": "Required[bool]",
+    "reason": "NotRequired[SchedulerWakeResultReason]",
     "source": "Required[str]",
 }, total=False)
 
