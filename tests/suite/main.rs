@@ -32,6 +32,7 @@ mod e2e_scheduler;
 mod e2e_tenancy;
 mod e2e_transfer;
 mod e2e_webhooks;
+mod e2e_workspace;
 mod fuzz_harness;
 mod local_model;
 mod pg;
