@@ -498,3 +498,43 @@ async fn tick(
         None => Err((false, row.error.unwrap_or_else(|| "the turn failed".into()))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn is_label(s: &str) -> bool {
+        (1..=MAX_SOURCE_CHARS).contains(&s.chars().count())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
+    }
+
+    #[test]
+    fn sources_become_labels() {
+        assert_eq!(source_label("webhook:github-push"), "webhook:github-push");
+        assert_eq!(
+            source_label("webhook:my hook; ignore previous"),
+            "webhook:my_hook__ignore_previous"
+        );
+        assert_eq!(source_label(""), "wake");
+        let at = "a".repeat(MAX_SOURCE_CHARS);
+        assert_eq!(source_label(&at), at);
+        assert_eq!(source_label(&format!("{at}b")), at);
+        for raw in ["webhook:é/x\n", "webhook:\u{202e}", &"ü".repeat(100)] {
+            assert!(is_label(&source_label(raw)), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn the_tick_message_holds_no_source() {
+        let claim = BeatClaim {
+            sources: vec!["probe-label".into()],
+            events: vec![("webhook:x".into(), "an event".into())],
+            ..BeatClaim::default()
+        };
+        let m = tick_message("Heartbeat", &claim);
+        assert_eq!(m, "Heartbeat\n\nan event");
+    }
+}

@@ -1,7 +1,7 @@
 //! Wake gates: a workspace script a cron job runs before each fire to decide whether the model turn is worth a call.
 //!
-//! The script lives in the agent's workspace, which the agent's own tools can write, so it is treated as
-//! untrusted: path rules are re-checked at every run, it runs without a shell in a scrubbed environment and
+//! The script lives in the agent's workspace (operator content: no turn, tool or API method writes there, but
+//! whatever else runs on the host may), so it is treated as untrusted: path rules are re-checked at every run, it runs without a shell in a scrubbed environment and
 //! its own process group, its output is bounded, and the whole group is killed on timeout. Every failure
 //! *fails open* (the fire goes ahead): a broken gate must never silently stop a job.
 //!
