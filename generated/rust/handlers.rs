@@ -299,7 +299,7 @@ pub trait ContextApi: Send + Sync {
 pub trait CronApi: Send + Sync {
     /// `cron.add` (scope `rpc`): Creates a job that sends a message to an agent on a schedule.
     ///
-    /// Parameters are the spec's. The spec gives the result only as an example ({id, created: true}); it is kept and completed with the stored job so that the caller sees the computed nextRunAtMs. Names are unique per owner: a name the caller already uses is -32002 (another tenant's job of the same name is neither revealed nor in the way), a name of the form job_<32 hex> (a job id) is -32602, and an owner may hold at most scheduler.maxJobsPerOwner jobs (default 1000; one more is -32002). An unknown agentId is -32001; a schedule whose members do not fit its kind, an invalid expression, zone or `at`, or an `at` in the past is -32602 naming the member. cron.add creates in the caller's own namespace, so it has no owner rule; a wake gate can only be declared in the configuration file.
+    /// Parameters are the spec's. The spec gives the result only as an example ({id, created: true}); it is kept and completed with the stored job so that the caller sees the computed nextRunAtMs. Names are unique per owner: a name the caller already uses is -32002 (another tenant's job of the same name is neither revealed nor in the way), a name of the form job_<32 hex> (a job id) is -32602, and an owner may hold at most scheduler.maxJobsPerOwner jobs (default 1000; one more is -32002). An unknown agentId is -32001; a schedule whose members do not fit its kind, an invalid expression, zone or `at`, or an `at` in the past is -32602 naming the member. cron.add creates in the caller's own namespace, so it has no owner rule. A wake gate runs a program on the host, so it can only be declared in the configuration file: a wakeGate parameter is refused like any unknown one (-32602 naming wakeGate), whatever the caller's scope.
     fn add(
         &self,
         ctx: &crate::rpc::CallContext,
@@ -359,7 +359,7 @@ pub trait CronApi: Send + Sync {
     > + Send;
     /// `cron.update` (scope `rpc`): Changes the message, agent or schedule of a job; only the given members change.
     ///
-    /// Parameters are the spec's (the job cannot be renamed) plus enabled (from the reference; without it a job could never be paused). An unknown name, or another tenant's job, is -32001. The spec's "updated job info" is designed as {id, updated, job}; nextRunAtMs is recomputed when the schedule changes or the job is enabled again. A once job that has fired cannot be enabled again without a new schedule (-32602 naming enabled). A fire already running completes with the old settings.
+    /// Parameters are the spec's (the job cannot be renamed) plus enabled (from the reference; without it a job could never be paused). An unknown name, or another tenant's job, is -32001. The spec's "updated job info" is designed as {id, updated, job}; nextRunAtMs is recomputed when the schedule changes or the job is enabled again. A once job that has fired cannot be enabled again without a new schedule (-32602 naming enabled). A fire already running completes with the old settings. A job's wake gate is file-only: a wakeGate parameter is -32602 naming it, and a configured gate is kept.
     fn update(
         &self,
         ctx: &crate::rpc::CallContext,

@@ -3328,7 +3328,7 @@ pub struct CronJob {
     /// Error message of the last fire; present only when it failed.
     #[serde(rename = "lastError", default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
-    /// The job's wake gate when one is configured (in configuration; cron.add does not set one): a check run before each fire that may skip the model turn (recorded as a skipped run).
+    /// The job's wake gate when one is configured (in the configuration file only; cron.add and cron.update refuse one): a check run before each fire that may skip the model turn (recorded as a skipped run).
     #[serde(rename = "wakeGate", default, skip_serializing_if = "Option::is_none")]
     pub wake_gate: Option<CronJobWakeGate>,
 }
@@ -3375,7 +3375,7 @@ impl CronJobLastStatus {
         }
     }
 }
-/// The job's wake gate when one is configured (in configuration; cron.add does not set one): a check run before each fire that may skip the model turn (recorded as a skipped run).
+/// The job's wake gate when one is configured (in the configuration file only; cron.add and cron.update refuse one): a check run before each fire that may skip the model turn (recorded as a skipped run).
 ///
 /// Source: spec.
 #[derive(

@@ -2276,7 +2276,7 @@ export interface CronJob {
    */
   "lastError"?: string;
   /**
-   * The job's wake gate when one is configured (in configuration; cron.add does not set one): a check run before each fire that may skip the model turn (recorded as a skipped run).
+   * The job's wake gate when one is configured (in the configuration file only; cron.add and cron.update refuse one): a check run before each fire that may skip the model turn (recorded as a skipped run).
    */
   "wakeGate"?: CronJobWakeGate;
 }
@@ -2287,7 +2287,7 @@ export interface CronJob {
 export type CronJobLastStatus = "ok" | "error" | "skipped";
 
 /**
- * The job's wake gate when one is configured (in configuration; cron.add does not set one): a check run before each fire that may skip the model turn (recorded as a skipped run).
+ * The job's wake gate when one is configured (in the configuration file only; cron.add and cron.update refuse one): a check run before each fire that may skip the model turn (recorded as a skipped run).
  */
 export interface CronJobWakeGate {
   /**

@@ -972,7 +972,7 @@ CronJob = TypedDict("CronJob", {
     "wakeGate": "NotRequired[CronJobWakeGate]",
 }, total=False)
 
-# The job's wake gate when one is configured (in configuration; cron.add does not set one): a check run before each fire that may skip the model turn (recorded as a skipped run).
+# The job's wake gate when one is configured (in the configuration file only; cron.add and cron.update refuse one): a check run before each fire that may skip the model turn (recorded as a skipped run).
 CronJobWakeGate = TypedDict("CronJobWakeGate", {
     "script": "Required[str]",
     "args": "NotRequired[List[str]]",
