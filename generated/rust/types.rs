@@ -17462,7 +17462,7 @@ pub struct TokensCreateParams {
     /// Scopes the token carries (no duplicates).
     #[serde(rename = "scopes")]
     pub scopes: Vec<TokensScope>,
-    /// Token (client) id; generated when omitted. It becomes the client id that tenants and notifications are keyed by.
+    /// Token (client) id; generated when omitted. It becomes the client id that tenants and notifications are keyed by. It never contains ':', which marks the gateway's own principals (heartbeat:system, webhook:<mapping>, cron:config), so no token is ever the owner of the gateway's sessions; configuration tokens follow the same rule.
     #[serde(rename = "id", default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Expiry, epoch ms (must be in the future); the token never expires when omitted.

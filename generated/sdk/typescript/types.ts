@@ -11371,7 +11371,7 @@ export interface TokensCreateParams {
    */
   "scopes": TokensScope[];
   /**
-   * Token (client) id; generated when omitted. It becomes the client id that tenants and notifications are keyed by.
+   * Token (client) id; generated when omitted. It becomes the client id that tenants and notifications are keyed by. It never contains ':', which marks the gateway's own principals (heartbeat:system, webhook:<mapping>, cron:config), so no token is ever the owner of the gateway's sessions; configuration tokens follow the same rule.
    */
   "id"?: string;
   /**
