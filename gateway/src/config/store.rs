@@ -341,7 +341,8 @@ mod tests {
             f(&mut s, v);
             validate(&s)
         };
-        let cases: [(&str, fn(&mut StoreConfig, u64), u64); 5] = [
+        type Case = (&'static str, fn(&mut StoreConfig, u64), u64);
+        let cases: [Case; 5] = [
             (
                 "store.acquireTimeoutMs",
                 |s, v| s.acquire_timeout_ms = v,

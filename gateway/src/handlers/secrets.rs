@@ -23,7 +23,7 @@ pub(crate) async fn modified(rpc: &Rpc, ctx: &CallContext, name: &str, action: &
 
 /// `secret:modified` (name and action only, for admin subscribers) and a log line.
 pub(crate) fn announce(rpc: &Rpc, ctx: &CallContext, name: &str, action: &str) {
-    tracing::info!(secret = %crate::logging::escaped(&name), action, client = %ctx.principal.client_id, "secret changed");
+    tracing::info!(secret = %crate::logging::escaped(name), action, client = %ctx.principal.client_id, "secret changed");
     rpc.engine().emit_operator(
         "secret:modified",
         serde_json::json!({"name": name, "action": action, "clientId": ctx.principal.client_id}),
