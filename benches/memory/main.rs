@@ -169,7 +169,10 @@ async fn corpus(label: &str, vocab: &Vocabulary, n: usize, queries: usize) {
                 created_at: 1,
             })
             .collect();
-        let ids = store.memory_insert_many("bench", &news).await.unwrap();
+        let ids = store
+            .memory_insert_many("bench", &news, u64::MAX)
+            .await
+            .unwrap();
         let vectors: Vec<(i64, Vec<f32>)> = ids.iter().map(|id| (*id, unit(&mut rng))).collect();
         store
             .memory_set_embeddings("bench/vec", &vectors)
@@ -209,6 +212,7 @@ async fn corpus(label: &str, vocab: &Vocabulary, n: usize, queries: usize) {
                     pinned: false,
                     created_at: 1,
                 },
+                u64::MAX,
             )
             .await
             .unwrap();
