@@ -402,8 +402,7 @@ impl RestApi {
         let rx = state.control.events.subscribe();
         let tenant = auth.principal().tenant().clone();
         let keep_alive = Duration::from_millis(state.config.gateway.web.sse_keep_alive_ms.max(1));
-        let mut ticker =
-            tokio::time::interval_at(sse::first_tick(keep_alive), keep_alive);
+        let mut ticker = tokio::time::interval_at(sse::first_tick(keep_alive), keep_alive);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = state.stop.clone();
         let opening = stream::once(async { sse::retry(SSE_RETRY_MS) });
