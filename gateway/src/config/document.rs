@@ -164,15 +164,31 @@ fn restore_at(
 }
 
 /// The dot paths where `a` and `b` differ: objects are compared member by member, anything
-/// else (arrays too) as a whole. Sorted.
+/// else (arrays too) as a whole; a member on one side only is named by its leaves. Sorted.
 pub fn changed_paths(a: &Value, b: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    diff_at(a, b, &mut Vec::new(), &mut out);
-    out.sort();
+    diff_at(a, b, &mut Vec::new(), true, &mut out);
+    let mut paths: Vec<String> = out.iter().map(|p| p.join(".")).collect();
+    paths.sort();
+    paths
+}
+
+/// The members (as path segments) where `b` differs from `a`, as [`changed_paths`] compares
+/// them but with a member on one side only named whole: setting each to its value in `b`, or
+/// removing it where `b` has none, turns `a` into `b`.
+pub fn changed_members(a: &Value, b: &Value) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    diff_at(a, b, &mut Vec::new(), false, &mut out);
     out
 }
 
-fn diff_at(a: &Value, b: &Value, path: &mut Vec<String>, out: &mut Vec<String>) {
+fn diff_at(
+    a: &Value,
+    b: &Value,
+    path: &mut Vec<String>,
+    leaves_of_one_side: bool,
+    out: &mut Vec<Vec<String>>,
+) {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
@@ -181,20 +197,21 @@ fn diff_at(a: &Value, b: &Value, path: &mut Vec<String>, out: &mut Vec<String>) 
             for k in keys {
                 path.push(k.clone());
                 match (x.get(k), y.get(k)) {
-                    (Some(p), Some(q)) => diff_at(p, q, path, out),
-                    (Some(v), None) | (None, Some(v)) => leaves(v, path, out),
+                    (Some(p), Some(q)) => diff_at(p, q, path, leaves_of_one_side, out),
+                    (Some(v), None) | (None, Some(v)) if leaves_of_one_side => leaves(v, path, out),
+                    (Some(_), None) | (None, Some(_)) => out.push(path.clone()),
                     (None, None) => {}
                 }
                 path.pop();
             }
         }
-        _ if a != b => out.push(path.join(".")),
+        _ if a != b => out.push(path.clone()),
         _ => {}
     }
 }
 
 /// The leaf paths of a member present on one side only (an empty object is a leaf).
-fn leaves(v: &Value, path: &mut Vec<String>, out: &mut Vec<String>) {
+fn leaves(v: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
     match v {
         Value::Object(m) if !m.is_empty() => {
             for (k, child) in m {
@@ -203,7 +220,7 @@ fn leaves(v: &Value, path: &mut Vec<String>, out: &mut Vec<String>) {
                 path.pop();
             }
         }
-        _ => out.push(path.join(".")),
+        _ => out.push(path.clone()),
     }
 }
 

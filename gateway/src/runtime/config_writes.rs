@@ -260,8 +260,7 @@ async fn reconcile_on(
     let edits = match &previous {
         Some((d, base)) if *d != digest => {
             let base: Value = serde_json::from_str(base).unwrap_or(Value::Null);
-            let mut found = Vec::new();
-            edits_at(&base, file_doc, &mut Vec::new(), &mut found);
+            let mut found = doc::changed_members(&base, file_doc);
             found.retain(|p| !trust::is_file_only(&p.join(".")));
             found
         }
@@ -333,29 +332,6 @@ async fn reconcile_on(
         },
         sha,
     ))
-}
-
-/// The paths (as segments) where `b` differs from `a`: objects member by member, anything
-/// else as a whole.
-fn edits_at(a: &Value, b: &Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                at.push(k.clone());
-                match (x.get(k), y.get(k)) {
-                    (Some(p), Some(q)) => edits_at(p, q, at, out),
-                    (None, None) => {}
-                    _ => out.push(at.clone()),
-                }
-                at.pop();
-            }
-        }
-        _ if a != b => out.push(at.clone()),
-        _ => {}
-    }
 }
 
 fn remove_at(document: &mut Value, at: &[&str]) {

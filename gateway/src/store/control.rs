@@ -132,6 +132,24 @@ fn auth_row(r: &impl StoreRow) -> Result<AuthRow, sqlx::Error> {
     })
 }
 
+/// The insert of one history version, bound (one statement for both backends and for the
+/// write of the fleet's document, which records its version in the same transaction).
+macro_rules! insert_version {
+    ($v:expr) => {
+        sqlx::query(
+            "INSERT INTO config_versions (sha, parent, message, author, section, key, document, \
+             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&$v.sha)
+        .bind(&$v.parent)
+        .bind(&$v.message)
+        .bind(&$v.author)
+        .bind(&$v.section)
+        .bind(&$v.key)
+        .bind(&$v.document)
+        .bind($v.created_at)
+    };
+}
 fn version_row(r: &impl StoreRow) -> Result<VersionRow, sqlx::Error> {
     Ok(VersionRow {
         sha: r.col("sha")?,
@@ -398,21 +416,10 @@ impl Store {
 
     /// Records a version.
     pub async fn config_commit(&self, v: &VersionRow) -> Result<(), GatewayError> {
-        on_pool!(self.pool(), |p| sqlx::query(
-            "INSERT INTO config_versions (sha, parent, message, author, section, key, document, \
-             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-        )
-        .bind(&v.sha)
-        .bind(&v.parent)
-        .bind(&v.message)
-        .bind(&v.author)
-        .bind(&v.section)
-        .bind(&v.key)
-        .bind(&v.document)
-        .bind(v.created_at)
-        .execute(p)
-        .await?
-        .rows_affected());
+        on_pool!(self.pool(), |p| insert_version!(v)
+            .execute(p)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
@@ -537,20 +544,7 @@ impl Store {
             if written != 1 {
                 return Ok(false);
             }
-            sqlx::query(
-                "INSERT INTO config_versions (sha, parent, message, author, section, key, \
-                 document, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .bind(&v.sha)
-            .bind(&v.parent)
-            .bind(&v.message)
-            .bind(&v.author)
-            .bind(&v.section)
-            .bind(&v.key)
-            .bind(&v.document)
-            .bind(v.created_at)
-            .execute(&mut *tx)
-            .await?;
+            insert_version!(v).execute(&mut *tx).await?;
             tx.commit().await?;
             true
         }))
