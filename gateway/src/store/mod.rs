@@ -421,7 +421,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(of(&SQLITE_MIGRATIONS), of(&POSTGRES_MIGRATIONS));
-        assert_eq!(schema_version(), 9);
+        assert_eq!(schema_version(), 10);
     }
 
     /// A migration already applied somewhere must never change: sqlx refuses to open a
