@@ -1344,10 +1344,6 @@ providerPolicy:
         let gw = start(FILE).await;
         let ok_cases = [
             (
-                "by-file",
-                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "FILE_NAMED_KEY"}),
-            ),
-            (
                 "by-list",
                 json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "LISTED_KEY"}),
             ),
@@ -1362,6 +1358,11 @@ providerPolicy:
             assert_eq!(r["result"]["created"], true, "{id}: {r}");
         }
         let refused_cases = [
+            // A variable the file names stays with the endpoint the file sends it to.
+            (
+                "by-file",
+                json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "FILE_NAMED_KEY"}),
+            ),
             (
                 "secret",
                 json!({"type": "openai", "baseUrl": "https://8.8.8.8/v1", "apiKeyEnv": "AWS_SECRET_ACCESS_KEY"}),
@@ -1395,10 +1396,19 @@ providerPolicy:
             .call(
                 ADMIN,
                 "providers.update",
-                json!({"providerId": "by-file", "config": {"apiKeyEnv": "LISTED_KEY"}}),
+                json!({"providerId": "keyless", "config": {"apiKeyEnv": "LISTED_KEY"}}),
             )
             .await;
         assert_eq!(r["result"]["provider"]["apiKeyEnv"], "LISTED_KEY", "{r}");
+        // Moving the file's provider elsewhere checks its key again.
+        let r = gw
+            .call(
+                ADMIN,
+                "providers.update",
+                json!({"providerId": "filed", "config": {"baseUrl": "https://8.8.8.8/v1"}}),
+            )
+            .await;
+        refused(&gw, &r, "'config.apiKeyEnv'", "filed").await;
         let r = gw
             .call(
                 ADMIN,
