@@ -83,6 +83,7 @@ enum Exit {
 /// (`config_writes::reconcile`), and the engine is opened on it.
 async fn build_state(
     file: Loaded,
+    settled: Option<crate::runtime::config_writes::Reconciled>,
     generation: u64,
     control: Arc<Control>,
 ) -> Result<AppState, String> {
@@ -95,7 +96,11 @@ async fn build_state(
     let connected = Store::connect(&file.config.store, &data_dir)
         .await
         .map_err(text)?;
-    let settled = crate::runtime::config_writes::reconcile(&connected.0, file.clone()).await;
+    // A restart settled it already, on the same database (the store is file-only).
+    let settled = match settled {
+        Some(s) => s,
+        None => crate::runtime::config_writes::reconcile(&connected.0, file.clone()).await,
+    };
     let loaded = settled.loaded;
     let mut tokens = loaded.config.gateway.tokens.clone();
     if tokens.is_empty() {
@@ -187,7 +192,8 @@ async fn next_generation(
             }
         };
         // Checked as it would run: the fleet's document on this file.
-        let settled = crate::runtime::config_writes::reconcile(current_store, next.clone()).await;
+        let mut settled =
+            crate::runtime::config_writes::reconcile(current_store, next.clone()).await;
         if let Err(e) = check(&settled.loaded.config, Some(current_store)).await {
             refused(e);
             continue;
@@ -197,12 +203,13 @@ async fn next_generation(
                 "store changes take effect on the next process start; the running database is kept"
             );
             next.config.store = current.config.store.clone();
+            settled.loaded.config.store = current.config.store.clone();
         }
         let (old, new) = (&current.config.gateway, &next.config.gateway);
         if (old.host.as_str(), old.port) != (new.host.as_str(), new.port) {
             tracing::warn!("host/port changes take effect on the next process start; the listening socket is kept");
         }
-        match build_state(next.clone(), generation + 1, control.clone()).await {
+        match build_state(next.clone(), Some(settled), generation + 1, control.clone()).await {
             Ok(state) => return (next, state),
             Err(e) => refused(e),
         }
@@ -225,7 +232,7 @@ pub async fn run(
     if let Some(problem) = crate::runtime::providers::extra_roots_problem() {
         tracing::warn!(%problem, "HTTP providers cannot be used until the trusted roots file is fixed");
     }
-    let mut state = Arc::new(build_state(loaded.clone(), generation, control.clone()).await?);
+    let mut state = Arc::new(build_state(loaded.clone(), None, generation, control.clone()).await?);
     crate::runtime::config_writes::follow(&state);
     loop {
         control.admission.configure(&state.config.gateway.limits);
@@ -238,7 +245,7 @@ pub async fn run(
                 // Nothing but this loop asks a generation to stop for a restart; should it
                 // happen anyway, the same configuration is built again.
                 Exit::Restart => Some(
-                    build_state(loaded.clone(), generation + 1, control.clone())
+                    build_state(loaded.clone(), None, generation + 1, control.clone())
                         .await
                         .map(|s| (loaded.clone(), s))?,
                 ),

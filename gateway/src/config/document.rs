@@ -67,6 +67,23 @@ pub fn set(doc: &mut Value, path: &[&str], value: Value) -> Result<Option<Value>
     Ok(None)
 }
 
+/// Removes the member at `path`, if there is one.
+pub fn remove(doc: &mut Value, path: &[&str]) {
+    let Some((last, parent)) = path.split_last() else {
+        return;
+    };
+    let mut at = doc;
+    for k in parent {
+        match at.get_mut(*k) {
+            Some(next) => at = next,
+            None => return,
+        }
+    }
+    if let Value::Object(m) = at {
+        m.remove(*last);
+    }
+}
+
 /// Replaces secret values by `[REDACTED]` (and the database URL's password).
 pub fn redact(doc: &mut Value) {
     redact_members(doc);

@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use super::document as doc;
+
 /// One file-only key: its dot path (`*` matches any member of a map) and why.
 #[derive(Debug, Clone, Copy)]
 pub struct FileOnly {
@@ -76,44 +78,31 @@ fn segments(pattern: &str) -> Vec<&str> {
     pattern.split('.').collect()
 }
 
-/// Every concrete path under `doc` that `pattern` names, with its value (a `*` segment walks
-/// the members of an object and the elements of an array).
+/// Every concrete path (as segments, so member names holding dots stay whole) under `doc`
+/// that `pattern` names, with its value; a `*` segment walks the members of an object.
 fn matches<'a>(
     doc: &'a Value,
     pattern: &[&str],
     at: &mut Vec<String>,
-    out: &mut BTreeMap<String, &'a Value>,
+    out: &mut BTreeMap<Vec<String>, &'a Value>,
 ) {
     let Some((first, rest)) = pattern.split_first() else {
-        out.insert(at.join("."), doc);
+        out.insert(at.clone(), doc);
         return;
     };
-    let mut visit = |key: String, child: &'a Value, out: &mut BTreeMap<String, &'a Value>| {
-        at.push(key);
-        matches(child, rest, at, out);
-        at.pop();
+    let Value::Object(m) = doc else {
+        return;
     };
-    match (doc, *first) {
-        (Value::Object(m), "*") => {
-            for (k, v) in m {
-                visit(k.clone(), v, out);
-            }
+    for (k, v) in m {
+        if *first == "*" || first == k {
+            at.push(k.clone());
+            matches(v, rest, at, out);
+            at.pop();
         }
-        (Value::Array(items), "*") => {
-            for (i, v) in items.iter().enumerate() {
-                visit(i.to_string(), v, out);
-            }
-        }
-        (Value::Object(m), key) => {
-            if let Some(v) = m.get(key) {
-                visit(key.to_owned(), v, out);
-            }
-        }
-        _ => {}
     }
 }
 
-fn matched<'a>(doc: &'a Value, pattern: &str) -> BTreeMap<String, &'a Value> {
+fn matched<'a>(doc: &'a Value, pattern: &str) -> BTreeMap<Vec<String>, &'a Value> {
     let mut out = BTreeMap::new();
     matches(doc, &segments(pattern), &mut Vec::new(), &mut out);
     out
@@ -131,16 +120,24 @@ pub fn check_unchanged(current: &Value, next: &Value) -> Result<(), String> {
         let path = before
             .iter()
             .find(|(p, v)| after.get(*p) != Some(*v))
-            .map(|(p, _)| p.clone())
-            .or_else(|| after.keys().find(|p| !before.contains_key(*p)).cloned())
-            .unwrap_or_else(|| key.path.to_owned());
+            .map(|(p, _)| p)
+            .or_else(|| after.keys().find(|p| !before.contains_key(*p)));
         // Named down to the member that changed (`gateway.tls.requireClientCert`).
-        let path = match (before.get(&path), after.get(&path)) {
-            (Some(a), Some(b)) => super::document::changed_paths(a, b)
-                .into_iter()
-                .find(|p| !p.is_empty())
-                .map_or(path.clone(), |leaf| format!("{path}.{leaf}")),
-            _ => path,
+        let path = match path {
+            Some(p) => {
+                let leaf = match (before.get(p), after.get(p)) {
+                    (Some(a), Some(b)) => super::document::changed_paths(a, b)
+                        .into_iter()
+                        .find(|l| !l.is_empty()),
+                    _ => None,
+                };
+                let mut name = p.join(".");
+                if let Some(leaf) = leaf {
+                    name = format!("{name}.{leaf}");
+                }
+                name
+            }
+            None => key.path.to_owned(),
         };
         return Err(format!(
             "'{path}' is file-only ({}): an API token cannot change it; change it in the \
@@ -173,20 +170,14 @@ pub fn overlay_file_only(document: &mut Value, file: &Value) {
         *document = Value::Object(Map::new());
     }
     for key in FILE_ONLY {
-        let pattern = segments(key.path);
-        let present: Vec<String> = matched(document, key.path).into_keys().collect();
-        for path in present {
-            remove(document, &path.split('.').collect::<Vec<_>>());
-        }
-        let wild = pattern.contains(&"*");
-        for (path, value) in matched(file, key.path) {
-            let parts: Vec<&str> = path.split('.').collect();
-            if wild && !parent_exists(document, &parts) {
-                continue;
-            }
-            set(document, &parts, value.clone());
+        for path in matched(document, key.path).into_keys().collect::<Vec<_>>() {
+            doc::remove(
+                document,
+                &path.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
         }
     }
+    fill_missing(document, file);
 }
 
 /// Copies into `next` the file-only keys of `from` that `next` leaves out (under a `*`
@@ -199,79 +190,15 @@ pub fn fill_missing(next: &mut Value, from: &Value) {
     for key in FILE_ONLY {
         let wild = key.path.contains('*');
         for (path, value) in matched(from, key.path) {
-            let parts: Vec<&str> = path.split('.').collect();
-            let present = parts.iter().try_fold(&*next, |v, k| child(v, k)).is_some();
-            if present || (wild && !parent_exists(next, &parts)) {
+            let parts: Vec<&str> = path.iter().map(String::as_str).collect();
+            let parent_there =
+                doc::get(next, &parts[..parts.len() - 1]).is_some_and(Value::is_object);
+            if doc::get(next, &parts).is_some() || (wild && !parent_there) {
                 continue;
             }
-            set(next, &parts, value.clone());
+            // A member crossing a non-object is a document the load refuses anyway.
+            let _ = doc::set(next, &parts, value.clone());
         }
-    }
-}
-
-fn parent_exists(doc: &Value, parts: &[&str]) -> bool {
-    let Some((_, parent)) = parts.split_last() else {
-        return true;
-    };
-    parent
-        .iter()
-        .try_fold(doc, |v, k| child(v, k))
-        .is_some_and(|v| v.is_object())
-}
-
-fn child<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-    match v {
-        Value::Object(m) => m.get(key),
-        Value::Array(items) => key.parse::<usize>().ok().and_then(|i| items.get(i)),
-        _ => None,
-    }
-}
-
-fn remove(doc: &mut Value, parts: &[&str]) {
-    let Some((last, parent)) = parts.split_last() else {
-        return;
-    };
-    let mut at = doc;
-    for k in parent {
-        at = match at {
-            Value::Object(m) => match m.get_mut(*k) {
-                Some(v) => v,
-                None => return,
-            },
-            Value::Array(items) => match k.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
-                Some(v) => v,
-                None => return,
-            },
-            _ => return,
-        };
-    }
-    if let Value::Object(m) = at {
-        m.remove(*last);
-    }
-}
-
-fn set(doc: &mut Value, parts: &[&str], value: Value) {
-    let Some((last, parent)) = parts.split_last() else {
-        return;
-    };
-    let mut at = doc;
-    for k in parent {
-        if !at.is_object() && !at.is_array() {
-            *at = Value::Object(Map::new());
-        }
-        at = match at {
-            Value::Object(m) => m
-                .entry((*k).to_owned())
-                .or_insert(Value::Object(Map::new())),
-            Value::Array(items) => match k.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
-                Some(v) => v,
-                None => return,
-            },
-            _ => return,
-        };
-    }
-    if let Value::Object(m) = at {
-        m.insert((*last).to_owned(), value);
     }
 }
 
@@ -352,6 +279,14 @@ mod tests {
         c["scheduler"] = json!({"jobs": {"j": {"wakeGate": {"script": "x"}}}});
         let e = check_unchanged(&a, &c).unwrap_err();
         assert!(e.contains("'scheduler.jobs.j.wakeGate'"), "{e}");
+        // A job whose name holds a dot is named whole.
+        let mut dotted = a.clone();
+        dotted["scheduler"] = json!({"jobs": {"v1.2": {"wakeGate": {"script": "x"}}}});
+        let e = check_unchanged(&a, &dotted).unwrap_err();
+        assert!(e.contains("'scheduler.jobs.v1.2.wakeGate'"), "{e}");
+        let mut kept = json!({"scheduler": {"jobs": {"v1.2": {"message": "m"}}}});
+        overlay_file_only(&mut kept, &dotted);
+        assert_eq!(kept["scheduler"]["jobs"]["v1.2"]["wakeGate"]["script"], "x");
         // A job without a gate is not a file-only change.
         let mut d = a.clone();
         d["scheduler"] = json!({"jobs": {"j": {"message": "m"}}});

@@ -297,7 +297,7 @@ async fn reconcile_on(
                         Some(v) => {
                             doc::set(&mut next, &at, v.clone()).map_err(invalid)?;
                         }
-                        None => remove_at(&mut next, &at),
+                        None => doc::remove(&mut next, &at),
                     }
                 }
                 if next == document {
@@ -332,22 +332,6 @@ async fn reconcile_on(
         },
         sha,
     ))
-}
-
-fn remove_at(document: &mut Value, at: &[&str]) {
-    let Some((last, parent)) = at.split_last() else {
-        return;
-    };
-    let mut v = document;
-    for k in parent {
-        match v.get_mut(*k) {
-            Some(next) => v = next,
-            None => return,
-        }
-    }
-    if let Value::Object(m) = v {
-        m.remove(*last);
-    }
 }
 
 /// The configuration in force on a node: the fleet's `document` with the file-only keys of
