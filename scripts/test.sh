@@ -77,6 +77,9 @@ step "formatting and generated files"
 cargo fmt --all -- --check
 cargo run -q -p gateway-codegen -- check
 
+step "documentation (relative links and anchors, the README's quick start against .ci/run)"
+python3 scripts/check_docs.py
+
 step "clippy"
 cargo clippy -q --all-targets -- -D warnings
 
