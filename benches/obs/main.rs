@@ -231,7 +231,7 @@ fn main() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).unwrap();
-        let now = agent_gateway::store::now_ms();
+        let now = agent_gateway::clock::now_ms();
         {
             let store = Store::open(&data.join(agent_gateway::store::DB_FILE))
                 .await

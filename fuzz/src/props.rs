@@ -11,11 +11,11 @@ use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use agent_gateway::api::CallContext;
 use agent_gateway::handlers::Rpc;
 use agent_gateway::media::{self, MediaError, MediaStore};
 use agent_gateway::obs::filter::{self, Column, Filter};
 use agent_gateway::rpc::envelope::{handle_text, Reply};
-use agent_gateway::rpc::CallContext;
 use agent_gateway::webhooks::template::{self, Context, MAX_OUTPUT_BYTES};
 use agent_gateway::webhooks::verify::{Algorithm, Rejection, Verifier};
 use http::{HeaderMap, HeaderValue};

@@ -9,118 +9,10 @@ use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
 
+use crate::api::generated::methods::Scope;
+use crate::api::principal::Principal;
+use crate::api::scopes::Scopes;
 use crate::config::{TokenConfig, MIN_SECRET_LEN};
-use crate::rpc::generated::methods::Scope;
-use crate::rpc::CallContext;
-use crate::scopes::Scopes;
-use crate::tenancy::Tenant;
-
-/// An authenticated caller. Cloned once or more for every request (the route's security
-/// scheme, the call context, a turn, an admission permit), so it is a shared pointer.
-#[derive(Debug, Clone)]
-pub struct Principal(Arc<Identity>);
-
-/// Who a principal is: its client id and scopes, and the tenant derived from them.
-#[derive(Debug)]
-pub struct Identity {
-    pub client_id: String,
-    pub scopes: Scopes,
-    /// Whose records it reaches (derived from the two above when it is built).
-    tenant: Tenant,
-    /// Whether it authenticated with an API token of the store, which can be revoked, rotated
-    /// or expire while its connections are open (configuration tokens last as long as their
-    /// server generation, and internal principals have no token).
-    revocable: bool,
-    /// An API token's `expiresAt` (epoch ms), fixed for the secret it authenticated with.
-    expires_at: Option<i64>,
-}
-
-impl Identity {
-    /// Whether its connections have to be ended when its token stops working (an API token's).
-    pub fn revocable(&self) -> bool {
-        self.revocable
-    }
-
-    /// When its token expires (epoch ms), if it does.
-    pub fn expires_at(&self) -> Option<i64> {
-        self.expires_at
-    }
-
-    /// Whether its token has expired by now.
-    pub fn expired(&self) -> bool {
-        self.expires_at.is_some_and(|at| now() >= at)
-    }
-
-    /// Whose records this caller reaches: every tenant's with `admin`, else its own.
-    pub fn tenant(&self) -> &Tenant {
-        &self.tenant
-    }
-
-    /// The one tenant a method acting on a single tenant's records works in (the memory
-    /// methods): `named` when the caller reaches it, else the caller's own. The `memory_tenant`
-    /// ownership rule has refused another tenant's name for a caller without admin before a
-    /// handler runs; falling back to the caller's own never widens its reach.
-    pub fn tenant_named(&self, named: Option<&str>) -> (Tenant, String) {
-        let id = match named {
-            Some(n) if self.tenant.reaches(Some(n)) => n,
-            _ => self.client_id.as_str(),
-        };
-        (Tenant::owner(id), id.to_owned())
-    }
-
-    /// Whether the caller may use something requiring `scope`. `admin` includes `rpc`.
-    pub fn allows(&self, scope: Scope) -> bool {
-        self.scopes.allows(scope)
-    }
-}
-
-impl std::ops::Deref for Principal {
-    type Target = Identity;
-
-    fn deref(&self) -> &Identity {
-        &self.0
-    }
-}
-
-impl Principal {
-    /// The principal of work the gateway starts itself (webhook runs, heartbeats): its client
-    /// id names the records it owns (`webhook:<mapping>`), and it holds scope `rpc` only.
-    pub fn internal(client_id: &str) -> Self {
-        Self::new(client_id, Scopes::only(Scope::Rpc))
-    }
-
-    pub(crate) fn new(client_id: &str, scopes: Scopes) -> Self {
-        Self::built(client_id, scopes, false, None)
-    }
-
-    /// The principal of an API token of the store (revocable, possibly expiring).
-    pub(crate) fn api(client_id: &str, scopes: Scopes, expires_at: Option<i64>) -> Self {
-        Self::built(client_id, scopes, true, expires_at)
-    }
-
-    fn built(client_id: &str, scopes: Scopes, revocable: bool, expires_at: Option<i64>) -> Self {
-        Self(Arc::new(Identity {
-            tenant: Tenant::for_principal(client_id, scopes.contains(Scope::Admin)),
-            client_id: client_id.to_owned(),
-            scopes,
-            revocable,
-            expires_at,
-        }))
-    }
-
-    /// Whether `self` and `other` are the same authentication (one token secret, one server
-    /// generation), not merely the same client id.
-    pub fn same(&self, other: &Principal) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-
-    pub fn context(&self, connection: Option<u64>) -> CallContext {
-        CallContext {
-            principal: self.clone(),
-            connection,
-        }
-    }
-}
 
 /// The principal whose bearer token the front layer already verified for this request (typed
 /// POST routes: the token is checked before the body is read); the route's security scheme
@@ -170,7 +62,7 @@ pub fn digest(secret: &str) -> [u8; 32] {
 
 /// Epoch ms now, for expiry and last use.
 fn now() -> i64 {
-    crate::store::now_ms()
+    crate::clock::now_ms()
 }
 
 fn touch(e: &Entry) -> Principal {
@@ -247,9 +139,7 @@ impl TokenStore {
     /// the secret it authenticated with (a WebSocket checks this once registered, so a
     /// revocation between its authentication and its registration is not missed).
     pub fn is_current(&self, p: &Principal) -> bool {
-        self.config
-            .values()
-            .any(|e| Arc::ptr_eq(&e.principal.0, &p.0))
+        self.config.values().any(|e| e.principal.same(p))
             || self.api.as_ref().is_some_and(|a| a.is_current(p))
     }
 
@@ -272,7 +162,7 @@ impl ApiTokens {
     pub async fn open(
         store: crate::store::Store,
         control: Arc<crate::runtime::control::Control>,
-    ) -> Result<Self, crate::error::GatewayError> {
+    ) -> Result<Self, crate::api::error::GatewayError> {
         let tokens = Self {
             store,
             control,
@@ -304,7 +194,7 @@ impl ApiTokens {
     /// whose secret is no longer live (revoked, rotated) are ended: WebSockets close with 4001,
     /// event streams end. Every node runs this when a token changes anywhere in the fleet
     /// (the store's announcement), so this is where revocation reaches every node.
-    pub async fn reload(&self) -> Result<(), crate::error::GatewayError> {
+    pub async fn reload(&self) -> Result<(), crate::api::error::GatewayError> {
         let rows = self.store.tokens_all().await?;
         let before = self.snapshot();
         let mut next = Digests::new();
@@ -390,9 +280,7 @@ impl ApiTokens {
 
     /// Whether `p` is the principal of a live token (same secret as when it authenticated).
     fn is_current(&self, p: &Principal) -> bool {
-        self.snapshot()
-            .values()
-            .any(|e| Arc::ptr_eq(&e.principal.0, &p.0))
+        self.snapshot().values().any(|e| e.principal.same(p))
     }
 
     /// The live tokens, sorted by id.
@@ -403,7 +291,7 @@ impl ApiTokens {
     }
 
     /// Writes last-use times that moved since they were last written.
-    pub async fn flush(&self) -> Result<(), crate::error::GatewayError> {
+    pub async fn flush(&self) -> Result<(), crate::api::error::GatewayError> {
         let live = self.snapshot();
         let moved: Vec<(&Arc<Entry>, i64)> = live
             .values()
@@ -449,13 +337,15 @@ pub async fn flush_last_use(
 
 /// A new token secret: 32 bytes from the system's generator, URL-safe base64, prefixed so that
 /// a leaked one is recognisable (47 characters).
-pub fn new_secret() -> Result<String, crate::error::GatewayError> {
+pub fn new_secret() -> Result<String, crate::api::error::GatewayError> {
     use base64::Engine as _;
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 32];
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)
-        .map_err(|_| crate::error::GatewayError::Internal("no randomness for a token".into()))?;
+        .map_err(|_| {
+            crate::api::error::GatewayError::Internal("no randomness for a token".into())
+        })?;
     Ok(format!(
         "agw_{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)

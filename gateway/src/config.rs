@@ -606,7 +606,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             )));
         }
         for s in &t.scopes {
-            if crate::rpc::generated::methods::Scope::from_name(s).is_none() {
+            if crate::api::generated::methods::Scope::from_name(s).is_none() {
                 return Err(ConfigError(format!(
                     "gateway.tokens[{i}].scopes: unknown scope '{s}' (rpc, admin, *, api, mcp-client, metrics)"
                 )));

@@ -13,8 +13,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 
+use crate::api::tenancy::Tenant;
 use crate::runtime::config_writes::OPERATOR;
-use crate::tenancy::Tenant;
 
 /// Events a subscriber may have queued before it counts as lagging.
 pub const SUBSCRIBER_BUFFER: usize = 256;
@@ -142,7 +142,7 @@ impl EventBus {
         let event = self.deliver(Event {
             seq: 0,
             name: Cow::Borrowed(name),
-            ts: crate::store::now_ms(),
+            ts: crate::clock::now_ms(),
             owner,
             payload: Box::new(data),
             data: OnceLock::new(),

@@ -201,7 +201,7 @@ async fn send(pool: &PgPool, node: &str, channel: &str, body: &str) {
         .bind(channel)
         .bind(node)
         .bind(body)
-        .bind(crate::store::now_ms())
+        .bind(crate::clock::now_ms())
         .execute(pool)
         .await
     };
@@ -223,7 +223,7 @@ async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<Control>) {
                     return;
                 }
                 tracing::warn!(error = %e, "fan-out listener cannot connect; retrying");
-                down_since.get_or_insert_with(crate::store::now_ms);
+                down_since.get_or_insert_with(crate::clock::now_ms);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(10));
                 continue;
@@ -253,7 +253,7 @@ async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<Control>) {
                 // The connection was lost: start again with a fresh one.
                 Ok(None) | Err(_) => {
                     tracing::warn!("fan-out listener connection lost; reconnecting");
-                    down_since = Some(crate::store::now_ms());
+                    down_since = Some(crate::clock::now_ms());
                     break;
                 }
             }
@@ -278,7 +278,7 @@ fn reload(control: &Control) {
 /// After a gap: reload what may have changed, and tell event-stream clients.
 fn resynchronise(control: &Control, down_since: i64) {
     reload(control);
-    let down_ms = crate::store::now_ms() - down_since;
+    let down_ms = crate::clock::now_ms() - down_since;
     tracing::info!(down_ms, "fan-out listener reconnected; registries reloaded");
     control.events.publish(
         "system:fanout_resumed",

@@ -16,7 +16,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::Principal;
+use crate::api::principal::Principal;
 
 /// A text frame: shared bytes, so one notification queued on many connections is one buffer.
 pub use tokio_tungstenite::tungstenite::Utf8Bytes as Frame;
@@ -177,11 +177,11 @@ async fn expire(hub: Weak<Inner>, rearm: Arc<Notify>) {
             let Some(inner) = hub.upgrade() else {
                 return;
             };
-            inner.expire_due(crate::store::now_ms())
+            inner.expire_due(crate::clock::now_ms())
         };
         match next {
             Some(at) => {
-                let wait = u64::try_from(at - crate::store::now_ms()).unwrap_or(0);
+                let wait = u64::try_from(at - crate::clock::now_ms()).unwrap_or(0);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
                     _ = rearm.notified() => {}
@@ -411,11 +411,11 @@ mod tests {
     }
 
     fn config(id: &str) -> Principal {
-        Principal::new(id, crate::scopes::Scopes::all())
+        Principal::new(id, crate::api::scopes::Scopes::all())
     }
 
     fn api(id: &str, expires_at: Option<i64>) -> Principal {
-        Principal::api(id, crate::scopes::Scopes::all(), expires_at)
+        Principal::api(id, crate::api::scopes::Scopes::all(), expires_at)
     }
 
     #[test]
@@ -470,7 +470,7 @@ mod tests {
     #[tokio::test]
     async fn one_timer_ends_connections_at_their_tokens_expiry() {
         let hub = Hub::default();
-        let now = crate::store::now_ms();
+        let now = crate::clock::now_ms();
         let late = api("late", Some(now + 400));
         let (ws_late, _rx1) = Outbox::new(1);
         hub.register(&late, ws_late.clone());
@@ -487,12 +487,12 @@ mod tests {
         hub.unregister(gone);
         assert!(!ws_soon.revoked().is_cancelled());
         assert!(fires(ws_soon.revoked(), Duration::from_millis(1000)).await);
-        assert!(crate::store::now_ms() >= now + 150, "not before its expiry");
+        assert!(crate::clock::now_ms() >= now + 150, "not before its expiry");
         assert!(s_soon.revoked().is_cancelled());
         assert_eq!(s_soon.reason(), "token expired");
         assert!(!ws_late.revoked().is_cancelled(), "not yet due");
         assert!(fires(s_late.revoked(), Duration::from_millis(1000)).await);
-        assert!(crate::store::now_ms() >= now + 400);
+        assert!(crate::clock::now_ms() >= now + 400);
         assert!(ws_late.revoked().is_cancelled());
         assert!(!ws_forever.revoked().is_cancelled());
         assert!(hub.inner.reg.lock().unwrap().deadlines.is_empty());
@@ -502,7 +502,7 @@ mod tests {
     async fn the_timer_ends_with_its_hub() {
         let hub = Hub::default();
         let weak = Arc::downgrade(&hub.inner);
-        let at = crate::store::now_ms() + 60_000;
+        let at = crate::clock::now_ms() + 60_000;
         hub.register(&api("a", Some(at)), Outbox::new(1).0);
         tokio::task::yield_now().await;
         drop(hub);

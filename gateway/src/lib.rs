@@ -1,9 +1,10 @@
 //! agent-gateway: one authenticated, documented front door for a fleet of AI agents.
 //! JSON-RPC over WebSocket (/ws) and HTTP (/rpc), generated from the method catalogue.
 
+pub mod api;
 pub mod auth;
+pub mod clock;
 pub mod config;
-pub mod error;
 pub mod events;
 pub mod fanout;
 pub mod handlers;
@@ -15,11 +16,9 @@ pub mod memory;
 pub mod obs;
 pub mod rpc;
 pub mod runtime;
-pub mod scopes;
 pub mod secrets;
 pub mod server;
 pub mod state;
 pub mod store;
-pub mod tenancy;
 pub mod transport;
 pub mod webhooks;

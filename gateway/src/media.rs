@@ -415,7 +415,7 @@ impl MediaStore {
         &self,
         id: &str,
         now_ms: i64,
-        tenant: &crate::tenancy::Tenant,
+        tenant: &crate::api::tenancy::Tenant,
     ) -> Result<MediaFile, MediaError> {
         let file = self.get(id, now_ms).await?;
         if tenant.reaches(file.owner.as_deref()) {

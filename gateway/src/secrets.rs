@@ -15,10 +15,11 @@ use ring::rand::{SecureRandom, SystemRandom};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::api::error::GatewayError;
+use crate::clock::now_ms;
 use crate::config::ConfigError;
-use crate::error::GatewayError;
 use crate::store::control::SecretRow;
-use crate::store::{now_ms, Store};
+use crate::store::Store;
 
 /// The master key: base64 of 32 random bytes.
 pub const ENV_MASTER_KEY: &str = "AGENT_GATEWAY_MASTER_KEY";

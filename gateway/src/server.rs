@@ -24,9 +24,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::api::error::GatewayError;
 use crate::auth::{self, TokenStore};
 use crate::config::{self, Config, Loaded};
-use crate::error::GatewayError;
 use crate::hub::ConnTicket;
 use crate::runtime::engine::Engine;
 use crate::state::{AppState, Control};

@@ -5,30 +5,36 @@ pub trait AgentApi: Send + Sync {
     /// `agent.cacheStats` (scope `admin`): Prompt-cache hits and misses, hit rate and cached token totals.
     fn cache_stats(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentCacheStatsParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentCacheStatsResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::AgentCacheStatsResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `agent.execute` (scope `rpc`): Runs one agent turn and answers with the final response.
     ///
     /// The first call with a given sessionKey creates the session; later calls continue it. Unlike the reference (which returned validation failures as a result member), bad input is a JSON-RPC error (-32602), an unknown agent -32001, a suspended agent -32002.
     fn execute(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentExecuteParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentExecuteResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::AgentExecuteResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `agent.getOperationModels` (scope `admin`): Which model serves each kind of operation of one agent, and where that choice came from.
     fn get_operation_models(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentGetOperationModelsParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::AgentGetOperationModelsResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `agent.stream` (scope `rpc`): Same as agent.execute; JSON-RPC cannot stream, so it answers once (and logs a warning).
@@ -36,10 +42,10 @@ pub trait AgentApi: Send + Sync {
     /// Token-by-token streaming is served by the SSE route /api/chat/stream.
     fn stream(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentStreamParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentStreamResult, crate::error::GatewayError>,
+        Output = Result<super::types::AgentStreamResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `agents` namespace: Managing the agents the gateway runs - listing, creating, reading, updating and deleting them, and suspending and resuming them. An agent is a provider and model with a system prompt, a step limit, a per-turn budget and the tools it may call. Changes apply to the next turn without a restart.
@@ -49,70 +55,85 @@ pub trait AgentsApi: Send + Sync {
     /// Designed from the reference. config is the typed, strict AgentsConfig (the reference's was an untyped object); absent members take the gateway's defaults. The reference's inlineContent (workspace files written at creation) is left out - it had no defined shape. An existing id -32002; a provider or model that is not known -32602.
     fn create(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentsCreateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentsCreateResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::AgentsCreateResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `agents.delete` (scope `admin`): Deletes an agent; its sessions stay until deleted on their own.
     ///
     /// Designed from the reference's result. The default agent cannot be deleted (-32002); unknown agent -32001. The workspace directory is kept on disk.
     fn delete(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentsDeleteParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentsDeleteResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::AgentsDeleteResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `agents.get` (scope `admin`): One agent with every setting resolved, its suspended flag and workspace.
     ///
     /// Designed (the spec leaves agents.get open; the reference answered {agentId, config, suspended, isDefault, workspaceDir} with an untyped config). Answers the flat AgentsRecord. Unknown agent -32001.
     fn get(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentsGetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentsGetResult, crate::error::GatewayError>,
+        Output = Result<super::types::AgentsGetResult, crate::api::error::GatewayError>,
     > + Send;
     /// `agents.list` (scope `admin`): Lists agent ids (lightweight; agents.get gives an agent's settings).
     ///
     /// Shape from the spec and reference ({agents}); defaultAgentId added so clients know which agent answers calls that name none.
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentsListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentsListResult, crate::error::GatewayError>,
+        Output = Result<super::types::AgentsListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `agents.resume` (scope `admin`): Resumes a suspended agent.
     ///
     /// Designed from the reference's result, plus changed. Resuming an agent that is not suspended is not an error (changed false). Unknown agent -32001.
     fn resume(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentsResumeParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentsResumeResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::AgentsResumeResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `agents.suspend` (scope `admin`): Suspends an agent - its new turns are refused until agents.resume.
     ///
     /// Designed from the reference's result, plus changed. A turn already running finishes; new turns (agent.execute, cron fires, webhooks, spawns) get -32002. Suspending a suspended agent is not an error (changed false). Unknown agent -32001.
     fn suspend(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentsSuspendParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentsSuspendResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::AgentsSuspendResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `agents.update` (scope `admin`): Changes some settings of an agent; with dryRun, only validates and shows the result.
     ///
     /// Designed from the reference. Members given in config replace the stored ones, absent members are unchanged (budget and tools are replaced whole). config is required here (an update without it changes nothing); dryRun true validates and answers the merged agent without saving it (updated false). Unknown agent -32001; an unknown provider or model -32602. Suspension is changed only through agents.suspend and agents.resume.
     fn update(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AgentsUpdateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AgentsUpdateResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::AgentsUpdateResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Handlers of the `auth` namespace: Stored OAuth credentials (auth profiles) that model providers are called with - for example a subscription login instead of an API key. Profiles are listed by their metadata only; the access and refresh tokens are write-only.
@@ -120,30 +141,30 @@ pub trait AuthApi: Send + Sync {
     /// `auth.list` (scope `admin`): Lists stored auth profiles (provider, id, expiry, account labels) - never a credential.
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AuthListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AuthListResult, crate::error::GatewayError>,
+        Output = Result<super::types::AuthListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `auth.logout` (scope `admin`): Deletes a stored auth profile and its credentials.
     ///
     /// Idempotent - an unknown profileId answers deleted false rather than an error.
     fn logout(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AuthLogoutParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AuthLogoutResult, crate::error::GatewayError>,
+        Output = Result<super::types::AuthLogoutResult, crate::api::error::GatewayError>,
     > + Send;
     /// `auth.set` (scope `admin`): Stores (or replaces) the OAuth credentials of an auth profile.
     ///
     /// Parameters are the reference's. version is the credential format and must be 1. The tokens are stored encrypted and never returned, logged or put in an event. An unknown provider is -32001.
     fn set(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::AuthSetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::AuthSetResult, crate::error::GatewayError>,
+        Output = Result<super::types::AuthSetResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `config` namespace: Reading, validating and changing the daemon's configuration, its version history (every change is a commit), and the audit log of configuration writes. All admin.
@@ -153,120 +174,135 @@ pub trait ConfigApi: Send + Sync {
     /// The params ARE the full configuration (spec), hence strict false with any additional members and no declared fields; the reference's {section, value} params are not used. The new configuration is validated first; on failure nothing changes (-32602 naming the path). Redacted placeholders ("[REDACTED]") keep the current secret, so a config.read result can be edited and applied back. Never logged. The acknowledgment is designed.
     fn apply(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigApplyParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigApplyResult, crate::error::GatewayError>,
+        Output = Result<super::types::ConfigApplyResult, crate::api::error::GatewayError>,
     > + Send;
     /// `config.audit.list` (scope `admin`): Records of the configuration audit log (who wrote the configuration, which paths).
     ///
     /// Params from the reference; since and until are ISO 8601 date-times (decision). Records name changed paths, never values. The reference's open records are given real members.
     fn audit_list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigAuditListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigAuditListResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ConfigAuditListResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `config.audit.scrub` (scope `admin`): Rewrites the audit log to remove secret values that older records may hold.
     ///
     /// With dryRun nothing is written; the counts say what would change. A malformed record is kept as is and counted. aborted is true when the log changed during the scrub (nothing is written then). Result from the reference, with dryRun echoed.
     fn audit_scrub(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigAuditScrubParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigAuditScrubResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ConfigAuditScrubResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `config.diff` (scope `admin`): Unified diff between a history commit and the current configuration.
     ///
     /// Without sha, the diff of the last commit (what the last change did). Secrets are redacted in the diff. An unknown sha is -32001 (the reference's error member is replaced by JSON-RPC errors).
     fn diff(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigDiffParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigDiffResult, crate::error::GatewayError>,
+        Output = Result<super::types::ConfigDiffResult, crate::api::error::GatewayError>,
     > + Send;
     /// `config.gc` (scope `admin`): Garbage-collects the configuration history.
     ///
     /// No params (spec; the reference's olderThan is dropped). Old history commits are squashed into a new root according to the configured retention. Result designed from the reference.
     fn gc(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigGcParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigGcResult, crate::error::GatewayError>,
+        Output = Result<super::types::ConfigGcResult, crate::api::error::GatewayError>,
     > + Send;
     /// `config.get` (scope `admin`): One configuration section without secret redaction, or the whole sanitized configuration.
     ///
     /// Spec shape: with `section` the raw section object, secrets included (admin scope only, never logged); without it, {config, sections} with secrets redacted. An unknown section is -32001.
     fn get(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigGetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigGetResult, crate::error::GatewayError>,
+        Output = Result<super::types::ConfigGetResult, crate::api::error::GatewayError>,
     > + Send;
     /// `config.history` (scope `admin`): Configuration history commits, newest first.
     ///
     /// Entry members: sha, date, message (spec) plus the change metadata of the reference. The reference's section filter is kept as an optional param; its error member is replaced by JSON-RPC errors (-32003 when history is not available).
     fn history(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigHistoryParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigHistoryResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ConfigHistoryResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `config.patch` (scope `admin`): Deep-merges the params (a partial configuration) into the configuration.
     ///
     /// The params ARE the patch (spec), hence strict false with any additional members and no declared fields. Decision: merge-patch semantics (RFC 7396) - objects merge recursively, arrays and scalars replace, null removes a member. The merged configuration is validated first; on failure nothing changes (-32602 naming the path). The patch may carry secrets and is never logged; emits config:patched. The acknowledgment (unspecified in the spec) is designed; the reference's section/key/value params are not used.
     fn patch(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigPatchParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigPatchResult, crate::error::GatewayError>,
+        Output = Result<super::types::ConfigPatchResult, crate::api::error::GatewayError>,
     > + Send;
     /// `config.read` (scope `admin`): One configuration section, or the whole configuration with its section names; secrets redacted.
     ///
     /// Spec shape: with `section` the answer is that section's object itself; without it, {config, sections}. Both are objects with free members, hence map<any>. Secret values (token secrets, API keys) read as "[REDACTED]". An unknown section is -32001.
     fn read(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigReadParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigReadResult, crate::error::GatewayError>,
+        Output = Result<super::types::ConfigReadResult, crate::api::error::GatewayError>,
     > + Send;
     /// `config.rollback` (scope `admin`): Restores the configuration of a history commit (recorded as a new commit).
     ///
     /// The restored configuration is validated like config.apply; an unknown sha is -32001. Result from the reference, with restarting true only when a restart is needed.
     fn rollback(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigRollbackParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigRollbackResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ConfigRollbackResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `config.schema` (scope `admin`): The JSON Schema of the configuration, or of one section.
     ///
     /// An unknown section is -32001.
     fn schema(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigSchemaParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigSchemaResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ConfigSchemaResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `config.set` (scope `admin`): Sets one member of one section; forwards to config.patch.
     ///
     /// Shape from the spec. The reference's alias path (for key) is not accepted: params are strict. key may be a dot path into the section. The value may be a secret, so it is never logged; previous is redacted like config.read when it is a secret. Validation failures of the resulting configuration are -32602 and nothing changes; an unknown section is -32001.
     fn set(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ConfigSetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ConfigSetResult, crate::error::GatewayError>,
+        Output = Result<super::types::ConfigSetResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `context` namespace: Read-only views of the durable conversation store behind agent context - the stored conversations and the summary graph (DAG) that compaction builds over each one.
@@ -276,12 +312,12 @@ pub trait ContextApi: Send + Sync {
     /// Designed from the reference. Its result members were snake_case (conversation_id, tenant_id, ...); renamed to camelCase like every other result of the spec (parameters keep the reference's names). limit bounded 1-1000, default 100, like session.list. A caller holding only rpc sees its own tenant's conversations.
     fn conversations(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ContextConversationsParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ContextConversationsResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `context.tree` (scope `rpc`): The summary DAG of one conversation - its nodes, depths and links.
@@ -289,10 +325,10 @@ pub trait ContextApi: Send + Sync {
     /// Designed from the reference's result. kind and taint were untyped there; made enums. A limit (default 1000, at most 5000) bounds the answer, keeping the newest nodes and setting truncated. Only previews of content are returned (at most 200 characters each). Unknown conversation -32001. A conversation is the stored transcript of one session, so its id is the session key (maxLength 512 like every session key, where the reference's ids were shorter) and the session's ownership rule applies: another tenant's conversation is -32001 like one that does not exist.
     fn tree(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ContextTreeParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ContextTreeResult, crate::error::GatewayError>,
+        Output = Result<super::types::ContextTreeResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `cron` namespace: Scheduled agent turns. A cron job sends a fixed message to an agent on a schedule (a cron expression, a fixed interval, or once at a given time); every method addresses a job by its name, unique per owner, and every fire is recorded in a run log with status ok, error or skipped. Jobs belong to the client id that created them (cron_job in owners.yaml): an rpc token sees and changes only its own, admin sees every owner's, and jobs declared in the configuration file belong to the operator (owner cron:config, admin only). Job names of the form job_<32 hex> are job ids and address one job across owners (admin).
@@ -302,70 +338,70 @@ pub trait CronApi: Send + Sync {
     /// Parameters are the spec's. The spec gives the result only as an example ({id, created: true}); it is kept and completed with the stored job so that the caller sees the computed nextRunAtMs. Names are unique per owner: a name the caller already uses is -32002 (another tenant's job of the same name is neither revealed nor in the way), a name of the form job_<32 hex> (a job id) is -32602, and an owner may hold at most scheduler.maxJobsPerOwner jobs (default 1000; one more is -32002). An unknown agentId is -32001; a schedule whose members do not fit its kind, an invalid expression, zone or `at`, or an `at` in the past is -32602 naming the member. cron.add creates in the caller's own namespace, so it has no owner rule. A wake gate runs a program on the host, so it can only be declared in the configuration file: a wakeGate parameter is refused like any unknown one (-32602 naming wakeGate), whatever the caller's scope.
     fn add(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::CronAddParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::CronAddResult, crate::error::GatewayError>,
+        Output = Result<super::types::CronAddResult, crate::api::error::GatewayError>,
     > + Send;
     /// `cron.list` (scope `rpc`): Lists every job with its schedule, next fire and last outcome.
     ///
     /// The caller's own jobs; admin sees every owner's (the owner member tells them apart).
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::CronListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::CronListResult, crate::error::GatewayError>,
+        Output = Result<super::types::CronListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `cron.remove` (scope `rpc`): Deletes a job; its run log is kept.
     ///
     /// Parameter name is the spec's `name` (the reference used jobName). An unknown name, or another tenant's job, is -32001, so removed is always true. A fire already running completes and is recorded. The job's runs stay readable through cron.runs with the same name until retention removes them. A job declared in the configuration file comes back at the next start unless it is removed from the file too.
     fn remove(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::CronRemoveParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::CronRemoveResult, crate::error::GatewayError>,
+        Output = Result<super::types::CronRemoveResult, crate::api::error::GatewayError>,
     > + Send;
     /// `cron.run` (scope `rpc`): Fires one job now (force), or every overdue job (due).
     ///
     /// Parameters and result are the spec's; the jobName parameter of the reference is the spec's `name`. mode force (the default) needs name (missing -> -32602, unknown or another tenant's -> -32001) and fires the job even when it is disabled or not due, wake gate included; a job already firing is -32002 (never two fires of one job at once); a force fire does not move the next scheduled fire. mode due ignores name and fires the caller's enabled jobs whose next fire time has passed (admin: every owner's), as the scheduler would. The fires run in the background; their outcomes appear in cron.runs. jobNames is a designed addition listing what due mode started.
     fn run(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::CronRunParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::CronRunResult, crate::error::GatewayError>,
+        Output = Result<super::types::CronRunResult, crate::api::error::GatewayError>,
     > + Send;
     /// `cron.runs` (scope `rpc`): The run log of one job, newest first.
     ///
     /// Parameters are the spec's (this method names the job `jobName`). A name with neither a job nor recorded runs of the caller's (a removed job's runs stay) is -32001. Runs of a removed job and of a later job with the same name are both returned, newest first; jobId tells them apart. Only finished fires are listed; a fire running now is seen in cron.status and on /api/events. The limit is designed (the spec gives none).
     fn runs(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::CronRunsParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::CronRunsResult, crate::error::GatewayError>,
+        Output = Result<super::types::CronRunsResult, crate::api::error::GatewayError>,
     > + Send;
     /// `cron.status` (scope `rpc`): Reads one job - its schedule, next fire, enabled flag and last outcome.
     ///
     /// The spec's parameters and members ({id, name, scheduleKind, nextRunAtMs, enabled, lastRunAtMs?, lastError?}); the answer is the full CronJob, a superset of them. The reference's scheduler-wide {running, jobCount} is not used. An unknown name, or another tenant's job, is -32001.
     fn status(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::CronStatusParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::CronStatusResult, crate::error::GatewayError>,
+        Output = Result<super::types::CronStatusResult, crate::api::error::GatewayError>,
     > + Send;
     /// `cron.update` (scope `rpc`): Changes the message, agent or schedule of a job; only the given members change.
     ///
     /// Parameters are the spec's (the job cannot be renamed) plus enabled (from the reference; without it a job could never be paused). An unknown name, or another tenant's job, is -32001. The spec's "updated job info" is designed as {id, updated, job}; nextRunAtMs is recomputed when the schedule changes or the job is enabled again. A once job that has fired cannot be enabled again without a new schedule (-32602 naming enabled). A fire already running completes with the old settings. A job's wake gate is file-only: a wakeGate parameter is -32602 naming it, and a configured gate is kept.
     fn update(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::CronUpdateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::CronUpdateResult, crate::error::GatewayError>,
+        Output = Result<super::types::CronUpdateResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `daemon` namespace: Runtime controls of the daemon process that are not configuration (nothing here is persisted).
@@ -375,12 +411,12 @@ pub trait DaemonApi: Send + Sync {
     /// Shape from the reference. Not persisted: a restart returns to the configured level. module is a tracing target (for example agent_gateway::rpc); fatal is accepted for compatibility and behaves like error.
     fn set_log_level(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::DaemonSetLogLevelParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::DaemonSetLogLevelResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
 }
@@ -391,20 +427,20 @@ pub trait EnvApi: Send + Sync {
     /// At most 30 calls per minute (over the limit -32000). Result from the reference. Decision: timestamps are epoch ms integers, as in secrets.list over the same store (the catalogue had date-time strings here and integers there). The fallback env file keeps no times, so its entries carry none. A name in both places is listed once, from the secret store (which wins when a value is resolved).
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::EnvListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::EnvListResult, crate::error::GatewayError>,
+        Output = Result<super::types::EnvListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `env.set` (scope `admin`): Writes one secret, applied live (providers rebuilt at once).
     ///
     /// At most 5 writes per minute (over the limit -32000). The literal value [REDACTED] is refused with -32602 (a redacted read must never be written back), as is an empty value (decision: env.set never clears a secret). The value is never logged nor put in an event. Deliberate departure from the spec's restart after a write: stored secrets are resolved by name when providers and webhooks are (re)built, so the write is applied live - the provider registry is rebuilt at once, on every node - and restarting is false. storage is encrypted with a master key (AGENT_GATEWAY_MASTER_KEY or secrets.masterKeyFile), file without one (the 0600 fallback file secrets.env in the data directory). Result from the reference.
     fn set(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::EnvSetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::EnvSetResult, crate::error::GatewayError>,
+        Output = Result<super::types::EnvSetResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `gateway` namespace: The daemon process itself - its status, and an in-process restart.
@@ -414,20 +450,26 @@ pub trait GatewayApi: Send + Sync {
     /// The answer is sent first; then every WebSocket is closed with 1001 (Server shutting down), the configuration is read again and the server is rebuilt on the same listening socket, so the port is never released. Designed from the reference's result, without its systemd member (the restart never leaves the process).
     fn restart(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::GatewayRestartParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::GatewayRestartResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::GatewayRestartResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `gateway.status` (scope `admin`): Process facts - pid, uptime, memory, version, where the configuration came from.
     ///
     /// Shape from the spec. nodeVersion is kept for wire compatibility with existing clients and carries the gateway's own version string (agent-gateway/<semver>).
     fn status(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::GatewayStatusParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::GatewayStatusResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::GatewayStatusResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Handlers of the `heartbeat` namespace: Per-agent heartbeats - a periodic agent turn that checks for pending work and alerts when something needs attention. Read and change an agent's heartbeat settings, see the scheduler state of every agent, and run a heartbeat now.
@@ -437,40 +479,52 @@ pub trait HeartbeatApi: Send + Sync {
     /// The reference's open objects are typed as HeartbeatConfig. An unknown agentId is -32001. The gateway defaults come from scheduler.heartbeat in the configuration file.
     fn get(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::HeartbeatGetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::HeartbeatGetResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::HeartbeatGetResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `heartbeat.states` (scope `admin`): Scheduler state of every agent's heartbeat - last and next tick, errors, backoff, alerts.
     ///
     /// One entry per registered agent; an agent whose heartbeat never ran reads as never run. The state is kept in the store, so every node of a fleet shows the same.
     fn states(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::HeartbeatStatesParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::HeartbeatStatesResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::HeartbeatStatesResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `heartbeat.trigger` (scope `admin`): Runs one agent's heartbeat now, outside its schedule.
     ///
     /// A wake that also ignores any error backoff: it ignores activeHours and does not move the next scheduled tick, and it runs even when scheduled heartbeats are disabled (as wakes do). While a tick runs, the trigger queues exactly one more; when one is already queued it is not triggered (reason already_pending), but the queued tick no longer waits for a backoff. An unknown agentId is -32001. The tick runs in the background; see heartbeat.states.
     fn trigger(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::HeartbeatTriggerParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::HeartbeatTriggerResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::HeartbeatTriggerResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `heartbeat.update` (scope `admin`): Changes one agent's heartbeat settings; only the given members change.
     ///
     /// Parameters are the reference's plus activeHours (designed). The change is written to the agent's configuration (as config.patch would) and applies from the next tick; enabling schedules a tick one interval from now (moved into activeHours), and any change clears a permanent error so ticks resume. An unknown agentId is -32001. session, when given, must be a heartbeat session of the agent (agent:<agentId>:heartbeat:system:<name>), else -32602: heartbeat turns run as the gateway's heartbeat:system principal and may only write sessions it owns. lightContext and the delivery members (target*, allowDm, responsePrefix, showOk, skipHeartbeatOnlyDelivery) are stored and returned; until channels exist a report is published as scheduler:heartbeat_delivered on /api/events (an acknowledgement only with showOk).
     fn update(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::HeartbeatUpdateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::HeartbeatUpdateResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::HeartbeatUpdateResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Handlers of the `memory` namespace: Long-term agent memory - entries an agent or an operator stores (tagged, trust-levelled, optionally pinned), found again by full-text and vector search, plus the consolidated observations and entities derived from them, recall diagnostics, and portable export and import. Searching is rpc; management is admin. Parameter names follow the reference (snake_case tenant_id/agent_id on management methods); a tenant defaults to the calling token's client id.
@@ -480,101 +534,119 @@ pub trait MemoryApi: Send + Sync {
     /// Recalls up to limit entries and has the model answer from them only. When the recalled entries do not support an answer the result abstains (abstained true, answer explains) rather than guessing. No model configured is -32003.
     fn ask(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryAskParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryAskResult, crate::error::GatewayError>,
+        Output = Result<super::types::MemoryAskResult, crate::api::error::GatewayError>,
     > + Send;
     /// `memory.browse` (scope `admin`): Pages through memory entries, newest or oldest first, with filters.
     ///
     /// Shape from the reference, with one fix - total is the number of entries matching the filters (the reference returned the page length), so hasMore is offset + entries < total. Entry content is cut to a 500-character preview; memory.export gives full content.
     fn browse(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryBrowseParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryBrowseResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::MemoryBrowseResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `memory.delete` (scope `admin`): Deletes memory entries by id.
     ///
     /// Each id is deleted independently; an unknown id counts as failed and does not stop the others.
     fn delete(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryDeleteParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryDeleteResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::MemoryDeleteResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `memory.embeddingCache` (scope `admin`): State of the embedding cache (in-process and persistent tiers) and of the embedding provider.
     ///
     /// The reference named the members only; their contents are designed.
     fn embedding_cache(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryEmbeddingCacheParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::MemoryEmbeddingCacheResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `memory.entities` (scope `admin`): Entities (people, places, things) extracted from memory, most mentioned first.
     fn entities(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryEntitiesParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryEntitiesResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::MemoryEntitiesResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `memory.export` (scope `admin`): Pages through memory entries with full content, for backup or inspection.
     ///
     /// Shape from the reference (total fixed as in memory.browse, hasMore added). For a file that another gateway can import use memory.portability.export.
     fn export(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryExportParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryExportResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::MemoryExportResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `memory.flush` (scope `admin`): Deletes every memory entry of a tenant, or of one agent in it. Destructive.
     ///
     /// Pinned entries are deleted too; observations and entities derived from the deleted entries go with them.
     fn flush(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryFlushParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryFlushResult, crate::error::GatewayError>,
+        Output = Result<super::types::MemoryFlushResult, crate::api::error::GatewayError>,
     > + Send;
     /// `memory.get_file` (scope `rpc`): Reads one of an agent's memory files (MEMORY.md or a file under memory/), or a line range of it.
     ///
     /// Shape from the reference; what it reads is a deliberate departure from the reference, which read any file of the workspace. An agent's workspace holds the operator's content for that agent (instructions, templates, skills, memory files) and is shared by every tenant of the agent; no turn, tool or tenant-facing method writes tenant data into it. Only the agent's memory files are readable: path is MEMORY.md or a path under memory/, relative to the workspace. An absolute path, any segment starting with '.' (.., ., dotfiles such as .netrc or .git/config, memory/.x), an empty segment, any other file, and a path whose resolved target (symlinks followed) is not itself a memory file of the same workspace are -32602 naming path; a missing memory file is -32001. The memory files are the operator's and the same for every tenant, so there is no owner rule: any rpc caller reads the same files of any agent, as the agent itself sees them. Files over 4 MiB or not UTF-8 are -32602. Lines are 1-based and inclusive; a range past the end is clamped. agentId is a designed addition, as in memory.search_files.
     fn get_file(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryGetFileParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryGetFileResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::MemoryGetFileResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `memory.inspect` (scope `rpc`): Reads one entry by id, or the store's statistics when no id is given.
     ///
     /// The reference answered either {stats} or {entry}; kept, with both members typed: with id, entry is present (unknown id -32001); without, stats is present. tenantId naming another tenant than the caller's own needs admin scope (-32603).
     fn inspect(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryInspectParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryInspectResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::MemoryInspectResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `memory.observations` (scope `admin`): Observations consolidated from several memory entries, newest first.
     fn observations(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryObservationsParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::MemoryObservationsResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `memory.pin` (scope `admin`): Pins an entry so that lifecycle sweeps never evict or demote it.
@@ -582,22 +654,22 @@ pub trait MemoryApi: Send + Sync {
     /// The reference answered an unknown id with found false; here it is -32001, like every other missing entity, and the result says whether anything changed (pinning twice is harmless).
     fn pin(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryPinParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryPinResult, crate::error::GatewayError>,
+        Output = Result<super::types::MemoryPinResult, crate::api::error::GatewayError>,
     > + Send;
     /// `memory.portability.export` (scope `admin`): Exports memory in the portable format that memory.portability.import accepts.
     ///
     /// Shape from the reference; the schemaVersion string is our own (agent-gateway-memory-export-v1) and exportedAt is epoch ms like every other timestamp of the catalogue.
     fn portability_export(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryPortabilityExportParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::MemoryPortabilityExportResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `memory.portability.import` (scope `admin`): Imports portable memory entries into an agent's memory (optionally as a dry run).
@@ -605,12 +677,12 @@ pub trait MemoryApi: Send + Sync {
     /// Every entry passes the memory write validator: entries with critical injection patterns are blocked, suspicious ones are stored with trust external (downgraded). Trust is capped at learned - a system entry is imported as learned and counted as downgraded - so an import can never raise trust. New ids are assigned. dry_run reports the same counts without writing.
     fn portability_import(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryPortabilityImportParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::MemoryPortabilityImportResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `memory.recall_stats` (scope `admin`): How memory recall has performed - lane usage, reranking, hit rates.
@@ -618,12 +690,12 @@ pub trait MemoryApi: Send + Sync {
     /// Counters since the daemon started.
     fn recall_stats(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryRecallStatsParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::MemoryRecallStatsResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `memory.recall_trace` (scope `admin`): Per-recall records (lanes, candidate counts, entries chosen) for a session, trace or agent, newest first.
@@ -631,12 +703,12 @@ pub trait MemoryApi: Send + Sync {
     /// The reference gave only object[]; the record is designed content-free (ids and counts, never the query or entry text), like the recall block of obs.explain.
     fn recall_trace(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryRecallTraceParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::MemoryRecallTraceResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `memory.search` (scope `rpc`): Searches memory entries by relevance to a query (the RPC form of GET /api/memory/search).
@@ -644,22 +716,25 @@ pub trait MemoryApi: Send + Sync {
     /// Limits are those of the REST route (limit 1-100, default 10). The reference's result items {id, content, score} are completed with the entry's members. tenantId naming another tenant than the caller's own needs admin scope (-32603 otherwise), so an rpc token cannot read another tenant's memory.
     fn search(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemorySearchParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemorySearchResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::MemorySearchResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `memory.search_files` (scope `rpc`): Full-text search over one agent's memory, as its memory_search tool sees it (500-character previews).
     ///
     /// Shape from the reference. Searches only the given agent's entries within the caller's tenant, in the memory store; it never reads workspace files (memory.get_file reads the agent's memory files). agentId is a designed addition (the reference took the agent from the calling tool's context, which a gateway client does not have).
     fn search_files(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemorySearchFilesParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::MemorySearchFilesResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `memory.stats` (scope `admin`): Entry counts and index facts of a tenant's memory (the RPC form of GET /api/memory/stats).
@@ -667,30 +742,30 @@ pub trait MemoryApi: Send + Sync {
     /// The reference left the result open; designed as the MemoryStats type (shared with memory.inspect).
     fn stats(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryStatsParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryStatsResult, crate::error::GatewayError>,
+        Output = Result<super::types::MemoryStatsResult, crate::api::error::GatewayError>,
     > + Send;
     /// `memory.store` (scope `admin`): Stores a new memory entry (operator-attributed).
     ///
     /// Content passes the memory write validator first - content with critical injection patterns is refused (-32602), suspicious content is stored with trust external and the tag security-tainted. The entry is filed as memoryType semantic and is embedded in the background. agentId is a designed addition (the reference took it from the calling tool's context).
     fn store(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryStoreParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryStoreResult, crate::error::GatewayError>,
+        Output = Result<super::types::MemoryStoreResult, crate::api::error::GatewayError>,
     > + Send;
     /// `memory.unpin` (scope `admin`): Removes the pin from an entry.
     ///
     /// Same rules as memory.pin - an unknown id is -32001; unpinning an unpinned entry is harmless.
     fn unpin(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::MemoryUnpinParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::MemoryUnpinResult, crate::error::GatewayError>,
+        Output = Result<super::types::MemoryUnpinResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `models` namespace: The model catalogue - the models agents and /v1/models can use, with their context windows, prices and capabilities - and a live check of a provider's connectivity and credentials.
@@ -700,20 +775,20 @@ pub trait ModelsApi: Send + Sync {
     /// The reference's result was an open object of catalogue entries; designed as typed ModelsCatalogEntry items sorted by id. The ids are the ones /v1/models serves. An unknown provider gives an empty list, not an error.
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ModelsListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ModelsListResult, crate::error::GatewayError>,
+        Output = Result<super::types::ModelsListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `models.list_providers` (scope `admin`): Provider ids that have models in the catalogue.
     fn list_providers(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ModelsListProvidersParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ModelsListProvidersResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `models.test` (scope `admin`): Makes one tiny model call through a provider to check its endpoint and credentials.
@@ -721,10 +796,10 @@ pub trait ModelsApi: Send + Sync {
     /// The reference's result was an open object; designed. A failed check is a result with ok false and an errorKind, not a JSON-RPC error (the method ran); only an unknown provider is -32001. Disabled providers can be tested (to check them before enabling). The call is one short completion (or one embedding for embedding-only models), capped at a few output tokens.
     fn test(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ModelsTestParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ModelsTestResult, crate::error::GatewayError>,
+        Output = Result<super::types::ModelsTestResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `obs` namespace: Observability - diagnostics, billing, channel and delivery activity, context and prompt reports, the session trace index, and deterministic post-mortem (obs.explain) and fleet health reports derived from logs. All admin except obs.diagnostics, which is rpc.
@@ -734,23 +809,23 @@ pub trait ObsApi: Send + Sync {
     /// An agent with no recorded calls (including an unknown or deleted one) gets zeros, not an error, because billing history outlives agents. The reference's optional budgetUsed member is left out: the spec says the shape is the same as obs.billing.total.
     fn billing_by_agent(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsBillingByAgentParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsBillingByAgentResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.billing.byProvider` (scope `admin`): Tokens and estimated cost per provider.
     fn billing_by_provider(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsBillingByProviderParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsBillingByProviderResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.billing.bySession` (scope `admin`): Billing totals of one session.
@@ -758,12 +833,12 @@ pub trait ObsApi: Send + Sync {
     /// A session with no recorded calls gets zeros, not an error.
     fn billing_by_session(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsBillingBySessionParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsBillingBySessionResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.billing.total` (scope `admin`): Cost, tokens, call count and cache savings over all model calls.
@@ -771,22 +846,25 @@ pub trait ObsApi: Send + Sync {
     /// Figures combine the in-memory data of the current daemon run with stored history.
     fn billing_total(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsBillingTotalParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsBillingTotalResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsBillingTotalResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.billing.usage24h` (scope `admin`): Tokens used per hour over the last 24 hours.
     ///
     /// The result is a bare array (spec) of 24 entries, oldest hour first, one per hour of the last 24 hours; hours without calls have tokens 0.
     fn billing_usage24h(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsBillingUsage24hParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsBillingUsage24hResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.cacheStats.window` (scope `admin`): Prompt-cache figures for a time window, optionally of one agent or provider.
@@ -794,72 +872,84 @@ pub trait ObsApi: Send + Sync {
     /// Param names are the reference's (agent, provider). untilMs before sinceMs is refused with -32602. The reference's open {window} object is given real members.
     fn cache_stats_window(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsCacheStatsWindowParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsCacheStatsWindowResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.channels.all` (scope `admin`): Activity snapshots of every channel.
     fn channels_all(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsChannelsAllParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsChannelsAllResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsChannelsAllResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.channels.get` (scope `admin`): Activity snapshot of one channel, or null.
     ///
     /// An unknown channel answers {channel null} (spec), not an error.
     fn channels_get(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsChannelsGetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsChannelsGetResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsChannelsGetResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.channels.stale` (scope `admin`): Channels with no activity for longer than a threshold.
     fn channels_stale(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsChannelsStaleParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsChannelsStaleResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsChannelsStaleResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.context.dag` (scope `admin`): Snapshots of the context DAG per session - node counts, depths, compaction history.
     ///
     /// Designed from the spec's description. The reference answers a bare array; we wrap it in {snapshots} so members can be added later. limit is the reference's.
     fn context_dag(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsContextDagParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsContextDagResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsContextDagResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.context.pipeline` (scope `admin`): Context pipeline state per agent - layer configuration and token budgets.
     ///
     /// Designed from the spec's description. The reference answers a bare array; we wrap it in {pipelines} so members can be added later. limit is the reference's.
     fn context_pipeline(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsContextPipelineParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsContextPipelineResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.delivery.recent` (scope `admin`): Recent outbound deliveries, optionally of one channel.
     fn delivery_recent(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsDeliveryRecentParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsDeliveryRecentResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.delivery.stats` (scope `admin`): Delivery totals, successes, failures and average latency.
@@ -867,91 +957,106 @@ pub trait ObsApi: Send + Sync {
     /// Over the stored delivery history (what obs.reset.table delivery clears).
     fn delivery_stats(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsDeliveryStatsParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsDeliveryStatsResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsDeliveryStatsResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.diagnostics` (scope `rpc`): Recent diagnostic events, optionally of one category, with counts per category.
     ///
     /// rpc on purpose (spec) so that an agent can inspect its own sessions. Decision: with a token that lacks admin, only events of sessions belonging to the caller's client id are returned, and every event is content-free (ids, counts, timings, codes). category is the reference's enum (the spec only says string).
     fn diagnostics(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsDiagnosticsParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsDiagnosticsResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsDiagnosticsResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.explain` (scope `admin`): A deterministic post-mortem (incident report) of one session, from logs only.
     ///
     /// At least one of sessionKey, traceId, rootRunId is required (-32602 otherwise); when several are given the first of that order is used. A trace id or root run id is resolved to its session key first, so all three give the same report. An unresolvable reference is not an error: the report comes back with reference.resolved false, sessionKey null and likelyRootCause.code session_not_found naming the reference. A cron job id is not a valid input. Depth summary bounds the report to about 6 KB and caps the failure list; full relaxes the caps. No raw tool output is inlined at either depth. rootRunId comes from the spec (the reference lacks it).
     fn explain(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsExplainParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsExplainResult, crate::error::GatewayError>,
+        Output = Result<super::types::ObsExplainResult, crate::api::error::GatewayError>,
     > + Send;
     /// `obs.fleet.health` (scope `admin`): A cross-session health report over a recent window, from logs and diagnostics.
     ///
     /// The spec lists no parameters; sinceHours is the reference's, defaulting to 24 hours and capped at 30 days. Derived without a model call.
     fn fleet_health(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsFleetHealthParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsFleetHealthResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsFleetHealthResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.getCacheStats` (scope `admin`): Prompt-cache totals, hit rate, estimated savings and per-provider hits and misses, over all agents.
     ///
     /// The spec's members (totals, hit rate, savings, per provider) replace the reference's {cacheHitRate, cacheEffectiveness}; member names follow agent.cacheStats so both read alike.
     fn get_cache_stats(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsGetCacheStatsParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsGetCacheStatsResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsGetCacheStatsResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.reset` (scope `admin`): Deletes all observability data (token usage, delivery, diagnostics, channel snapshots, the trace index, prompt reports).
     ///
     /// Irreversible; emits observability:reset. Result from the reference, with traceIndex and promptReports added. Deliberate departure: the counters of GET /metrics are not reset - Prometheus counters only ever grow within a process (a drop reads as a restart and rate() handles it), so obs.reset clears the stored data the obs.* methods read.
     fn reset(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsResetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsResetResult, crate::error::GatewayError>,
+        Output = Result<super::types::ObsResetResult, crate::api::error::GatewayError>,
     > + Send;
     /// `obs.reset.table` (scope `admin`): Deletes the data of one observability table.
     ///
     /// The spec leaves the selector unspecified; the reference's table enum is used. Irreversible.
     fn reset_table(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsResetTableParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsResetTableResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsResetTableResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.systemPromptReport.latest` (scope `admin`): The newest system prompt report of a session (of one run when runId is given), or null.
     fn system_prompt_report_latest(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsSystemPromptReportLatestParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsSystemPromptReportLatestResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.systemPromptReport.list` (scope `admin`): System prompt reports of a session, newest first.
     fn system_prompt_report_list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsSystemPromptReportListParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::ObsSystemPromptReportListResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `obs.trace.export` (scope `admin`): Writes a trace bundle of one session to a file on the gateway host.
@@ -959,30 +1064,39 @@ pub trait ObsApi: Send + Sync {
     /// The bundle (session log, trajectory, diagnostics of the session; secrets redacted) is written under the data directory and its path returned; an unknown session is -32001. The reference's {bundlePath} is extended with size and time.
     fn trace_export(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsTraceExportParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsTraceExportResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsTraceExportResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.trace.search` (scope `admin`): Searches the session index of the last two days by message, trace or chat id.
     ///
     /// Rows older than two days are never returned. Synthetic rows (heartbeats, wake gates, probes) are left out unless includeSynthetic is true. Decision: where is a small filter language over row columns - terms <column><op><value> with op one of = != < > <= >=, joined by " and "; it is parsed, never passed to SQL; a bad expression is -32602.
     fn trace_search(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsTraceSearchParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsTraceSearchResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsTraceSearchResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `obs.trace.tail` (scope `admin`): The newest trace rows of one chat, for polling (pass nextSinceMs back as sinceMs).
     ///
     /// Events share the row shape of obs.trace.search; synthetic rows are included and flagged.
     fn trace_tail(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ObsTraceTailParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ObsTraceTailResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ObsTraceTailResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Handlers of the `providers` namespace: Managing the model providers agents run on (openai-compatible endpoints, anthropic, the in-process local models, the scripted test provider) - listing, creating, reading, updating, deleting, enabling and disabling them. Credentials are never passed nor returned: a provider names the environment variable holding its key (apiKeyEnv) and reports only whether it is set.
@@ -992,70 +1106,91 @@ pub trait ProvidersApi: Send + Sync {
     /// Designed from the reference. config is the typed, strict ProvidersConfig and is required here (its type member must be given, -32602 otherwise). An existing id -32002. The key is not checked at creation; models.test checks it.
     fn create(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ProvidersCreateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ProvidersCreateResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ProvidersCreateResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `providers.delete` (scope `admin`): Deletes a provider that no agent uses.
     ///
     /// Designed from the reference's result. Refused with -32002 while an agent uses the provider (providers.get lists them in agentsUsing); unknown provider -32001.
     fn delete(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ProvidersDeleteParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ProvidersDeleteResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ProvidersDeleteResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `providers.disable` (scope `admin`): Disables a provider; agents using it fail over or fail until it is enabled again.
     ///
     /// Designed from the reference's result, plus changed and agentsUsing. Disabling a provider that agents use is allowed but answered with a warning naming them. Unknown provider -32001.
     fn disable(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ProvidersDisableParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ProvidersDisableResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ProvidersDisableResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `providers.enable` (scope `admin`): Enables a provider so agents can use it.
     ///
     /// Designed from the reference's result, plus changed (false when it was already enabled). Unknown provider -32001.
     fn enable(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ProvidersEnableParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ProvidersEnableResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ProvidersEnableResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `providers.get` (scope `admin`): One provider with its settings, key status and the agents using it.
     ///
     /// Designed from the reference's {providerId, config, apiKeyConfigured, agentsUsing}, flattened into ProvidersRecord. Unknown provider -32001.
     fn get(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ProvidersGetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ProvidersGetResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ProvidersGetResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `providers.list` (scope `admin`): Lists every provider with its settings, key status and users.
     ///
     /// Designed from the reference's list entry (id, type, name, enabled, baseUrl, apiKeyName, modelCount, apiKeyConfigured); entries are full ProvidersRecords (providerId, apiKeyEnv and the models themselves instead of a count), so list and get agree.
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ProvidersListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ProvidersListResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ProvidersListResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `providers.update` (scope `admin`): Changes some settings of a provider.
     ///
     /// Designed from the reference. Members given in config replace the stored ones, absent members are unchanged (models is replaced whole); config is required (an update without it changes nothing). The type cannot change (-32002). Unknown provider -32001.
     fn update(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::ProvidersUpdateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::ProvidersUpdateResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::ProvidersUpdateResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Handlers of the `scheduler` namespace: The daemon's heartbeat scheduler as a whole - waking it outside its schedule.
@@ -1065,10 +1200,13 @@ pub trait SchedulerApi: Send + Sync {
     /// Behaviour from the spec, result from the reference; the limits below are designed. The call answers at once; the heartbeat run happens in the background. The coalescer keeps one queued heartbeat per agent in the store (fleet-wide, kept across restarts): while one is queued, calls fold into it (woke false, reason coalesced); while one runs, the first call queues exactly one more. A wake ignores activeHours but waits out an error backoff. Waking an agent whose heartbeat is disabled is an admin power: for a caller without admin nothing is queued and the result is woke false with reason heartbeat_disabled (admin wakes it as before). Each caller without admin (by token client id) may wake at most 6 times per minute, whatever the agent (the full burst at once, then one call per 10 s; calls answered heartbeat_disabled count too); over the limit -32000. Admin callers are not limited (they may run heartbeat turns at will with heartbeat.trigger). source is a short label (letters, digits, _ . : -; at most 64 characters; anything else -32602 naming source), recorded in the heartbeat state and the scheduler:heartbeat_check event and never placed in the heartbeat prompt, so a caller cannot add text to the operator's heartbeat turn. agentId is designed (heartbeats are per agent; the spec names none): the default agent when omitted, unknown -32001. Webhook mappings with action wake use the same path with the source webhook:<mapping id> (characters outside the label's set become _, cut at 64), without the per-caller limit or the disabled-heartbeat rule (the operator configured them).
     fn wake(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SchedulerWakeParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SchedulerWakeResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SchedulerWakeResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Handlers of the `secrets` namespace: The encrypted secret store - named values (API keys and the like) that configuration refers to by name. Lists carry names and metadata only; a value leaves the store only through secrets.get. Without a master key the store is unavailable and every method answers -32003.
@@ -1078,38 +1216,41 @@ pub trait SecretsApi: Send + Sync {
     /// A missing name answers deleted false rather than an error. Applied live like secrets.set (restarting is always false).
     fn delete(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SecretsDeleteParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SecretsDeleteResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SecretsDeleteResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `secrets.get` (scope `admin`): Reads one secret's value.
     ///
     /// The only method that returns a secret value. A missing name answers exists false without a value (not an error). Every read emits a secret:accessed event carrying the name only.
     fn get(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SecretsGetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SecretsGetResult, crate::error::GatewayError>,
+        Output = Result<super::types::SecretsGetResult, crate::api::error::GatewayError>,
     > + Send;
     /// `secrets.list` (scope `admin`): Lists stored secrets by name with their metadata - never a value.
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SecretsListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SecretsListResult, crate::error::GatewayError>,
+        Output = Result<super::types::SecretsListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `secrets.set` (scope `admin`): Stores (or replaces) a secret; providers pick it up at once.
     ///
     /// The reference left parameters and result open; designed strict, with env.set's rules since both write the same store - name of uppercase letters, digits and underscores starting with a letter (max 256), value max 8192 characters, the literal [REDACTED] refused. The value is never logged. As with env.set, the write is applied live (providers rebuilt on every node), so restarting is false.
     fn set(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SecretsSetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SecretsSetResult, crate::error::GatewayError>,
+        Output = Result<super::types::SecretsSetResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `session` namespace: Conversation sessions - listing, reading, searching, exporting, resetting, compacting and deleting them - and agent-to-agent work inside sessions (sending into another session, spawning sub-agent runs and reading their status). Parameters are snake_case (session_key), as the spec states for this namespace; results are camelCase. A session is created by the first agent turn that names its key.
@@ -1119,72 +1260,87 @@ pub trait SessionApi: Send + Sync {
     /// The parameter is key, not session_key - the spec gives session.compact exactly {key}, unlike the rest of the namespace. instructions is the reference's optional parameter (guidance for the summaries made by this call). Compaction grows the conversation's summary tree (context.tree) over every message but the last agentDefaults.context.keepRecentMessages: leaf summaries of the oldest uncovered messages, condensed into higher nodes as they accumulate. The transcript is kept (session.history still lists every message); later turns send the top-level summaries and the messages they do not cover. The spec leaves the result unspecified; designed from the reference's members, with compactionTriggered false (instead of an error) when nothing is old enough to summarise, and the counts of what the model would get before and after (each top-level summary counts as one message). Unknown session -32001.
     fn compact(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionCompactParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionCompactResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionCompactResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.delete` (scope `admin`): Deletes a session and answers with its last transcript.
     ///
     /// The parameter is session_key; a parameter named key (the reference's old spelling, and the one session.compact uses) is refused with -32602 because params are strict. Unknown session -32001.
     fn delete(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionDeleteParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionDeleteResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionDeleteResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.export` (scope `admin`): Exports a whole session - every message, its metadata and timestamps.
     ///
     /// Unknown session -32001.
     fn export(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionExportParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionExportResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionExportResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.history` (scope `rpc`): Reads a session's message log, newest page first, paging backwards with before.
     ///
     /// Shape designed (the spec only says "full message log"). Decided - cursor-style paging backwards instead of the reference's offset: a page holds the latest `limit` messages whose seq is below `before` (all messages when before is absent), returned oldest first; to read older messages pass the seq of the first message received as before. seq is stable while messages are appended, so pages never shift under a live session. Tool calls and per-message token usage are part of each message. Unknown session -32001.
     fn history(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionHistoryParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionHistoryResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionHistoryResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.list` (scope `rpc`): Lists sessions, most recently updated first, with filters and offset pagination.
     ///
     /// The spec names the method and its rpc scope but not its shape; designed from the reference (which had kind and since_minutes filters). Decided - filters agent_id, channel and since_minutes (kind dropped, its values are not defined anywhere); offset pagination with limit 1-1000 (default 100) and total/hasMore. Filter parameters are snake_case like every parameter of this namespace. A caller holding only rpc sees the sessions of its own tenant (its token's client id); admin sees all.
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionListResult, crate::error::GatewayError>,
+        Output = Result<super::types::SessionListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `session.reset` (scope `admin`): Clears a session's messages, keeping its metadata; also clears its cached approval decisions.
     ///
     /// Unknown session -32001.
     fn reset(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionResetParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionResetResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionResetResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.reset_conversation` (scope `admin`): Irreversibly wipes a conversation from every history layer, optionally with its memories.
     ///
     /// Destructive and irreversible. Clears the durable history store, the working transcript and the runtime session transcript, each best effort (an absent entry is not an error). memory true also deletes the memories stored with this session as source; purge_derived true (only allowed with memory true, -32602 otherwise) also deletes every observation derived from the session, even those other sessions support. memoriesDeleted is absent when memory was not requested or no memory store is wired, and 0 when the memory delete failed (the rest of the reset is kept). runtimeSessionDestroyed false means the conversation may reappear on the next turn.
     fn reset_conversation(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionResetConversationParams,
     ) -> impl ::core::future::Future<
         Output = Result<
             super::types::SessionResetConversationResult,
-            crate::error::GatewayError,
+            crate::api::error::GatewayError,
         >,
     > + Send;
     /// `session.run_status` (scope `rpc`): State and outcome of one spawned run (session.spawn).
@@ -1192,50 +1348,62 @@ pub trait SessionApi: Send + Sync {
     /// Shape from the spec (sessionKey is always present there, unlike the reference). status uses the designed SubagentRunStatus values. Unknown run -32001; a caller holding only rpc may read only runs of its own tenant.
     fn run_status(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionRunStatusParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionRunStatusResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionRunStatusResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.search` (scope `rpc`): Full-text search over session messages.
     ///
     /// Parameters and hit shape from the spec (the reference's scope and summarize parameters are left out; strict params refuse them). limit bound designed - 1-100, default 10, like the REST memory search. A caller holding only rpc searches only its own tenant's sessions.
     fn search(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionSearchParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionSearchResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionSearchResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.send` (scope `rpc`): Sends a message into another session and, by default, waits for that agent's reply.
     ///
     /// Designed from the reference's parameters (its result was an open object). mode wait runs the target session's turn and answers with the reply, or with status timeout once timeout_ms passes (the turn keeps running); mode async answers at once with status accepted and a runId for session.run_status. max_turns bounds the reply-back exchange the message may start. Unknown session (and no agent_id to create it) -32001. A new canonical key must name agent_id's agent; a key that is not canonical is a label in the caller's own tenant. The gateway's own sessions (channels heartbeat, webhook, cron) are never created or continued here: -32602 naming session_key for a caller that may read them (admin, a cron job's owner), -32001 for anyone else, as for any session that is not theirs.
     fn send(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionSendParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionSendResult, crate::error::GatewayError>,
+        Output = Result<super::types::SessionSendResult, crate::api::error::GatewayError>,
     > + Send;
     /// `session.spawn` (scope `rpc`): Spawns a sub-agent run on a task in a new child session.
     ///
     /// Designed from the reference's parameters (its result was an open object "runId etc."). async false (default) waits for the run to end and answers with its outcome; async true answers at once (status queued or running) and the outcome is read with session.run_status or subagent.wait. Refused with -32002 while spawning is paused (subagent.pause). When an announce channel is given the final answer is also delivered there.
     fn spawn(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionSpawnParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionSpawnResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionSpawnResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `session.status` (scope `rpc`): Model, token use and step count of a session's current turn.
     ///
     /// The reference takes no parameter and reports on the caller's own session (an agent calling through its capability lease). Added session_key so clients without a session context can use it (-32602 when they omit it), and token usage uses the common TokensUsed plus costUsd instead of the reference's {totalTokens, totalCost}.
     fn status(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SessionStatusParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SessionStatusResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::SessionStatusResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Handlers of the `system` namespace: Liveness of the JSON-RPC surface itself.
@@ -1243,10 +1411,10 @@ pub trait SystemApi: Send + Sync {
     /// `system.ping` (scope `rpc`): Answers at once; proves the connection, the token and the dispatch work.
     fn ping(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::SystemPingParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::SystemPingResult, crate::error::GatewayError>,
+        Output = Result<super::types::SystemPingResult, crate::api::error::GatewayError>,
     > + Send;
 }
 /// Handlers of the `tokens` namespace: Gateway API tokens - the bearer tokens clients authenticate with. Tokens created here live in the gateway's store next to those of gateway.tokens[] in the configuration. A token's secret is shown exactly once, by tokens.create or tokens.rotate; nothing ever returns it again. A token's id is its client id, the tenant its sessions, jobs and runs belong to. Every method is admin, and admin reaches every tenant, so tokens carry no owner rule (the scope is the boundary). Checked on every request from memory (a hash of the secret, one map lookup), refreshed on every node when any node changes a token.
@@ -1256,47 +1424,56 @@ pub trait TokensApi: Send + Sync {
     /// Unlike configuration tokens (where an empty scopes list means every scope), scopes must name at least one scope here; a full-access token asks for "*" explicitly. An id already in use (in the store or the configuration) is -32002. The secret is at least 32 characters of cryptographic randomness and only its hash is stored. expiresAt is a designed addition. A caller cannot mint a scope it does not hold (-32602 naming it): "*" needs "*", and each other scope needs that scope (admin also grants rpc).
     fn create(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::TokensCreateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::TokensCreateResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::TokensCreateResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `tokens.list` (scope `admin`): Lists every API token with its scopes and usage times - never a secret.
     ///
     /// Lists the configuration tokens too (origin config), so that an operator sees every way into the gateway. lastUsedAt, expiresAt and origin are designed additions to the reference's {id, scopes, createdAt}.
     fn list(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::TokensListParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::TokensListResult, crate::error::GatewayError>,
+        Output = Result<super::types::TokensListResult, crate::api::error::GatewayError>,
     > + Send;
     /// `tokens.revoke` (scope `admin`): Revokes an API token at once.
     ///
     /// Requests with the token are refused from now on, and open WebSocket connections that authenticated with it are closed with 4001 (on every node). An unknown id is -32001; a configuration token cannot be revoked here (-32002; remove it from gateway.tokens[] with config.patch instead, which restarts the gateway). A revoked id stays reserved: it is the tenant of the records the token made, so tokens.create refuses it (-32002) rather than hand them to a new secret.
     fn revoke(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::TokensRevokeParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::TokensRevokeResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::TokensRevokeResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
     /// `tokens.rotate` (scope `admin`): Replaces a token by a new one with the same scopes and expiry, returning the new secret once.
     ///
     /// Deliberate departure from the reference: the token keeps its id (newId equals oldId) and gets a new secret, because the id is the tenant that owns the token's sessions, jobs and runs - a new id would orphan them. The old secret stops working at once (401) and the open WebSockets that authenticated with it are closed with 4001. An unknown id is -32001; a configuration token cannot be rotated here (-32002).
     fn rotate(
         &self,
-        ctx: &crate::rpc::CallContext,
+        ctx: &crate::api::CallContext,
         params: super::types::TokensRotateParams,
     ) -> impl ::core::future::Future<
-        Output = Result<super::types::TokensRotateResult, crate::error::GatewayError>,
+        Output = Result<
+            super::types::TokensRotateResult,
+            crate::api::error::GatewayError,
+        >,
     > + Send;
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
 pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + SchedulerApi + SecretsApi + SessionApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
-    type Owners: crate::tenancy::Owners;
+    type Owners: crate::api::tenancy::Owners;
     /// Where the ownership rules look owners up.
     fn owners(&self) -> &Self::Owners;
 }
@@ -1317,910 +1494,944 @@ impl<O> Fake<O> {
             ran: ::std::sync::Mutex::new(Vec::new()),
         }
     }
-    fn ran<T>(&self, method: &'static str) -> Result<T, crate::error::GatewayError> {
+    fn ran<T>(
+        &self,
+        method: &'static str,
+    ) -> Result<T, crate::api::error::GatewayError> {
         if let Ok(mut ran) = self.ran.lock() {
             ran.push(method);
         }
-        Err(crate::error::GatewayError::Unavailable(format!("fake handler: {method}")))
+        Err(
+            crate::api::error::GatewayError::Unavailable(
+                format!("fake handler: {method}"),
+            ),
+        )
     }
 }
-impl<O: crate::tenancy::Owners> AgentApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> AgentApi for Fake<O> {
     async fn cache_stats(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentCacheStatsParams,
-    ) -> Result<super::types::AgentCacheStatsResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentCacheStatsResult, crate::api::error::GatewayError> {
         self.ran("agent.cacheStats")
     }
     async fn execute(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentExecuteParams,
-    ) -> Result<super::types::AgentExecuteResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentExecuteResult, crate::api::error::GatewayError> {
         self.ran("agent.execute")
     }
     async fn get_operation_models(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentGetOperationModelsParams,
     ) -> Result<
         super::types::AgentGetOperationModelsResult,
-        crate::error::GatewayError,
+        crate::api::error::GatewayError,
     > {
         self.ran("agent.getOperationModels")
     }
     async fn stream(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentStreamParams,
-    ) -> Result<super::types::AgentStreamResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentStreamResult, crate::api::error::GatewayError> {
         self.ran("agent.stream")
     }
 }
-impl<O: crate::tenancy::Owners> AgentsApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> AgentsApi for Fake<O> {
     async fn create(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentsCreateParams,
-    ) -> Result<super::types::AgentsCreateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentsCreateResult, crate::api::error::GatewayError> {
         self.ran("agents.create")
     }
     async fn delete(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentsDeleteParams,
-    ) -> Result<super::types::AgentsDeleteResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentsDeleteResult, crate::api::error::GatewayError> {
         self.ran("agents.delete")
     }
     async fn get(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentsGetParams,
-    ) -> Result<super::types::AgentsGetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentsGetResult, crate::api::error::GatewayError> {
         self.ran("agents.get")
     }
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentsListParams,
-    ) -> Result<super::types::AgentsListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentsListResult, crate::api::error::GatewayError> {
         self.ran("agents.list")
     }
     async fn resume(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentsResumeParams,
-    ) -> Result<super::types::AgentsResumeResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentsResumeResult, crate::api::error::GatewayError> {
         self.ran("agents.resume")
     }
     async fn suspend(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentsSuspendParams,
-    ) -> Result<super::types::AgentsSuspendResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentsSuspendResult, crate::api::error::GatewayError> {
         self.ran("agents.suspend")
     }
     async fn update(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AgentsUpdateParams,
-    ) -> Result<super::types::AgentsUpdateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AgentsUpdateResult, crate::api::error::GatewayError> {
         self.ran("agents.update")
     }
 }
-impl<O: crate::tenancy::Owners> AuthApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> AuthApi for Fake<O> {
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AuthListParams,
-    ) -> Result<super::types::AuthListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AuthListResult, crate::api::error::GatewayError> {
         self.ran("auth.list")
     }
     async fn logout(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AuthLogoutParams,
-    ) -> Result<super::types::AuthLogoutResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AuthLogoutResult, crate::api::error::GatewayError> {
         self.ran("auth.logout")
     }
     async fn set(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::AuthSetParams,
-    ) -> Result<super::types::AuthSetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::AuthSetResult, crate::api::error::GatewayError> {
         self.ran("auth.set")
     }
 }
-impl<O: crate::tenancy::Owners> ConfigApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> ConfigApi for Fake<O> {
     async fn apply(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigApplyParams,
-    ) -> Result<super::types::ConfigApplyResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigApplyResult, crate::api::error::GatewayError> {
         self.ran("config.apply")
     }
     async fn audit_list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigAuditListParams,
-    ) -> Result<super::types::ConfigAuditListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigAuditListResult, crate::api::error::GatewayError> {
         self.ran("config.audit.list")
     }
     async fn audit_scrub(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigAuditScrubParams,
-    ) -> Result<super::types::ConfigAuditScrubResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigAuditScrubResult, crate::api::error::GatewayError> {
         self.ran("config.audit.scrub")
     }
     async fn diff(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigDiffParams,
-    ) -> Result<super::types::ConfigDiffResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigDiffResult, crate::api::error::GatewayError> {
         self.ran("config.diff")
     }
     async fn gc(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigGcParams,
-    ) -> Result<super::types::ConfigGcResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigGcResult, crate::api::error::GatewayError> {
         self.ran("config.gc")
     }
     async fn get(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigGetParams,
-    ) -> Result<super::types::ConfigGetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigGetResult, crate::api::error::GatewayError> {
         self.ran("config.get")
     }
     async fn history(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigHistoryParams,
-    ) -> Result<super::types::ConfigHistoryResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigHistoryResult, crate::api::error::GatewayError> {
         self.ran("config.history")
     }
     async fn patch(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigPatchParams,
-    ) -> Result<super::types::ConfigPatchResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigPatchResult, crate::api::error::GatewayError> {
         self.ran("config.patch")
     }
     async fn read(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigReadParams,
-    ) -> Result<super::types::ConfigReadResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigReadResult, crate::api::error::GatewayError> {
         self.ran("config.read")
     }
     async fn rollback(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigRollbackParams,
-    ) -> Result<super::types::ConfigRollbackResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigRollbackResult, crate::api::error::GatewayError> {
         self.ran("config.rollback")
     }
     async fn schema(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigSchemaParams,
-    ) -> Result<super::types::ConfigSchemaResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigSchemaResult, crate::api::error::GatewayError> {
         self.ran("config.schema")
     }
     async fn set(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ConfigSetParams,
-    ) -> Result<super::types::ConfigSetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ConfigSetResult, crate::api::error::GatewayError> {
         self.ran("config.set")
     }
 }
-impl<O: crate::tenancy::Owners> ContextApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> ContextApi for Fake<O> {
     async fn conversations(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ContextConversationsParams,
-    ) -> Result<super::types::ContextConversationsResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::ContextConversationsResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("context.conversations")
     }
     async fn tree(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ContextTreeParams,
-    ) -> Result<super::types::ContextTreeResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ContextTreeResult, crate::api::error::GatewayError> {
         self.ran("context.tree")
     }
 }
-impl<O: crate::tenancy::Owners> CronApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> CronApi for Fake<O> {
     async fn add(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::CronAddParams,
-    ) -> Result<super::types::CronAddResult, crate::error::GatewayError> {
+    ) -> Result<super::types::CronAddResult, crate::api::error::GatewayError> {
         self.ran("cron.add")
     }
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::CronListParams,
-    ) -> Result<super::types::CronListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::CronListResult, crate::api::error::GatewayError> {
         self.ran("cron.list")
     }
     async fn remove(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::CronRemoveParams,
-    ) -> Result<super::types::CronRemoveResult, crate::error::GatewayError> {
+    ) -> Result<super::types::CronRemoveResult, crate::api::error::GatewayError> {
         self.ran("cron.remove")
     }
     async fn run(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::CronRunParams,
-    ) -> Result<super::types::CronRunResult, crate::error::GatewayError> {
+    ) -> Result<super::types::CronRunResult, crate::api::error::GatewayError> {
         self.ran("cron.run")
     }
     async fn runs(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::CronRunsParams,
-    ) -> Result<super::types::CronRunsResult, crate::error::GatewayError> {
+    ) -> Result<super::types::CronRunsResult, crate::api::error::GatewayError> {
         self.ran("cron.runs")
     }
     async fn status(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::CronStatusParams,
-    ) -> Result<super::types::CronStatusResult, crate::error::GatewayError> {
+    ) -> Result<super::types::CronStatusResult, crate::api::error::GatewayError> {
         self.ran("cron.status")
     }
     async fn update(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::CronUpdateParams,
-    ) -> Result<super::types::CronUpdateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::CronUpdateResult, crate::api::error::GatewayError> {
         self.ran("cron.update")
     }
 }
-impl<O: crate::tenancy::Owners> DaemonApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> DaemonApi for Fake<O> {
     async fn set_log_level(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::DaemonSetLogLevelParams,
-    ) -> Result<super::types::DaemonSetLogLevelResult, crate::error::GatewayError> {
+    ) -> Result<super::types::DaemonSetLogLevelResult, crate::api::error::GatewayError> {
         self.ran("daemon.setLogLevel")
     }
 }
-impl<O: crate::tenancy::Owners> EnvApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> EnvApi for Fake<O> {
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::EnvListParams,
-    ) -> Result<super::types::EnvListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::EnvListResult, crate::api::error::GatewayError> {
         self.ran("env.list")
     }
     async fn set(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::EnvSetParams,
-    ) -> Result<super::types::EnvSetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::EnvSetResult, crate::api::error::GatewayError> {
         self.ran("env.set")
     }
 }
-impl<O: crate::tenancy::Owners> GatewayApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> GatewayApi for Fake<O> {
     async fn restart(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::GatewayRestartParams,
-    ) -> Result<super::types::GatewayRestartResult, crate::error::GatewayError> {
+    ) -> Result<super::types::GatewayRestartResult, crate::api::error::GatewayError> {
         self.ran("gateway.restart")
     }
     async fn status(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::GatewayStatusParams,
-    ) -> Result<super::types::GatewayStatusResult, crate::error::GatewayError> {
+    ) -> Result<super::types::GatewayStatusResult, crate::api::error::GatewayError> {
         self.ran("gateway.status")
     }
 }
-impl<O: crate::tenancy::Owners> HeartbeatApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> HeartbeatApi for Fake<O> {
     async fn get(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::HeartbeatGetParams,
-    ) -> Result<super::types::HeartbeatGetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::HeartbeatGetResult, crate::api::error::GatewayError> {
         self.ran("heartbeat.get")
     }
     async fn states(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::HeartbeatStatesParams,
-    ) -> Result<super::types::HeartbeatStatesResult, crate::error::GatewayError> {
+    ) -> Result<super::types::HeartbeatStatesResult, crate::api::error::GatewayError> {
         self.ran("heartbeat.states")
     }
     async fn trigger(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::HeartbeatTriggerParams,
-    ) -> Result<super::types::HeartbeatTriggerResult, crate::error::GatewayError> {
+    ) -> Result<super::types::HeartbeatTriggerResult, crate::api::error::GatewayError> {
         self.ran("heartbeat.trigger")
     }
     async fn update(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::HeartbeatUpdateParams,
-    ) -> Result<super::types::HeartbeatUpdateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::HeartbeatUpdateResult, crate::api::error::GatewayError> {
         self.ran("heartbeat.update")
     }
 }
-impl<O: crate::tenancy::Owners> MemoryApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> MemoryApi for Fake<O> {
     async fn ask(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryAskParams,
-    ) -> Result<super::types::MemoryAskResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryAskResult, crate::api::error::GatewayError> {
         self.ran("memory.ask")
     }
     async fn browse(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryBrowseParams,
-    ) -> Result<super::types::MemoryBrowseResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryBrowseResult, crate::api::error::GatewayError> {
         self.ran("memory.browse")
     }
     async fn delete(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryDeleteParams,
-    ) -> Result<super::types::MemoryDeleteResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryDeleteResult, crate::api::error::GatewayError> {
         self.ran("memory.delete")
     }
     async fn embedding_cache(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryEmbeddingCacheParams,
-    ) -> Result<super::types::MemoryEmbeddingCacheResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::MemoryEmbeddingCacheResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("memory.embeddingCache")
     }
     async fn entities(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryEntitiesParams,
-    ) -> Result<super::types::MemoryEntitiesResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryEntitiesResult, crate::api::error::GatewayError> {
         self.ran("memory.entities")
     }
     async fn export(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryExportParams,
-    ) -> Result<super::types::MemoryExportResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryExportResult, crate::api::error::GatewayError> {
         self.ran("memory.export")
     }
     async fn flush(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryFlushParams,
-    ) -> Result<super::types::MemoryFlushResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryFlushResult, crate::api::error::GatewayError> {
         self.ran("memory.flush")
     }
     async fn get_file(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryGetFileParams,
-    ) -> Result<super::types::MemoryGetFileResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryGetFileResult, crate::api::error::GatewayError> {
         self.ran("memory.get_file")
     }
     async fn inspect(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryInspectParams,
-    ) -> Result<super::types::MemoryInspectResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryInspectResult, crate::api::error::GatewayError> {
         self.ran("memory.inspect")
     }
     async fn observations(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryObservationsParams,
-    ) -> Result<super::types::MemoryObservationsResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::MemoryObservationsResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("memory.observations")
     }
     async fn pin(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryPinParams,
-    ) -> Result<super::types::MemoryPinResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryPinResult, crate::api::error::GatewayError> {
         self.ran("memory.pin")
     }
     async fn portability_export(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryPortabilityExportParams,
     ) -> Result<
         super::types::MemoryPortabilityExportResult,
-        crate::error::GatewayError,
+        crate::api::error::GatewayError,
     > {
         self.ran("memory.portability.export")
     }
     async fn portability_import(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryPortabilityImportParams,
     ) -> Result<
         super::types::MemoryPortabilityImportResult,
-        crate::error::GatewayError,
+        crate::api::error::GatewayError,
     > {
         self.ran("memory.portability.import")
     }
     async fn recall_stats(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryRecallStatsParams,
-    ) -> Result<super::types::MemoryRecallStatsResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryRecallStatsResult, crate::api::error::GatewayError> {
         self.ran("memory.recall_stats")
     }
     async fn recall_trace(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryRecallTraceParams,
-    ) -> Result<super::types::MemoryRecallTraceResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryRecallTraceResult, crate::api::error::GatewayError> {
         self.ran("memory.recall_trace")
     }
     async fn search(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemorySearchParams,
-    ) -> Result<super::types::MemorySearchResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemorySearchResult, crate::api::error::GatewayError> {
         self.ran("memory.search")
     }
     async fn search_files(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemorySearchFilesParams,
-    ) -> Result<super::types::MemorySearchFilesResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemorySearchFilesResult, crate::api::error::GatewayError> {
         self.ran("memory.search_files")
     }
     async fn stats(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryStatsParams,
-    ) -> Result<super::types::MemoryStatsResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryStatsResult, crate::api::error::GatewayError> {
         self.ran("memory.stats")
     }
     async fn store(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryStoreParams,
-    ) -> Result<super::types::MemoryStoreResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryStoreResult, crate::api::error::GatewayError> {
         self.ran("memory.store")
     }
     async fn unpin(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::MemoryUnpinParams,
-    ) -> Result<super::types::MemoryUnpinResult, crate::error::GatewayError> {
+    ) -> Result<super::types::MemoryUnpinResult, crate::api::error::GatewayError> {
         self.ran("memory.unpin")
     }
 }
-impl<O: crate::tenancy::Owners> ModelsApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> ModelsApi for Fake<O> {
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ModelsListParams,
-    ) -> Result<super::types::ModelsListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ModelsListResult, crate::api::error::GatewayError> {
         self.ran("models.list")
     }
     async fn list_providers(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ModelsListProvidersParams,
-    ) -> Result<super::types::ModelsListProvidersResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::ModelsListProvidersResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("models.list_providers")
     }
     async fn test(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ModelsTestParams,
-    ) -> Result<super::types::ModelsTestResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ModelsTestResult, crate::api::error::GatewayError> {
         self.ran("models.test")
     }
 }
-impl<O: crate::tenancy::Owners> ObsApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> ObsApi for Fake<O> {
     async fn billing_by_agent(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsBillingByAgentParams,
-    ) -> Result<super::types::ObsBillingByAgentResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsBillingByAgentResult, crate::api::error::GatewayError> {
         self.ran("obs.billing.byAgent")
     }
     async fn billing_by_provider(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsBillingByProviderParams,
-    ) -> Result<super::types::ObsBillingByProviderResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::ObsBillingByProviderResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("obs.billing.byProvider")
     }
     async fn billing_by_session(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsBillingBySessionParams,
-    ) -> Result<super::types::ObsBillingBySessionResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::ObsBillingBySessionResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("obs.billing.bySession")
     }
     async fn billing_total(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsBillingTotalParams,
-    ) -> Result<super::types::ObsBillingTotalResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsBillingTotalResult, crate::api::error::GatewayError> {
         self.ran("obs.billing.total")
     }
     async fn billing_usage24h(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsBillingUsage24hParams,
-    ) -> Result<super::types::ObsBillingUsage24hResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::ObsBillingUsage24hResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("obs.billing.usage24h")
     }
     async fn cache_stats_window(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsCacheStatsWindowParams,
-    ) -> Result<super::types::ObsCacheStatsWindowResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::ObsCacheStatsWindowResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("obs.cacheStats.window")
     }
     async fn channels_all(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsChannelsAllParams,
-    ) -> Result<super::types::ObsChannelsAllResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsChannelsAllResult, crate::api::error::GatewayError> {
         self.ran("obs.channels.all")
     }
     async fn channels_get(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsChannelsGetParams,
-    ) -> Result<super::types::ObsChannelsGetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsChannelsGetResult, crate::api::error::GatewayError> {
         self.ran("obs.channels.get")
     }
     async fn channels_stale(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsChannelsStaleParams,
-    ) -> Result<super::types::ObsChannelsStaleResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsChannelsStaleResult, crate::api::error::GatewayError> {
         self.ran("obs.channels.stale")
     }
     async fn context_dag(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsContextDagParams,
-    ) -> Result<super::types::ObsContextDagResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsContextDagResult, crate::api::error::GatewayError> {
         self.ran("obs.context.dag")
     }
     async fn context_pipeline(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsContextPipelineParams,
-    ) -> Result<super::types::ObsContextPipelineResult, crate::error::GatewayError> {
+    ) -> Result<
+        super::types::ObsContextPipelineResult,
+        crate::api::error::GatewayError,
+    > {
         self.ran("obs.context.pipeline")
     }
     async fn delivery_recent(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsDeliveryRecentParams,
-    ) -> Result<super::types::ObsDeliveryRecentResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsDeliveryRecentResult, crate::api::error::GatewayError> {
         self.ran("obs.delivery.recent")
     }
     async fn delivery_stats(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsDeliveryStatsParams,
-    ) -> Result<super::types::ObsDeliveryStatsResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsDeliveryStatsResult, crate::api::error::GatewayError> {
         self.ran("obs.delivery.stats")
     }
     async fn diagnostics(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsDiagnosticsParams,
-    ) -> Result<super::types::ObsDiagnosticsResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsDiagnosticsResult, crate::api::error::GatewayError> {
         self.ran("obs.diagnostics")
     }
     async fn explain(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsExplainParams,
-    ) -> Result<super::types::ObsExplainResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsExplainResult, crate::api::error::GatewayError> {
         self.ran("obs.explain")
     }
     async fn fleet_health(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsFleetHealthParams,
-    ) -> Result<super::types::ObsFleetHealthResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsFleetHealthResult, crate::api::error::GatewayError> {
         self.ran("obs.fleet.health")
     }
     async fn get_cache_stats(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsGetCacheStatsParams,
-    ) -> Result<super::types::ObsGetCacheStatsResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsGetCacheStatsResult, crate::api::error::GatewayError> {
         self.ran("obs.getCacheStats")
     }
     async fn reset(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsResetParams,
-    ) -> Result<super::types::ObsResetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsResetResult, crate::api::error::GatewayError> {
         self.ran("obs.reset")
     }
     async fn reset_table(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsResetTableParams,
-    ) -> Result<super::types::ObsResetTableResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsResetTableResult, crate::api::error::GatewayError> {
         self.ran("obs.reset.table")
     }
     async fn system_prompt_report_latest(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsSystemPromptReportLatestParams,
     ) -> Result<
         super::types::ObsSystemPromptReportLatestResult,
-        crate::error::GatewayError,
+        crate::api::error::GatewayError,
     > {
         self.ran("obs.systemPromptReport.latest")
     }
     async fn system_prompt_report_list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsSystemPromptReportListParams,
     ) -> Result<
         super::types::ObsSystemPromptReportListResult,
-        crate::error::GatewayError,
+        crate::api::error::GatewayError,
     > {
         self.ran("obs.systemPromptReport.list")
     }
     async fn trace_export(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsTraceExportParams,
-    ) -> Result<super::types::ObsTraceExportResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsTraceExportResult, crate::api::error::GatewayError> {
         self.ran("obs.trace.export")
     }
     async fn trace_search(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsTraceSearchParams,
-    ) -> Result<super::types::ObsTraceSearchResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsTraceSearchResult, crate::api::error::GatewayError> {
         self.ran("obs.trace.search")
     }
     async fn trace_tail(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ObsTraceTailParams,
-    ) -> Result<super::types::ObsTraceTailResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ObsTraceTailResult, crate::api::error::GatewayError> {
         self.ran("obs.trace.tail")
     }
 }
-impl<O: crate::tenancy::Owners> ProvidersApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> ProvidersApi for Fake<O> {
     async fn create(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ProvidersCreateParams,
-    ) -> Result<super::types::ProvidersCreateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ProvidersCreateResult, crate::api::error::GatewayError> {
         self.ran("providers.create")
     }
     async fn delete(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ProvidersDeleteParams,
-    ) -> Result<super::types::ProvidersDeleteResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ProvidersDeleteResult, crate::api::error::GatewayError> {
         self.ran("providers.delete")
     }
     async fn disable(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ProvidersDisableParams,
-    ) -> Result<super::types::ProvidersDisableResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ProvidersDisableResult, crate::api::error::GatewayError> {
         self.ran("providers.disable")
     }
     async fn enable(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ProvidersEnableParams,
-    ) -> Result<super::types::ProvidersEnableResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ProvidersEnableResult, crate::api::error::GatewayError> {
         self.ran("providers.enable")
     }
     async fn get(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ProvidersGetParams,
-    ) -> Result<super::types::ProvidersGetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ProvidersGetResult, crate::api::error::GatewayError> {
         self.ran("providers.get")
     }
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ProvidersListParams,
-    ) -> Result<super::types::ProvidersListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ProvidersListResult, crate::api::error::GatewayError> {
         self.ran("providers.list")
     }
     async fn update(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::ProvidersUpdateParams,
-    ) -> Result<super::types::ProvidersUpdateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::ProvidersUpdateResult, crate::api::error::GatewayError> {
         self.ran("providers.update")
     }
 }
-impl<O: crate::tenancy::Owners> SchedulerApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> SchedulerApi for Fake<O> {
     async fn wake(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SchedulerWakeParams,
-    ) -> Result<super::types::SchedulerWakeResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SchedulerWakeResult, crate::api::error::GatewayError> {
         self.ran("scheduler.wake")
     }
 }
-impl<O: crate::tenancy::Owners> SecretsApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> SecretsApi for Fake<O> {
     async fn delete(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SecretsDeleteParams,
-    ) -> Result<super::types::SecretsDeleteResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SecretsDeleteResult, crate::api::error::GatewayError> {
         self.ran("secrets.delete")
     }
     async fn get(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SecretsGetParams,
-    ) -> Result<super::types::SecretsGetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SecretsGetResult, crate::api::error::GatewayError> {
         self.ran("secrets.get")
     }
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SecretsListParams,
-    ) -> Result<super::types::SecretsListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SecretsListResult, crate::api::error::GatewayError> {
         self.ran("secrets.list")
     }
     async fn set(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SecretsSetParams,
-    ) -> Result<super::types::SecretsSetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SecretsSetResult, crate::api::error::GatewayError> {
         self.ran("secrets.set")
     }
 }
-impl<O: crate::tenancy::Owners> SessionApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> SessionApi for Fake<O> {
     async fn compact(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionCompactParams,
-    ) -> Result<super::types::SessionCompactResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionCompactResult, crate::api::error::GatewayError> {
         self.ran("session.compact")
     }
     async fn delete(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionDeleteParams,
-    ) -> Result<super::types::SessionDeleteResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionDeleteResult, crate::api::error::GatewayError> {
         self.ran("session.delete")
     }
     async fn export(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionExportParams,
-    ) -> Result<super::types::SessionExportResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionExportResult, crate::api::error::GatewayError> {
         self.ran("session.export")
     }
     async fn history(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionHistoryParams,
-    ) -> Result<super::types::SessionHistoryResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionHistoryResult, crate::api::error::GatewayError> {
         self.ran("session.history")
     }
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionListParams,
-    ) -> Result<super::types::SessionListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionListResult, crate::api::error::GatewayError> {
         self.ran("session.list")
     }
     async fn reset(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionResetParams,
-    ) -> Result<super::types::SessionResetResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionResetResult, crate::api::error::GatewayError> {
         self.ran("session.reset")
     }
     async fn reset_conversation(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionResetConversationParams,
     ) -> Result<
         super::types::SessionResetConversationResult,
-        crate::error::GatewayError,
+        crate::api::error::GatewayError,
     > {
         self.ran("session.reset_conversation")
     }
     async fn run_status(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionRunStatusParams,
-    ) -> Result<super::types::SessionRunStatusResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionRunStatusResult, crate::api::error::GatewayError> {
         self.ran("session.run_status")
     }
     async fn search(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionSearchParams,
-    ) -> Result<super::types::SessionSearchResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionSearchResult, crate::api::error::GatewayError> {
         self.ran("session.search")
     }
     async fn send(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionSendParams,
-    ) -> Result<super::types::SessionSendResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionSendResult, crate::api::error::GatewayError> {
         self.ran("session.send")
     }
     async fn spawn(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionSpawnParams,
-    ) -> Result<super::types::SessionSpawnResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionSpawnResult, crate::api::error::GatewayError> {
         self.ran("session.spawn")
     }
     async fn status(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SessionStatusParams,
-    ) -> Result<super::types::SessionStatusResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SessionStatusResult, crate::api::error::GatewayError> {
         self.ran("session.status")
     }
 }
-impl<O: crate::tenancy::Owners> SystemApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> SystemApi for Fake<O> {
     async fn ping(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::SystemPingParams,
-    ) -> Result<super::types::SystemPingResult, crate::error::GatewayError> {
+    ) -> Result<super::types::SystemPingResult, crate::api::error::GatewayError> {
         self.ran("system.ping")
     }
 }
-impl<O: crate::tenancy::Owners> TokensApi for Fake<O> {
+impl<O: crate::api::tenancy::Owners> TokensApi for Fake<O> {
     async fn create(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::TokensCreateParams,
-    ) -> Result<super::types::TokensCreateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::TokensCreateResult, crate::api::error::GatewayError> {
         self.ran("tokens.create")
     }
     async fn list(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::TokensListParams,
-    ) -> Result<super::types::TokensListResult, crate::error::GatewayError> {
+    ) -> Result<super::types::TokensListResult, crate::api::error::GatewayError> {
         self.ran("tokens.list")
     }
     async fn revoke(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::TokensRevokeParams,
-    ) -> Result<super::types::TokensRevokeResult, crate::error::GatewayError> {
+    ) -> Result<super::types::TokensRevokeResult, crate::api::error::GatewayError> {
         self.ran("tokens.revoke")
     }
     async fn rotate(
         &self,
-        _ctx: &crate::rpc::CallContext,
+        _ctx: &crate::api::CallContext,
         _params: super::types::TokensRotateParams,
-    ) -> Result<super::types::TokensRotateResult, crate::error::GatewayError> {
+    ) -> Result<super::types::TokensRotateResult, crate::api::error::GatewayError> {
         self.ran("tokens.rotate")
     }
 }
-impl<O: crate::tenancy::Owners> Handlers for Fake<O> {
+impl<O: crate::api::tenancy::Owners> Handlers for Fake<O> {
     type Owners = O;
     fn owners(&self) -> &O {
         &self.owners

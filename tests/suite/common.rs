@@ -271,7 +271,7 @@ pub async fn ok(gw: &Gateway, token: &str, method: &str, params: Value) -> Value
 }
 
 pub fn validate_result(method: &str, result: &Value) {
-    let info = agent_gateway::rpc::generated::methods::METHODS
+    let info = agent_gateway::api::generated::methods::METHODS
         .iter()
         .find(|m| m.name == method)
         .unwrap();

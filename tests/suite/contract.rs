@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use agent_gateway::rpc::generated::methods::{Scope, METHODS, NAMESPACES};
+use agent_gateway::api::generated::methods::{Scope, METHODS, NAMESPACES};
 use serde_json::Value;
 
 fn root() -> PathBuf {

@@ -535,7 +535,7 @@ async fn api_tokens_are_created_rotated_and_revoked_on_a_live_gateway() {
     assert_eq!(code(&r), -32001, "{r}");
 
     // Expiry is enforced.
-    let at = agent_gateway::store::now_ms() + 1_500;
+    let at = agent_gateway::clock::now_ms() + 1_500;
     let r = gw
         .call(
             ADMIN,

@@ -324,7 +324,7 @@ async fn unknown_paths_and_methods_never_become_labels() {
             if s.name.starts_with("agentgw_rpc_") && k == "method" {
                 assert!(
                     v == "unknown"
-                        || agent_gateway::rpc::generated::methods::METHODS
+                        || agent_gateway::api::generated::methods::METHODS
                             .iter()
                             .any(|m| m.name == v && !m.internal),
                     "method {v}"

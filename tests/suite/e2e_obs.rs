@@ -155,7 +155,7 @@ async fn check_billing(gw: &Gateway, started: i64) {
     assert_eq!(hours.len(), 24);
     let sum: i64 = hours.iter().map(|h| h["tokens"].as_i64().unwrap()).sum();
     assert_eq!(sum, 1405);
-    let now_hour = (agent_gateway::store::now_ms() / 3_600_000) % 24;
+    let now_hour = (agent_gateway::clock::now_ms() / 3_600_000) % 24;
     assert_eq!(hours[23]["hour"], now_hour);
     let cache = ok(gw, ADMIN, "obs.getCacheStats", json!({})).await;
     assert_eq!(cache["hits"], 1);
@@ -187,7 +187,7 @@ async fn check_billing(gw: &Gateway, started: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn billing_figures_are_the_sums_of_the_turns_before_and_after_a_restart() {
     let gw = start(OBS).await;
-    let started = agent_gateway::store::now_ms();
+    let started = agent_gateway::clock::now_ms();
     turn(&gw, ADMIN, "a1", Some("u1"), "plain").await;
     turn(&gw, ADMIN, "a1", Some("u1"), "plain again").await;
     turn(&gw, ADMIN, "a1", None, "cached").await;

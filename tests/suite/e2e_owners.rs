@@ -10,7 +10,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{json, Map, Value};
 use sha2::Sha256;
 
-use agent_gateway::rpc::generated::methods::{MethodId, Scope};
+use agent_gateway::api::generated::methods::{MethodId, Scope};
 
 use crate::common::*;
 

@@ -2,7 +2,7 @@
 //! error table, scopes and params table-driven over METHODS, and results against their schemas.
 
 use crate::common::*;
-use agent_gateway::rpc::generated::methods::{Scope, METHODS};
+use agent_gateway::api::generated::methods::{Scope, METHODS};
 use serde_json::{json, Value};
 
 /// Reduces a response to what the contract fixes: id plus result-or-code.
@@ -154,7 +154,7 @@ async fn jsonrpc_section7_examples_over_websocket() {
 }
 
 fn dispatchable(
-) -> impl Iterator<Item = &'static agent_gateway::rpc::generated::methods::MethodInfo> {
+) -> impl Iterator<Item = &'static agent_gateway::api::generated::methods::MethodInfo> {
     METHODS.iter().filter(|m| !m.internal)
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use agent_gateway::rpc::generated::methods::{RecordKind, Scope, METHODS};
+use agent_gateway::api::generated::methods::{RecordKind, Scope, METHODS};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 

@@ -477,8 +477,8 @@ fn handlers(cat: &Catalogue) -> TokenStream {
             let md = doc(&text);
             quote! {
                 #md
-                fn #f(&self, ctx: &crate::rpc::CallContext, params: super::types::#p)
-                    -> impl ::core::future::Future<Output = Result<super::types::#r, crate::error::GatewayError>> + Send;
+                fn #f(&self, ctx: &crate::api::CallContext, params: super::types::#p)
+                    -> impl ::core::future::Future<Output = Result<super::types::#r, crate::api::error::GatewayError>> + Send;
             }
         });
         traits.push(quote! { #d pub trait #tn: Send + Sync { #(#fns)* } });
@@ -499,13 +499,13 @@ fn handlers(cat: &Catalogue) -> TokenStream {
             let r = format_ident!("{}", m.result_type);
             let name = &m.name;
             quote! {
-                async fn #f(&self, _ctx: &crate::rpc::CallContext, _params: super::types::#p)
-                    -> Result<super::types::#r, crate::error::GatewayError> {
+                async fn #f(&self, _ctx: &crate::api::CallContext, _params: super::types::#p)
+                    -> Result<super::types::#r, crate::api::error::GatewayError> {
                     self.ran(#name)
                 }
             }
         });
-        Some(quote! { impl<O: crate::tenancy::Owners> #tn for Fake<O> { #(#fns)* } })
+        Some(quote! { impl<O: crate::api::tenancy::Owners> #tn for Fake<O> { #(#fns)* } })
     });
     quote! {
         #(#traits)*
@@ -513,7 +513,7 @@ fn handlers(cat: &Catalogue) -> TokenStream {
         /// owns the records the ownership rules name.
         pub trait Handlers: #(#bounds +)* Send + Sync {
             /// The owners of records (the store).
-            type Owners: crate::tenancy::Owners;
+            type Owners: crate::api::tenancy::Owners;
             /// Where the ownership rules look owners up.
             fn owners(&self) -> &Self::Owners;
         }
@@ -532,15 +532,15 @@ fn handlers(cat: &Catalogue) -> TokenStream {
             pub fn new(owners: O) -> Self {
                 Self { owners, ran: ::std::sync::Mutex::new(Vec::new()) }
             }
-            fn ran<T>(&self, method: &'static str) -> Result<T, crate::error::GatewayError> {
+            fn ran<T>(&self, method: &'static str) -> Result<T, crate::api::error::GatewayError> {
                 if let Ok(mut ran) = self.ran.lock() {
                     ran.push(method);
                 }
-                Err(crate::error::GatewayError::Unavailable(format!("fake handler: {method}")))
+                Err(crate::api::error::GatewayError::Unavailable(format!("fake handler: {method}")))
             }
         }
         #(#fakes)*
-        impl<O: crate::tenancy::Owners> Handlers for Fake<O> {
+        impl<O: crate::api::tenancy::Owners> Handlers for Fake<O> {
             type Owners = O;
             fn owners(&self) -> &O { &self.owners }
         }
@@ -563,7 +563,7 @@ fn owner_check(m: &crate::ir::Method) -> TokenStream {
     });
     quote! {
         let named: Option<&str> = Some(&params) #(#steps)* .map(String::as_str);
-        support::check_owner(handlers.owners(), ctx, info, named).await?;
+        invoke::check_owner(handlers.owners(), ctx, info, named).await?;
     }
 }
 
@@ -577,7 +577,7 @@ fn dispatch(cat: &Catalogue) -> TokenStream {
         } else if m.stub {
             quote! {
                 MethodId::#v => {
-                    let params = support::parse_params::<super::types::#p>(info, params)?;
+                    let params = invoke::parse_params::<super::types::#p>(info, params)?;
                     #check
                     let _ = params;
                     Err(RpcError::not_implemented(info.name))
@@ -595,17 +595,17 @@ fn dispatch(cat: &Catalogue) -> TokenStream {
             let f = format_ident!("{}", m.handler_fn);
             quote! {
                 MethodId::#v => {
-                    let params = support::parse_params::<super::types::#p>(info, params)?;
+                    let params = invoke::parse_params::<super::types::#p>(info, params)?;
                     #check
                     let result = <H as super::handlers::#tn>::#f(handlers, ctx, params).await?;
-                    support::encode_result(&result)
+                    invoke::encode_result(&result)
                 }
             }
         }
     });
     quote! {
         use super::methods::MethodId;
-        use crate::rpc::{support, CallContext, RpcError};
+        use crate::api::{invoke, CallContext, RpcError};
 
         /// Runs one call: lookup (-32601), scope (-32603), typed params (-32602), ownership
         /// (-32001), handler.
@@ -622,7 +622,7 @@ fn dispatch(cat: &Catalogue) -> TokenStream {
             if info.internal {
                 return Err(RpcError::method_not_found(method));
             }
-            support::authorize(ctx, info)?;
+            invoke::authorize(ctx, info)?;
             match id { #(#arms)* }
         }
     }

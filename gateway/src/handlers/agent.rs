@@ -3,21 +3,21 @@
 use std::sync::Arc;
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::AgentApi;
-use crate::rpc::generated::methods::Scope;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::AgentApi;
+use crate::api::generated::methods::Scope;
+use crate::api::generated::types::{
     AgentCacheStatsParams, AgentCacheStatsResult, AgentCacheStatsResultProvidersItem,
     AgentExecuteParams, AgentGetOperationModelsParams, AgentGetOperationModelsResult,
     AgentGetOperationModelsResultOperationsItem as Operation,
     AgentGetOperationModelsResultOperationsItemSource as Source, AgentStreamParams,
     AgentTurnResult, ModelsCapability, SessionKeyParts,
 };
-use crate::rpc::CallContext;
+use crate::api::scopes::Scopes;
+use crate::api::CallContext;
 use crate::runtime::agents::Agent;
 use crate::runtime::sessions::{CallerKey, KeyPart, SessionIdent};
 use crate::runtime::turn::TurnRequest;
-use crate::scopes::Scopes;
 
 impl Rpc {
     /// The named agent, or the default agent.

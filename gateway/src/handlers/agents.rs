@@ -1,15 +1,15 @@
 //! `agents.*`: listing, creating, reading, updating, deleting, suspending and resuming agents.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::AgentsApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::AgentsApi;
+use crate::api::generated::types::{
     AgentsCreateParams, AgentsCreateResult, AgentsDeleteParams, AgentsDeleteResult,
     AgentsGetParams, AgentsListParams, AgentsListResult, AgentsRecord, AgentsResumeParams,
     AgentsResumeResult, AgentsSuspendParams, AgentsSuspendResult, AgentsUpdateParams,
     AgentsUpdateResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
 use crate::runtime::agents::{workspace_dir, Agent};
 use crate::runtime::domain::AgentSettings;
 

@@ -2,15 +2,15 @@
 //! profile id as associated data); listed by metadata only.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::AuthApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::AuthApi;
+use crate::api::generated::types::{
     AuthListParams, AuthListResult, AuthListResultProfilesItem, AuthLogoutParams, AuthLogoutResult,
     AuthSetParams, AuthSetResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
+use crate::clock::now_ms;
 use crate::store::control::AuthRow;
-use crate::store::now_ms;
 
 /// What the associated data of a profile's ciphertext is (never equal to a secret's name,
 /// which has no colon).

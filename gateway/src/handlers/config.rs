@@ -7,11 +7,10 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use super::Rpc;
-use crate::config;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::ConfigApi;
-use crate::rpc::generated::methods::METHODS;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::ConfigApi;
+use crate::api::generated::methods::METHODS;
+use crate::api::generated::types::{
     ConfigApplyParams, ConfigApplyResult, ConfigAuditListParams, ConfigAuditListResult,
     ConfigAuditRecord, ConfigAuditRecordOrigin, ConfigAuditScrubParams, ConfigAuditScrubResult,
     ConfigDiffParams, ConfigDiffResult, ConfigGcParams, ConfigGcResult, ConfigGetParams,
@@ -19,7 +18,8 @@ use crate::rpc::generated::types::{
     ConfigPatchParams, ConfigPatchResult, ConfigReadParams, ConfigReadResult, ConfigRollbackParams,
     ConfigRollbackResult, ConfigSchemaParams, ConfigSchemaResult, ConfigSetParams, ConfigSetResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
+use crate::config;
 use crate::runtime::config_writes::{self as writes, Change};
 use crate::runtime::domain;
 use crate::store::control::AuditFilter;

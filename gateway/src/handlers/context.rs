@@ -3,10 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::ContextApi;
-use crate::rpc::generated::types::*;
-use crate::rpc::CallContext;
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::ContextApi;
+use crate::api::generated::types::*;
+use crate::api::CallContext;
 use crate::store::context::SummaryRow;
 
 /// Characters of a node's text context.tree shows.

@@ -2,17 +2,17 @@
 //! by the generated dispatch; the store calls below take the caller's tenant as well.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::CronApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::CronApi;
+use crate::api::generated::types::{
     CronAddParams, CronAddResult, CronListParams, CronListResult, CronRemoveParams,
     CronRemoveResult, CronRunParams, CronRunParamsMode, CronRunResult, CronRunResultMode,
     CronRunsParams, CronRunsResult, CronStatusParams, CronStatusResult, CronUpdateParams,
     CronUpdateResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
+use crate::clock::now_ms;
 use crate::runtime::scheduler::jobs::{fire_to_wire, job_to_wire};
-use crate::store::now_ms;
 
 impl CronApi for Rpc {
     async fn add(

@@ -1,13 +1,13 @@
 //! `daemon.*`: run-time controls of the process that are not configuration.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::DaemonApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::DaemonApi;
+use crate::api::generated::types::{
     DaemonSetLogLevelParams, DaemonSetLogLevelParamsLevel as In, DaemonSetLogLevelResult,
     DaemonSetLogLevelResultLevel as Out, DaemonSetLogLevelResultScope,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
 
 impl DaemonApi for Rpc {
     async fn set_log_level(

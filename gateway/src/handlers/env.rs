@@ -2,14 +2,14 @@
 //! the fallback env file) and listed by name, each method under its gateway-wide rate limit.
 
 use super::Rpc;
-use crate::config::REDACTED;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::EnvApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::EnvApi;
+use crate::api::generated::types::{
     EnvListParams, EnvListResult, EnvListResultSecretsItem, EnvListResultSecretsItemSource,
     EnvSetParams, EnvSetResult, EnvSetResultStorage,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
+use crate::config::REDACTED;
 
 /// `*` any run of characters, `?` one character; everything else literal (the `wildmatch`
 /// crate).

@@ -1,13 +1,13 @@
 //! `gateway.*`: process status and the in-process restart.
 
 use super::Rpc;
-use crate::config;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::GatewayApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::GatewayApi;
+use crate::api::generated::types::{
     GatewayRestartParams, GatewayRestartResult, GatewayStatusParams, GatewayStatusResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
+use crate::config;
 
 /// Resident set size in bytes, from /proc (0 where unavailable).
 fn rss_bytes() -> i64 {

@@ -1,14 +1,14 @@
 //! `heartbeat.*`: per-agent heartbeat settings, their state, and ticks on request.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::HeartbeatApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::HeartbeatApi;
+use crate::api::generated::types::{
     HeartbeatActiveHours, HeartbeatConfig, HeartbeatGetParams, HeartbeatGetResult,
     HeartbeatStatesParams, HeartbeatStatesResult, HeartbeatTriggerParams, HeartbeatTriggerResult,
     HeartbeatTriggerResultReason, HeartbeatUpdateParams, HeartbeatUpdateResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
 use crate::runtime::domain::HeartbeatSettings;
 
 impl HeartbeatApi for Rpc {

@@ -6,17 +6,17 @@
 use std::collections::BTreeMap;
 
 use super::Rpc;
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::MemoryApi;
+use crate::api::generated::types::*;
+use crate::api::tenancy::Tenant;
+use crate::api::CallContext;
+use crate::clock::now_ms;
 use crate::memory::consolidate::Answer;
 use crate::memory::portable::{self, Plan};
 use crate::memory::recall::{Hit, RecallFor};
 use crate::memory::write::Source;
-use crate::rpc::generated::handlers::MemoryApi;
-use crate::rpc::generated::types::*;
-use crate::rpc::CallContext;
 use crate::store::memory::{MemoryCounts, MemoryFilter, MemoryRow, NewMemory, RecallQuery};
-use crate::store::now_ms;
-use crate::tenancy::Tenant;
 
 /// Characters of content in browse pages and search_files results.
 const PREVIEW: usize = 500;

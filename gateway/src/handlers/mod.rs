@@ -44,7 +44,7 @@ impl Rpc {
     }
 }
 
-impl crate::rpc::generated::handlers::Handlers for Rpc {
+impl crate::api::generated::handlers::Handlers for Rpc {
     type Owners = crate::store::Store;
 
     fn owners(&self) -> &crate::store::Store {

@@ -5,13 +5,13 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::ModelsApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::ModelsApi;
+use crate::api::generated::types::{
     ModelsCapability, ModelsListParams, ModelsListProvidersParams, ModelsListProvidersResult,
     ModelsListResult, ModelsTestParams, ModelsTestResult, ModelsTestResultErrorKind as Kind,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
 use crate::runtime::providers::retry::{chat_with_retry, RetryPolicy};
 use crate::runtime::providers::{ChatMessage, ChatRequest, ErrorKind, ProviderError};
 use crate::store::usage::UsageRow;
@@ -122,7 +122,7 @@ impl ModelsApi for Rpc {
                 let (r, _) = chat_with_retry(instance.as_ref(), &req, None, policy, &cancel).await;
                 if let (Ok(resp), Some(m)) = (&r, &info) {
                     let row = UsageRow {
-                        ts: crate::store::now_ms(),
+                        ts: crate::clock::now_ms(),
                         agent_id: String::new(),
                         session_key: None,
                         provider: p.provider.clone(),

@@ -3,13 +3,13 @@
 //! pipeline and DAG snapshots, channel activity, resets.
 
 use super::Rpc;
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::ObsApi;
+use crate::api::generated::types::*;
+use crate::api::CallContext;
+use crate::clock::now_ms;
 use crate::obs::filter;
 use crate::obs::records::{Depth, ExplainInput, FleetInput, RefKind, SessionFacts};
-use crate::rpc::generated::handlers::ObsApi;
-use crate::rpc::generated::types::*;
-use crate::rpc::CallContext;
-use crate::store::now_ms;
 use crate::store::obs::{
     usage_facts, DiagQuery, ObsTable, Sums, TraceQuery, TraceView, UsageWindow,
 };

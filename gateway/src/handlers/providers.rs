@@ -1,15 +1,15 @@
 //! `providers.*`: the model providers, persisted and applied without a restart.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::ProvidersApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::ProvidersApi;
+use crate::api::generated::types::{
     ProvidersCreateParams, ProvidersCreateResult, ProvidersDeleteParams, ProvidersDeleteResult,
     ProvidersDisableParams, ProvidersDisableResult, ProvidersEnableParams, ProvidersEnableResult,
     ProvidersGetParams, ProvidersListParams, ProvidersListResult, ProvidersRecord,
     ProvidersUpdateParams, ProvidersUpdateResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
 use crate::runtime::domain::ProviderType;
 use crate::runtime::providers_registry::{ProviderEntry, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_MS};
 

@@ -1,13 +1,13 @@
 //! `scheduler.wake`: the heartbeat coalescer, on request, within the caller's wake budget.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::SchedulerApi;
-use crate::rpc::generated::methods::Scope;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::SchedulerApi;
+use crate::api::generated::methods::Scope;
+use crate::api::generated::types::{
     SchedulerWakeParams, SchedulerWakeResult, SchedulerWakeResultReason,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
 
 impl SchedulerApi for Rpc {
     async fn wake(

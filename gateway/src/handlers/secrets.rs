@@ -2,15 +2,15 @@
 //! come out only through `secrets.get`; events carry names only.
 
 use super::Rpc;
-use crate::config::REDACTED;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::SecretsApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::SecretsApi;
+use crate::api::generated::types::{
     SecretsDeleteParams, SecretsDeleteResult, SecretsGetParams, SecretsGetResult,
     SecretsListParams, SecretsListResult, SecretsListResultSecretsItem, SecretsSetParams,
     SecretsSetResult,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
+use crate::config::REDACTED;
 
 /// After a secret changed: providers are rebuilt (their keys resolved again) and the change
 /// is announced.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::SessionApi;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::SessionApi;
+use crate::api::generated::types::{
     SessionCompactParams, SessionCompactResult, SessionDeleteParams, SessionDeleteResult,
     SessionExportParams, SessionExportResult, SessionHistoryParams, SessionHistoryResult,
     SessionListParams, SessionListResult, SessionResetConversationParams,
@@ -20,7 +20,7 @@ use crate::rpc::generated::types::{
     SessionSpawnParamsIncludeParentHistory, SessionSpawnResult, SessionStatusParams,
     SessionStatusResult, SessionSummary, SessionTranscript, SubagentRunStatus, TokensUsed,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
 use crate::runtime::runs::RunSpec;
 use crate::runtime::sessions::{self, CallerKey, SessionIdent};
 use crate::store::sessions::{SessionFilter, SessionRow};
@@ -99,7 +99,7 @@ impl SessionApi for Rpc {
         let filter = SessionFilter {
             agent_id: p.agent_id,
             channel: p.channel,
-            updated_since: p.since_minutes.map(|m| crate::store::now_ms() - m * 60_000),
+            updated_since: p.since_minutes.map(|m| crate::clock::now_ms() - m * 60_000),
             ..SessionFilter::of(ctx.tenant().clone())
         };
         let (rows, total) = self
@@ -227,7 +227,7 @@ impl SessionApi for Rpc {
             .run_get(ctx.tenant(), &p.run_id)
             .await?
             .ok_or_else(|| GatewayError::NotFound(format!("Run not found: {}", p.run_id)))?;
-        let end = r.completed_at.unwrap_or_else(crate::store::now_ms);
+        let end = r.completed_at.unwrap_or_else(crate::clock::now_ms);
         Ok(SessionRunStatusResult {
             status: run_status(&r.status),
             runtime_ms: (end - r.started_at).max(0),

@@ -1,10 +1,10 @@
 //! `system.*`.
 
 use super::Rpc;
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::SystemApi;
-use crate::rpc::generated::types::{SystemPingParams, SystemPingResult};
-use crate::rpc::CallContext;
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::SystemApi;
+use crate::api::generated::types::{SystemPingParams, SystemPingResult};
+use crate::api::CallContext;
 
 impl SystemApi for Rpc {
     async fn ping(

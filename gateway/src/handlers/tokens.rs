@@ -2,18 +2,18 @@
 //! only its SHA-256 digest is stored; changes take effect at once on every node.
 
 use super::Rpc;
-use crate::auth::{digest, new_secret};
-use crate::error::GatewayError;
-use crate::rpc::generated::handlers::TokensApi;
-use crate::rpc::generated::methods::Scope;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::handlers::TokensApi;
+use crate::api::generated::methods::Scope;
+use crate::api::generated::types::{
     TokensCreateParams, TokensCreateResult, TokensListParams, TokensListResult,
     TokensListResultTokensItem, TokensListResultTokensItemOrigin, TokensRevokeParams,
     TokensRevokeResult, TokensRotateParams, TokensRotateResult, TokensScope,
 };
-use crate::rpc::CallContext;
+use crate::api::CallContext;
+use crate::auth::{digest, new_secret};
+use crate::clock::now_ms;
 use crate::store::control::TokenRow;
-use crate::store::now_ms;
 
 const SHOWN_ONCE: &str = "Store this secret now: it is not shown again.";
 

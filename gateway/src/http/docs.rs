@@ -71,7 +71,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::rpc::generated::methods::NAMESPACES;
+    use crate::api::generated::methods::NAMESPACES;
 
     #[test]
     fn every_namespace_has_an_embedded_page_and_lookup_is_exact() {

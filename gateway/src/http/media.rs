@@ -122,7 +122,7 @@ async fn lookup(state: &AppState, auth: &RestBearer, id: &str) -> Result<MediaFi
     Ok(state
         .engine
         .media
-        .get_for(id, crate::store::now_ms(), tenant)
+        .get_for(id, crate::clock::now_ms(), tenant)
         .await?)
 }
 

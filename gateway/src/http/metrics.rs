@@ -5,8 +5,8 @@
 
 use poem::{handler, Request, Response};
 
+use crate::api::generated::methods::Scope;
 use crate::obs::metrics::{render, CONTENT_TYPE};
-use crate::rpc::generated::methods::Scope;
 
 /// The scopes that may read the metrics.
 pub const SCOPES: &[Scope] = &[Scope::Metrics, Scope::Admin, Scope::All];

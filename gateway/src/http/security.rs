@@ -11,8 +11,8 @@ use poem_openapi::auth::{ApiKey, Bearer};
 use poem_openapi::registry::Registry;
 use poem_openapi::{ApiExtractor, ApiExtractorType, ExtractParamOptions, SecurityScheme};
 
-use crate::auth::Principal;
-use crate::rpc::generated::methods::Scope;
+use crate::api::generated::methods::Scope;
+use crate::api::principal::Principal;
 use crate::state::AppState;
 use crate::transport::problem::{Area, Problem};
 

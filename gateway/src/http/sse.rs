@@ -170,7 +170,8 @@ mod tests {
     async fn a_revoked_stream_says_why_and_ends() {
         use futures_util::stream;
         let hub = crate::hub::Hub::default();
-        let p = crate::auth::Principal::api("app", crate::scopes::Scopes::all(), None);
+        let p =
+            crate::api::principal::Principal::api("app", crate::api::scopes::Scopes::all(), None);
         let watch = hub.watch_stream(&p);
         let revoke = watch.revoked().clone();
         let frames = stream::iter([Bytes::from("a")])

@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::error::GatewayError;
-use crate::rpc::generated::types::FinishReason;
+use crate::api::error::GatewayError;
+use crate::api::generated::types::FinishReason;
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog;
 use crate::runtime::engine::Engine;

@@ -9,13 +9,13 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::{ChatMessage, ChatRequest};
 use crate::runtime::turn::CallFor;
 use crate::store::memory::{Consolidation, MemoryRow};
-use crate::tenancy::Tenant;
 
 /// Entries consolidated per model call.
 const BATCH: i64 = 50;

@@ -11,7 +11,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 
 /// The memory file at the top of a workspace.
 pub const MEMORY_FILE: &str = "MEMORY.md";

@@ -11,14 +11,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::index::VectorIndex;
 use super::{content_hash, fuse, keyword_text};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
+use crate::clock::now_ms;
 use crate::runtime::embed::EmbedError;
 use crate::runtime::engine::Engine;
 use crate::store::memory::{MemoryRow, RecallRecord};
-use crate::store::now_ms;
 use crate::store::search::MemoryHit;
 use crate::store::Store;
-use crate::tenancy::Tenant;
 
 /// Where a recall was made, for its record.
 #[derive(Debug, Clone, Default)]

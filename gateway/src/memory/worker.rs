@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::recall::NotEmbedded;
+use crate::clock::now_ms;
 use crate::runtime::engine::Engine;
 use crate::store::memory::Unembedded;
-use crate::store::now_ms;
 
 /// Vectors read per page when the index is loaded.
 const LOAD_PAGE: i64 = 5_000;

@@ -5,10 +5,10 @@
 use serde_json::json;
 
 use super::guard::{self, Verdict};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 use crate::runtime::engine::Engine;
 use crate::store::memory::NewMemory;
-use crate::tenancy::Tenant;
 
 /// The tag a suspicious entry is stored with.
 pub const TAINT_TAG: &str = "security-tainted";

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use super::records::{Depth, ExplainInput, RefKind, SessionFacts, ToolResultFact, TraceFact};
-use crate::rpc::generated::types::{
+use crate::api::generated::types::{
     ObsBreakerEvent, ObsBreakerEventEvent, ObsContextBudgetVerdict, ObsExplainFailure,
     ObsIncidentReport, ObsIncidentReportCost, ObsIncidentReportOutcome,
     ObsIncidentReportOutcomeSeverity, ObsIncidentReportReference, ObsIncidentReportReferenceKind,
@@ -915,8 +915,8 @@ pub(crate) fn assert_golden<T: serde::Serialize>(name: &str, report: &T) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::generated::types::{ObsContextBudget, ObsCronWakeGateRun};
     use crate::obs::records::UsageFacts;
-    use crate::rpc::generated::types::{ObsContextBudget, ObsCronWakeGateRun};
 
     /// Stands in for content: tool output text, and fields a report must not read. It must
     /// appear in no report.

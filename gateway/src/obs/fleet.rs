@@ -12,7 +12,7 @@ use super::explain::{
     ToolTally, NAME_CHARS,
 };
 use super::records::{FleetInput, GateFire, TraceFact};
-use crate::rpc::generated::types::{
+use crate::api::generated::types::{
     ObsFleetHealthReport, ObsFleetHealthReportCost, ObsFleetHealthReportCronWakeGate,
     ObsFleetHealthReportCronWakeGatePerAgentItem, ObsFleetHealthReportFindingsItem,
     ObsFleetHealthReportPipelineAuthoringGate, ObsFleetHealthReportRecentActivityItem,

@@ -21,8 +21,8 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use crate::api::generated::methods::{error_codes, MethodId, METHODS};
 use crate::http::under;
-use crate::rpc::generated::methods::{error_codes, MethodId, METHODS};
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

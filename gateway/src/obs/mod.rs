@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::api::generated::types::ObsContextBudget;
 use crate::config::ObservabilityConfig;
-use crate::rpc::generated::types::ObsContextBudget;
 use crate::store::Store;
 
 /// What one server generation keeps for observability in memory.
@@ -68,7 +68,7 @@ pub fn spawn_sweeper(state: Weak<ObsState>, store: Store) {
             };
             tokio::time::sleep(every).await;
             let Some(s) = state.upgrade() else { return };
-            let now = crate::store::now_ms();
+            let now = crate::clock::now_ms();
             let c = &s.config;
             let swept = store
                 .obs_sweep(

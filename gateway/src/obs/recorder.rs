@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::rpc::generated::types::{
+use crate::api::generated::types::{
     FinishReason, ObsContextBudget, ObsSystemPromptReport, ObsSystemPromptReportSectionsItem,
 };
-use crate::store::now_ms;
+use crate::clock::now_ms;
 use crate::store::obs::{ChannelTouch, DiagRow, ObsRow, PromptRow, TraceRow};
 use crate::store::Store;
 

@@ -4,7 +4,7 @@
 //!
 //! Everything here is content-free: names, counts, timings, codes and digests.
 
-use crate::rpc::generated::types::{ObsContextBudget, ObsCronWakeGateRun};
+use crate::api::generated::types::{ObsContextBudget, ObsCronWakeGateRun};
 
 /// Which parameter of `obs.explain` named the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

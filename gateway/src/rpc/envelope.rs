@@ -6,10 +6,10 @@ use futures_util::future::join_all;
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::generated::dispatch::dispatch;
-use super::generated::handlers::Handlers;
-use super::generated::methods::MethodId;
-use super::{CallContext, RpcError};
+use crate::api::generated::dispatch::dispatch;
+use crate::api::generated::handlers::Handlers;
+use crate::api::generated::methods::MethodId;
+use crate::api::{CallContext, RpcError};
 use crate::obs::metrics::{rpc_call, RpcMethod};
 
 /// A message refused before any method is known: counted under `unknown`, then answered.
@@ -165,12 +165,12 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api::error::GatewayError;
+    use crate::api::generated::handlers::Fake;
+    use crate::api::generated::methods::RecordKind;
+    use crate::api::tenancy::{Lookup, Owners, Tenant};
     use crate::auth::TokenStore;
     use crate::config::TokenConfig;
-    use crate::error::GatewayError;
-    use crate::rpc::generated::handlers::Fake;
-    use crate::rpc::generated::methods::RecordKind;
-    use crate::tenancy::{Lookup, Owners, Tenant};
 
     /// Every record belongs to alice.
     struct Alices;

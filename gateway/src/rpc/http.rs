@@ -7,7 +7,7 @@ use poem::{IntoResponse, Request, Response};
 use serde_json::Value;
 
 use super::envelope::{handle_text, Reply};
-use super::RpcError;
+use crate::api::RpcError;
 use crate::state::AppState;
 use crate::transport::limits::{read_gateway_body, BodyError, RateKey};
 use crate::transport::problem::Area;

@@ -24,8 +24,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
 use super::envelope::{handle_text, Reply};
-use super::RpcError;
-use crate::auth::Principal;
+use crate::api::principal::Principal;
+use crate::api::RpcError;
 use crate::handlers::Rpc;
 use crate::hub::{ConnTicket, Frame, Outbox, OUTBOUND_QUEUE};
 use crate::state::AppState;

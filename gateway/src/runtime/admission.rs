@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::api::error::GatewayError;
 use crate::config::LimitsConfig;
-use crate::error::GatewayError;
 use crate::runtime::turn::TurnRequest;
 
 /// The caps and what holds them now; shared by every server generation of the process, so

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 use crate::runtime::domain::{AgentBudget, AgentSettings};
 use crate::runtime::providers_registry::{seed_hash, to_json, Snapshot};
 use crate::runtime::settings::AgentDefaults;
@@ -91,7 +91,7 @@ pub fn complete(
             .models
             .iter()
             .find(|m| {
-                &m.provider == p && m.can(crate::rpc::generated::types::ModelsCapability::Chat)
+                &m.provider == p && m.can(crate::api::generated::types::ModelsCapability::Chat)
             })
             .map(|m| m.id())
             .ok_or_else(|| {

@@ -2,7 +2,7 @@
 //! with aliases, context window, prices (for cost accounting) and capabilities. Built-in facts
 //! about well-known models fill in what configuration leaves out.
 
-use crate::rpc::generated::types::{ModelsCapability as Cap, ModelsCatalogEntry};
+use crate::api::generated::types::{ModelsCapability as Cap, ModelsCatalogEntry};
 use crate::runtime::providers::{ProviderKind, Usage};
 use crate::runtime::settings::ModelConfig;
 

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 use crate::runtime::agents::Agent;
 use crate::runtime::context_tree::{max_raw, view, Builder, Goal};
 use crate::runtime::engine::Engine;
-use crate::tenancy::Tenant;
 
 /// What a compaction did; counts and tokens are of what the model would get (each top-level
 /// summary one message, then the messages no summary covers).

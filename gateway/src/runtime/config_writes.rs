@@ -22,12 +22,13 @@ use std::sync::{Arc, Weak};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::api::error::GatewayError;
+use crate::api::CallContext;
+use crate::clock::now_ms;
 use crate::config::{self, document as doc, trust, Config, Loaded};
-use crate::error::GatewayError;
-use crate::rpc::CallContext;
 use crate::state::AppState;
 use crate::store::control::{AuditRow, VersionRow};
-use crate::store::{now_ms, Store};
+use crate::store::Store;
 
 /// Owner of operator-only events (`audit:event`, `secret:*`): an id no token can have, so
 /// only admin subscribers see them.
@@ -439,7 +440,7 @@ fn check_tokens(ctx: &CallContext, before: &Config, next: &Config) -> Result<(),
             )));
         }
         for name in &t.scopes {
-            let held = crate::rpc::generated::methods::Scope::from_name(name)
+            let held = crate::api::generated::methods::Scope::from_name(name)
                 .is_some_and(|s| ctx.principal.allows(s));
             if !held {
                 return Err(invalid(format!(

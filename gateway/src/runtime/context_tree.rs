@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 use crate::config::context::ContextConfig;
-use crate::error::GatewayError;
 use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::scripted::estimate_tokens;
@@ -18,7 +19,6 @@ use crate::runtime::sessions;
 use crate::runtime::turn::CallFor;
 use crate::store::context::{NewSummary, SummaryRow};
 use crate::store::sessions::MessageRow;
-use crate::tenancy::Tenant;
 
 /// How `webhooks::untrusted` opens a block of external text: a message holding it carries
 /// untrusted content (a unit test keeps the two in step).

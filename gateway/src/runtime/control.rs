@@ -60,7 +60,7 @@ impl Control {
         Self {
             restart: Notify::new(),
             process_start: Instant::now(),
-            started_at_ms: crate::store::now_ms(),
+            started_at_ms: crate::clock::now_ms(),
             hub: Hub::default(),
             local: OnceLock::new(),
             events: EventBus::default(),

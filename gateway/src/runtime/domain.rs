@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::rpc::generated::types as wire;
+use crate::api::generated::types as wire;
 
 /// The settings of an agent, as written in the configuration file and stored. Every member
 /// is optional; once completed (`runtime::agents::complete`) every member is set.

@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::error::GatewayError;
-use crate::rpc::generated::types::ModelsCapability;
+use crate::api::error::GatewayError;
+use crate::api::generated::types::ModelsCapability;
 use crate::runtime::catalog::{self, ModelInfo};
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::{Embeddings, ErrorKind, Usage};
@@ -71,7 +71,7 @@ impl Engine {
         });
         let tokens = result.as_ref().map(|e| e.input_tokens).unwrap_or(0);
         let row = UsageRow {
-            ts: crate::store::now_ms(),
+            ts: crate::clock::now_ms(),
             agent_id: String::new(),
             session_key: None,
             provider: entry.id.clone(),

@@ -4,13 +4,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::config::Config;
-use crate::error::GatewayError;
-use crate::rpc::generated::methods::MethodId;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::methods::MethodId;
+use crate::api::generated::types::{
     self as wire, AgentsCreateParams, ModelsCapability, ProvidersCreateParams,
 };
-use crate::rpc::support;
+use crate::api::invoke;
+use crate::config::Config;
 use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
 use crate::runtime::domain::{AgentSettings, ProviderSettings, ProviderType};
@@ -86,7 +86,7 @@ fn check_entry<T: serde::de::DeserializeOwned>(
     value: serde_json::Value,
     what: &str,
 ) -> Result<T, GatewayError> {
-    support::parse_params(method.info(), Some(value))
+    invoke::parse_params(method.info(), Some(value))
         .map_err(|e| GatewayError::InvalidParams(format!("{what}: {}", e.message)))
 }
 
@@ -102,7 +102,7 @@ fn spawn_media_sweeper(
         loop {
             {
                 let Some(store) = store.upgrade() else { return };
-                let now = crate::store::now_ms();
+                let now = crate::clock::now_ms();
                 let ttl = i64::try_from(every.as_millis()).unwrap_or(i64::MAX) / 2;
                 if db.takes_turn("media_sweep", now, ttl).await {
                     match store.sweep(now).await {
@@ -189,7 +189,7 @@ impl Engine {
     ) -> Result<Self, GatewayError> {
         let (store, key) = connected;
         let store = store.for_node(control.node_id.clone());
-        let now = crate::store::now_ms();
+        let now = crate::clock::now_ms();
         if store.is_shared() {
             // Alive before anything it holds is written: other nodes' sweeps spare its runs.
             store.node_seen(now, control.started_at_ms).await?;

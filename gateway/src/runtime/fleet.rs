@@ -6,9 +6,9 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::clock::now_ms;
 use crate::config::store::StoreConfig;
 use crate::runtime::engine::Engine;
-use crate::store::now_ms;
 use crate::webhooks::Webhooks;
 
 /// Every node reloads agents and providers this often on a shared database, whether or not

@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 
 /// `env.set` calls per minute.
 pub const ENV_SET_PER_MINUTE: u32 = 5;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 use crate::runtime::catalog::{self, ModelInfo};
 use crate::runtime::domain::{ProviderSettings, ProviderType};
 use crate::runtime::providers::local::{LocalProvider, LocalStatus};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use crate::error::GatewayError;
-use crate::rpc::generated::types::SubagentRunStatus;
-use crate::rpc::CallContext;
+use crate::api::error::GatewayError;
+use crate::api::generated::types::SubagentRunStatus;
+use crate::api::CallContext;
 use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
 use crate::runtime::sessions::SessionIdent;
@@ -24,7 +24,7 @@ pub struct RunSpec {
     /// (narrowed to `scopes`) and tenant.
     pub caller: CallContext,
     /// The scopes the run's tools may require (at most the caller's).
-    pub scopes: crate::scopes::Scopes,
+    pub scopes: crate::api::scopes::Scopes,
     pub parent_run_id: Option<String>,
     pub max_steps: Option<u32>,
     pub model: Option<String>,
@@ -63,7 +63,7 @@ impl Engine {
             status: SubagentRunStatus::Running.as_str().to_owned(),
             depth: i64::from(spec.parent_run_id.is_some()),
             client_id: spec.caller.client_id.clone(),
-            started_at: crate::store::now_ms(),
+            started_at: crate::clock::now_ms(),
             delivery: spec.delivery.clone(),
             ..RunRow::default()
         };
@@ -92,13 +92,13 @@ impl Engine {
             Ok(permit) => permit,
             Err(e) => {
                 row.status = SubagentRunStatus::Failed.as_str().to_owned();
-                row.completed_at = Some(crate::store::now_ms());
+                row.completed_at = Some(crate::clock::now_ms());
                 row.error = Some(e.to_string());
                 self.store.run_finish(&row).await?;
                 return Err(e);
             }
         };
-        row.started_at = crate::store::now_ms();
+        row.started_at = crate::clock::now_ms();
         row.status = SubagentRunStatus::Running.as_str().to_owned();
         self.store
             .run_mark_running(&row.run_id, row.started_at)
@@ -137,7 +137,7 @@ impl Engine {
                     ..TurnRequest::new(spec.agent, spec.task, &spec.caller)
                 })
                 .await;
-            finished.completed_at = Some(crate::store::now_ms());
+            finished.completed_at = Some(crate::clock::now_ms());
             let result = match &outcome {
                 Ok(o) => {
                     finished.status = SubagentRunStatus::Completed.as_str().to_owned();

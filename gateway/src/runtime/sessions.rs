@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::auth::Identity;
-use crate::error::GatewayError;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::types::{
     SessionMessage, SessionMessageRole, SessionToolCall, TokensUsed,
 };
+use crate::api::principal::Identity;
 use crate::runtime::providers::scripted::estimate_tokens;
 use crate::runtime::providers::{ChatMessage, Role, ToolCall};
 use crate::store::sessions::{MessageRow, SessionRow};
@@ -319,7 +319,7 @@ pub fn to_row(m: &ChatMessage, model: Option<&str>, usage: Option<(u64, u64)>) -
         model: model.map(str::to_owned),
         input_tokens: usage.map(|u| u.0 as i64),
         output_tokens: usage.map(|u| u.1 as i64),
-        created_at: crate::store::now_ms(),
+        created_at: crate::clock::now_ms(),
     }
 }
 
@@ -406,14 +406,14 @@ mod tests {
         assert_ne!(c, session_key("a:", "api", "", "ü:"));
     }
 
-    fn caller(id: &str, admin: bool) -> crate::auth::Principal {
-        use crate::rpc::generated::methods::Scope;
+    fn caller(id: &str, admin: bool) -> crate::api::principal::Principal {
+        use crate::api::generated::methods::Scope;
         let scopes = if admin {
-            crate::scopes::Scopes::all()
+            crate::api::scopes::Scopes::all()
         } else {
-            crate::scopes::Scopes::only(Scope::Rpc)
+            crate::api::scopes::Scopes::only(Scope::Rpc)
         };
-        crate::auth::Principal::new(id, scopes)
+        crate::api::principal::Principal::new(id, scopes)
     }
 
     fn parts<'a>(

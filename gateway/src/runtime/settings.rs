@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::rpc::generated::types::ModelsCapability;
+use crate::api::generated::types::ModelsCapability;
 
 /// `local`: the in-process models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

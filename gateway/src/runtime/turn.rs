@@ -11,15 +11,17 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::Principal;
-use crate::error::GatewayError;
-use crate::obs::recorder::{prompt_report, PromptParts, TurnEnd, TurnTrace};
-use crate::rpc::generated::methods::RecordKind;
-use crate::rpc::generated::types::{
+use crate::api::error::GatewayError;
+use crate::api::generated::methods::RecordKind;
+use crate::api::generated::types::{
     AgentTurnResult, FinishReason, ObsContextBudget, ObsContextBudgetVerdict, TokensUsed,
     TurnErrorKind,
 };
-use crate::rpc::CallContext;
+use crate::api::principal::Principal;
+use crate::api::scopes::Scopes;
+use crate::api::tenancy::{Lookup, Owners, Tenant};
+use crate::api::CallContext;
+use crate::obs::recorder::{prompt_report, PromptParts, TurnEnd, TurnTrace};
 use crate::runtime::agents::Agent;
 use crate::runtime::catalog::ModelInfo;
 use crate::runtime::context_tree::{compose_system, TurnContext, TurnSide};
@@ -31,10 +33,8 @@ use crate::runtime::providers::{
 };
 use crate::runtime::sessions::{self, SessionIdent};
 use crate::runtime::tools::ToolContext;
-use crate::scopes::Scopes;
 use crate::store::sessions::{NewSession, TurnTotals};
 use crate::store::usage::UsageRow;
-use crate::tenancy::{Lookup, Owners, Tenant};
 
 /// One turn to run.
 pub struct TurnRequest {
@@ -744,7 +744,7 @@ impl Engine {
             let usage = result.as_ref().map(|r| r.usage).unwrap_or(Usage::default());
             let latency = started.elapsed();
             let row = UsageRow {
-                ts: crate::store::now_ms(),
+                ts: crate::clock::now_ms(),
                 agent_id: who.agent_id.to_owned(),
                 session_key: who.session_key.map(str::to_owned),
                 provider: entry.id.clone(),

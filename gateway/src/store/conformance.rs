@@ -10,7 +10,7 @@ use super::runs::{Delivery, RunRow};
 use super::sessions::{MessageRow, NewSession, SessionFilter, TurnTotals};
 use super::usage::UsageRow;
 use super::Store;
-use crate::tenancy::Tenant;
+use crate::api::tenancy::Tenant;
 
 /// `name::sqlite` and `name::postgres`, each running `name(store)` on a fresh database of
 /// that backend (the store's other test modules use it too).
@@ -601,7 +601,7 @@ async fn cron_claims_finish_and_release(s: Store) {
         .cron_insert(&job("job_2", "alice", "daily", 1000), 10)
         .await;
     assert!(
-        matches!(dup, Err(crate::error::GatewayError::Conflict(_))),
+        matches!(dup, Err(crate::api::error::GatewayError::Conflict(_))),
         "{dup:?}"
     );
     a.cron_insert(&job("job_3", "bob", "daily", 5000), 10)
@@ -609,7 +609,7 @@ async fn cron_claims_finish_and_release(s: Store) {
         .unwrap();
     let full = a.cron_insert(&job("job_4", "bob", "other", 5000), 1).await;
     assert!(
-        matches!(full, Err(crate::error::GatewayError::Conflict(_))),
+        matches!(full, Err(crate::api::error::GatewayError::Conflict(_))),
         "{full:?}"
     );
     assert_eq!(s.cron_earliest().await.unwrap(), Some(1000));
@@ -619,7 +619,7 @@ async fn cron_claims_finish_and_release(s: Store) {
     let several = s.cron_job(&all(), "root", "daily").await;
     assert!(matches!(
         several,
-        Err(crate::error::GatewayError::Conflict(_))
+        Err(crate::api::error::GatewayError::Conflict(_))
     ));
     assert_eq!(
         s.cron_job(&all(), "bob", "daily")

@@ -3,8 +3,8 @@
 
 use super::sessions::{message_row, MessageRow, SessionFilter, MESSAGE_COLUMNS};
 use super::{now_ms, on_pool, text, Store, StoreRow};
-use crate::error::GatewayError;
-use crate::tenancy::Tenant;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 
 /// One stored summary node.
 #[derive(Debug, Clone, PartialEq)]

@@ -3,7 +3,7 @@
 //! already encrypted or redacted: nothing in these rows is a plaintext secret.
 
 use super::{now_ms, on_pool, Store, StoreRow};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 
 /// What other nodes are told to reload when a token changes (`fanout::CONTROL`).
 pub const ANNOUNCE_TOKENS: &str = "tokens";

@@ -3,7 +3,7 @@
 //! both still work (a lease is always this node's).
 
 use super::{on_pool, Pool, Store};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 
 impl Store {
     /// Records that this node is alive at `now` (registering it when new).

@@ -6,8 +6,8 @@
 //! always pass the reach of exactly one tenant.
 
 use super::{now_ms, on_pool, text, Pool, Store, StoreRow};
-use crate::error::GatewayError;
-use crate::tenancy::Tenant;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 
 /// One session note.
 #[derive(Debug, Clone, PartialEq)]

@@ -27,6 +27,7 @@ pub mod sessions;
 pub mod transfer;
 pub mod usage;
 
+use crate::clock::now_ms;
 use std::borrow::Cow;
 use std::path::Path;
 use std::str::FromStr;
@@ -40,8 +41,8 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, SqlitePool};
 
+use crate::api::error::GatewayError;
 use crate::config::store::{without_password, Backend, StoreConfig, MAX_CONNECT_MS};
-use crate::error::GatewayError;
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "gateway.db";
@@ -335,11 +336,6 @@ pub fn schema_version() -> i64 {
         .map(|m| m.version)
         .max()
         .unwrap_or(0)
-}
-
-/// Now as epoch milliseconds.
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 /// Free text as stored: U+0000, which PostgreSQL text cannot hold, becomes U+FFFD on every

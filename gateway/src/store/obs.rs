@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 
 use super::usage::{hour_of, HOUR_MS};
 use super::{on_pool, text, Pool, Store, StoreRow};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
+use crate::api::generated::types::ObsContextDagResultSnapshotsItemCompactionsItem;
+use crate::api::tenancy::Tenant;
 use crate::obs::filter::{Filter, Value};
 use crate::obs::records::{GateFire, ToolResultFact, TraceFact, UsageFacts};
-use crate::rpc::generated::types::ObsContextDagResultSnapshotsItemCompactionsItem;
-use crate::tenancy::Tenant;
 
 /// One row of the session index.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -3,9 +3,9 @@
 
 use super::sessions::{key_namespace, key_tenant};
 use super::Store;
-use crate::error::GatewayError;
-use crate::rpc::generated::methods::RecordKind;
-use crate::tenancy::{Lookup, Owners, Tenant};
+use crate::api::error::GatewayError;
+use crate::api::generated::methods::RecordKind;
+use crate::api::tenancy::{Lookup, Owners, Tenant};
 
 impl Owners for Store {
     async fn lookup(

@@ -2,7 +2,7 @@
 //! Both tables have the same shape, so one implementation serves both.
 
 use super::{now_ms, on_pool, Store, StoreRow};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 
 /// Which registry table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! their outcome, readable with session.run_status after the run and across restarts.
 
 use super::{on_pool, opt_text, text, Store, StoreRow};
-use crate::error::GatewayError;
-use crate::tenancy::Tenant;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 
 /// One run.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -370,7 +370,7 @@ mod durability_tests {
         assert_eq!(s.runs_orphan_unresumable(10, None).await.unwrap(), 2);
         assert_eq!(
             s.run_get(
-                &crate::tenancy::Tenant::for_principal("admin", true),
+                &crate::api::tenancy::Tenant::for_principal("admin", true),
                 "plain"
             )
             .await
@@ -381,7 +381,7 @@ mod durability_tests {
         );
         assert_eq!(
             s.run_get(
-                &crate::tenancy::Tenant::for_principal("admin", true),
+                &crate::api::tenancy::Tenant::for_principal("admin", true),
                 "busy"
             )
             .await

@@ -11,8 +11,8 @@
 use serde_json::Value;
 
 use super::{on_pool, opt_text, text, Store, StoreRow};
-use crate::error::GatewayError;
-use crate::tenancy::Tenant;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 
 /// The owner of jobs declared in the configuration file (reachable by admin only: token ids
 /// cannot contain `:`).

@@ -5,8 +5,8 @@
 //! comparable within one backend only; both promise "best first" and a score of at least 0.
 
 use super::{on_pool, Pool, Store, StoreRow};
-use crate::error::GatewayError;
-use crate::tenancy::Tenant;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 
 /// One transcript match.
 #[derive(Debug, Clone, PartialEq)]

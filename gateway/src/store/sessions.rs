@@ -1,8 +1,8 @@
 //! The `sessions` and `messages` tables: conversations and their transcripts.
 
 use super::{now_ms, on_pool, text, Store, StoreRow};
-use crate::error::GatewayError;
-use crate::tenancy::Tenant;
+use crate::api::error::GatewayError;
+use crate::api::tenancy::Tenant;
 
 /// A stored session with its counters.
 #[derive(Debug, Clone, PartialEq)]

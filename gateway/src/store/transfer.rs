@@ -1322,8 +1322,8 @@ mod tests {
         migration_state_reads_without_changing,
     );
 
-    fn admin() -> crate::tenancy::Tenant {
-        crate::tenancy::Tenant::for_principal("admin", true)
+    fn admin() -> crate::api::tenancy::Tenant {
+        crate::api::tenancy::Tenant::for_principal("admin", true)
     }
 
     fn msg(role: &str, content: &str) -> MessageRow {

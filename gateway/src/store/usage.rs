@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::obs::{ObsBatch, ObsRow};
 use super::{on_pool, Pool, Store};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 
 /// One model call.
 #[derive(Debug, Clone, Default, PartialEq)]

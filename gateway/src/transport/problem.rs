@@ -11,7 +11,7 @@ use poem_openapi::registry::{MetaMediaType, MetaResponse, MetaResponses, Registr
 use poem_openapi::types::Type;
 use poem_openapi::{ApiResponse, Object};
 
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 
 /// Which error body a path gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,10 +22,10 @@ use tokio::sync::Semaphore;
 use settings::{MappingConfig, WebhooksConfig};
 use verify::Verifier;
 
-use crate::auth::Principal;
+use crate::api::generated::methods::Scope;
+use crate::api::generated::types::SubagentRunStatus;
+use crate::api::principal::Principal;
 use crate::config::ConfigError;
-use crate::rpc::generated::methods::Scope;
-use crate::rpc::generated::types::SubagentRunStatus;
 use crate::runtime::engine::Engine;
 use crate::runtime::runs::RunSpec;
 use crate::runtime::sessions::SessionIdent;
@@ -277,7 +277,7 @@ pub fn queued_row(spec: &RunSpec) -> RunRow {
         task: spec.task.clone(),
         status: SubagentRunStatus::Queued.as_str().to_owned(),
         client_id: spec.caller.client_id.clone(),
-        started_at: crate::store::now_ms(),
+        started_at: crate::clock::now_ms(),
         delivery: spec.delivery.clone(),
         ..RunRow::default()
     }
@@ -351,7 +351,7 @@ fn resumed_spec(engine: &Engine, row: &RunRow, resume: &str) -> Result<RunSpec, 
         session,
         task: row.task.clone(),
         caller: Principal::internal(&row.client_id).context(None),
-        scopes: crate::scopes::Scopes::only(Scope::Rpc),
+        scopes: crate::api::scopes::Scopes::only(Scope::Rpc),
         parent_run_id: None,
         max_steps: None,
         model: r.model,
@@ -364,7 +364,7 @@ fn resumed_spec(engine: &Engine, row: &RunRow, resume: &str) -> Result<RunSpec, 
 async fn fail(engine: &Engine, mut row: RunRow, why: &str) {
     tracing::warn!(run = %row.run_id, reason = why, "queued webhook run not resumed");
     row.status = SubagentRunStatus::Failed.as_str().to_owned();
-    row.completed_at = Some(crate::store::now_ms());
+    row.completed_at = Some(crate::clock::now_ms());
     row.error = Some(why.to_owned());
     if let Err(e) = engine.store.run_finish(&row).await {
         tracing::error!(run = %row.run_id, error = %e, "run outcome not recorded");

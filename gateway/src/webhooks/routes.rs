@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 
 use super::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
 use super::{message_of, session_part, untrusted, RequestContext, Webhooks};
-use crate::auth::Principal;
+use crate::api::generated::methods::Scope;
+use crate::api::principal::Principal;
 use crate::obs::recorder::webhook_event;
-use crate::rpc::generated::methods::Scope;
 use crate::runtime::engine::Engine;
 use crate::runtime::runs::RunSpec;
 use crate::runtime::sessions::{InternalChannel, SessionIdent};
@@ -160,7 +160,7 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
     // a replay past the guard. Remembered in the database: a restart does not forget it.
     let delivery = signed.then(|| delivery_id(&path, &bytes));
     if let Some(d) = &delivery {
-        let now = crate::store::now_ms();
+        let now = crate::clock::now_ms();
         let expires = now.saturating_add(hooks.replay_window.as_millis() as i64);
         match engine
             .store
@@ -316,7 +316,7 @@ async fn act(
         session,
         task,
         caller: Principal::internal(&format!("webhook:{}", m.id)).context(None),
-        scopes: crate::scopes::Scopes::only(Scope::Rpc),
+        scopes: crate::api::scopes::Scopes::only(Scope::Rpc),
         parent_run_id: None,
         max_steps: None,
         model: m.model.clone(),

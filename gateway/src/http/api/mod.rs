@@ -16,7 +16,7 @@ use poem_openapi::types::Any;
 use poem_openapi::{OpenApi, Tags};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::auth::Principal;
+use crate::api::principal::Principal;
 use crate::http::security::{RestBearer, SseAuth};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
@@ -113,7 +113,7 @@ impl Render for TokenEvents {
         )
     }
 
-    fn done(&mut self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+    fn done(&mut self, result: Result<TurnOutcome, crate::api::error::GatewayError>) -> Bytes {
         let done = match result {
             Ok(o) => result_of(&o),
             Err(e) => {
@@ -293,7 +293,7 @@ impl RestApi {
         let tenant_id = memory_tenant(state, &auth.0, tenant_id.0.as_deref()).await?;
         let s = crate::handlers::memory_stats(
             &state.engine,
-            &crate::tenancy::Tenant::owner(&tenant_id),
+            &crate::api::tenancy::Tenant::owner(&tenant_id),
             &tenant_id,
             None,
         )
@@ -483,10 +483,12 @@ async fn memory_tenant(
     caller: &Principal,
     named: Option<&str>,
 ) -> Result<String, RestError> {
-    use crate::rpc::generated::methods::RecordKind;
+    use crate::api::generated::methods::RecordKind;
     if let Some(n) = named {
         let kind = RecordKind::MemoryTenant;
-        if !crate::tenancy::allowed(&state.engine.store, caller.tenant(), kind, false, n).await? {
+        if !crate::api::tenancy::allowed(&state.engine.store, caller.tenant(), kind, false, n)
+            .await?
+        {
             return Err(RestError(Problem::forbidden(
                 "Insufficient scope: naming another tenant requires 'admin'",
             )));

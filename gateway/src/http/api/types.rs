@@ -5,7 +5,7 @@ use poem_openapi::Object;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::rpc::generated::types::TokensUsed;
+use crate::api::generated::types::TokensUsed;
 
 #[derive(Debug, Clone, Object)]
 #[oai(rename = "Health", rename_all = "camelCase")]

@@ -13,7 +13,7 @@ use poem_openapi::types::Type;
 use poem_openapi::ApiResponse;
 
 use super::types::*;
-use crate::auth::Principal;
+use crate::api::principal::Principal;
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{openai_finish, resolve_target, run_to_end, Render, StreamingTurn};
 use crate::runtime::sessions::session_key;
@@ -240,7 +240,7 @@ impl Render for Chunker {
         )
     }
 
-    fn done(&mut self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+    fn done(&mut self, result: Result<TurnOutcome, crate::api::error::GatewayError>) -> Bytes {
         self.closing(result)
     }
 }
@@ -273,7 +273,7 @@ impl Chunker {
     }
 
     /// The finish chunk, the usage chunk when asked for, and `[DONE]`, as one write.
-    fn closing(&self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+    fn closing(&self, result: Result<TurnOutcome, crate::api::error::GatewayError>) -> Bytes {
         let include_usage = self.include_usage;
         let mut out = Vec::new();
         match result {

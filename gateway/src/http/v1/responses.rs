@@ -17,10 +17,10 @@ use crate::http::either::either;
 use serde_json::{json, Value};
 
 use super::chat::turn_for;
-use crate::auth::Principal;
+use crate::api::generated::types::FinishReason;
+use crate::api::principal::Principal;
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
-use crate::rpc::generated::types::FinishReason;
 use crate::runtime::turn::TurnOutcome;
 use crate::state::AppState;
 use crate::transport::problem::{Problem, V1Error};
@@ -351,7 +351,7 @@ impl Render for Streamed {
         )
     }
 
-    fn done(&mut self, result: Result<TurnOutcome, crate::error::GatewayError>) -> Bytes {
+    fn done(&mut self, result: Result<TurnOutcome, crate::api::error::GatewayError>) -> Bytes {
         closing(&self.shape, &mut self.events, result)
     }
 }
@@ -359,7 +359,7 @@ impl Render for Streamed {
 fn closing(
     shape: &Shape,
     events: &mut Events,
-    result: Result<TurnOutcome, crate::error::GatewayError>,
+    result: Result<TurnOutcome, crate::api::error::GatewayError>,
 ) -> Bytes {
     let outcome = match result {
         Ok(o) => o,

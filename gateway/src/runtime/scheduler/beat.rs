@@ -13,17 +13,17 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use crate::api::error::GatewayError;
+use crate::api::generated::types as wire;
+use crate::api::generated::types::FinishReason;
+use crate::clock::now_ms;
 use crate::config::scheduler::HEARTBEAT_PROMPT;
-use crate::error::GatewayError;
-use crate::rpc::generated::types as wire;
-use crate::rpc::generated::types::FinishReason;
 use crate::runtime::domain::HeartbeatSettings;
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::ErrorKind;
 use crate::runtime::scheduler::schedule::ActiveHours;
 use crate::runtime::scheduler::{FireSlots, Slot};
 use crate::runtime::sessions::{InternalChannel, SessionIdent};
-use crate::store::now_ms;
 use crate::store::scheduler::{BeatClaim, BeatFinish, BeatRow};
 
 /// The principal heartbeat turns run as (the owner of every heartbeat session).

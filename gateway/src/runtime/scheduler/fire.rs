@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use crate::rpc::generated::types::FinishReason;
+use crate::api::generated::types::FinishReason;
+use crate::clock::now_ms;
 use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv, GateSpec};
 use crate::runtime::scheduler::{summary_of, Slot};
 use crate::runtime::sessions::{InternalChannel, SessionIdent};
-use crate::store::now_ms;
 use crate::store::scheduler::{Claimed, FireOutcome, JobRow};
 
 /// The channel of cron sessions: an internal channel (only fires write there), though the

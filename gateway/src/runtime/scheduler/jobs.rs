@@ -4,17 +4,17 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::api::error::GatewayError;
+use crate::api::generated::types as wire;
+use crate::api::tenancy::Tenant;
+use crate::clock::now_ms;
 use crate::config::scheduler::{JobConfig, MissedFires, ScheduleConfig, ScheduleKind};
-use crate::error::GatewayError;
-use crate::rpc::generated::types as wire;
 use crate::runtime::agents::Agents;
 use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::gate::GateSpec;
 use crate::runtime::scheduler::schedule::{self, Invalid, Kind, Schedule, ScheduleSpec, Trigger};
 use crate::runtime::scheduler::FireSlots;
-use crate::store::now_ms;
 use crate::store::scheduler::{ClaimKind, FireRow, JobRow, CONFIG_OWNER};
-use crate::tenancy::Tenant;
 
 /// Whether `name` has the form of a job id (`job_<32 hex>`): such names address jobs by id.
 pub fn is_job_id(name: &str) -> bool {

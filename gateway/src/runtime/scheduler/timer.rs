@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::MAX_SLEEP;
-use crate::store::now_ms;
 
 /// Starts the generation's timer (nothing when `scheduler.enabled` is false). It ends when the
 /// generation stops or its engine is dropped.
@@ -96,7 +96,7 @@ async fn pass(weak: &Weak<Engine>) -> Option<Duration> {
 async fn due_pass(
     engine: &Arc<Engine>,
     now: i64,
-) -> Result<Option<i64>, crate::error::GatewayError> {
+) -> Result<Option<i64>, crate::api::error::GatewayError> {
     let max = engine.fire_limit();
     engine.fire_due(now, None, None).await?;
     let beats_next = engine.beat_pass(now, max).await?;

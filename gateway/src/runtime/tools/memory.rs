@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::{Tool, ToolContext, ToolResult};
-use crate::error::GatewayError;
+use crate::api::error::GatewayError;
 use crate::memory::recall::RecallFor;
 use crate::memory::write::Source;
 use crate::runtime::providers::BoxFuture;
@@ -71,7 +71,7 @@ impl Tool for MemoryStore {
                         memory_type: "semantic",
                         trust_level: trust,
                         pinned: false,
-                        created_at: crate::store::now_ms(),
+                        created_at: crate::clock::now_ms(),
                     },
                     Source::Agent,
                 )

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
-use crate::rpc::generated::methods::Scope;
+use crate::api::generated::methods::Scope;
 use crate::runtime::providers::{BoxFuture, ToolSpec};
 use crate::store::Store;
 
@@ -23,7 +23,7 @@ pub struct ToolContext<'a> {
     /// The conversation, when the turn has a stored session.
     pub session_key: Option<&'a str>,
     /// Whose records the tools may read: the caller's tenant (admin: every tenant).
-    pub tenant: &'a crate::tenancy::Tenant,
+    pub tenant: &'a crate::api::tenancy::Tenant,
     /// Who owns what the tools store: the session's owner, or the caller of an ephemeral turn.
     pub owner: &'a str,
     /// The engine, for tools that need more than the store (memory recall and writes).

@@ -1,7 +1,5 @@
-//! The one domain error type, and the only place it is mapped to wire errors.
-
-use crate::rpc::generated::methods::error_codes;
-use crate::rpc::RpcError;
+//! The one domain error type. Its wire mappings live at the edges: `rpc/error.rs` (JSON-RPC)
+//! and `transport/problem.rs` (REST and `/v1`).
 
 /// What a handler or service can fail with. Internal details are logged, never returned.
 #[derive(Debug, thiserror::Error)]
@@ -52,53 +50,5 @@ fn storage_unreachable(e: &sqlx::Error) -> bool {
             c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03" | "53300")
         }),
         _ => false,
-    }
-}
-
-impl From<GatewayError> for RpcError {
-    fn from(e: GatewayError) -> Self {
-        match e {
-            GatewayError::InvalidParams(m) => {
-                RpcError::new(error_codes::INVALID_PARAMS, format!("Invalid params: {m}"))
-            }
-            GatewayError::NotFound(m) => RpcError::new(error_codes::NOT_FOUND, m),
-            GatewayError::Conflict(m) => RpcError::new(error_codes::CONFLICT, m),
-            GatewayError::RateLimited(m) => RpcError::new(error_codes::RATE_LIMITED, m),
-            GatewayError::Unavailable(m) | GatewayError::Busy(m) => {
-                RpcError::new(error_codes::UNAVAILABLE, m)
-            }
-            GatewayError::Internal(detail) => {
-                tracing::error!(error = %detail, "handler failed");
-                RpcError::internal()
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn handler_failures_hide_their_details() {
-        let e = RpcError::from(GatewayError::Internal("db at /secret/path failed".into()));
-        assert_eq!(e, RpcError::new(-32603, "Internal error"));
-        assert_eq!(
-            RpcError::from(GatewayError::NotFound("no such agent".into())).code,
-            -32001
-        );
-        assert_eq!(
-            RpcError::from(GatewayError::Conflict("suspended".into())).code,
-            -32002
-        );
-        assert_eq!(
-            RpcError::from(GatewayError::Unavailable("no provider".into())).code,
-            -32003
-        );
-        let p = RpcError::from(GatewayError::InvalidParams("'limit' too large".into()));
-        assert_eq!(
-            (p.code, p.message.as_str()),
-            (-32602, "Invalid params: 'limit' too large")
-        );
     }
 }

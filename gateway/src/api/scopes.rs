@@ -2,7 +2,7 @@
 //! carries one, so copying it must cost nothing (a `BTreeSet` cost two allocations per copy on
 //! the `/v1` path).
 
-use crate::rpc::generated::methods::Scope;
+use crate::api::generated::methods::Scope;
 
 /// A set of scopes. `Copy`; iteration follows the catalogue's order.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]

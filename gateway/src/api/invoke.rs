@@ -47,7 +47,7 @@ pub fn authorize(ctx: &CallContext, info: &MethodInfo) -> Result<(), RpcError> {
 /// param is absent): -32001 `<Kind> not found: <id>` unless the caller's tenant reaches it, the
 /// same answer as a record that does not exist; for a kind that refuses as scope (a tenant id
 /// the memory methods take), -32603 `Insufficient scope: requires 'admin'`.
-pub async fn check_owner<O: crate::tenancy::Owners>(
+pub async fn check_owner<O: crate::api::tenancy::Owners>(
     owners: &O,
     ctx: &CallContext,
     info: &MethodInfo,
@@ -56,7 +56,7 @@ pub async fn check_owner<O: crate::tenancy::Owners>(
     let (Some(rule), Some(id)) = (&info.owner, named) else {
         return Ok(());
     };
-    if crate::tenancy::allowed(owners, ctx.tenant(), rule.kind, rule.claim, id).await? {
+    if crate::api::tenancy::allowed(owners, ctx.tenant(), rule.kind, rule.claim, id).await? {
         return Ok(());
     }
     if rule.kind.refuse_as_scope() {

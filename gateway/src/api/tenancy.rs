@@ -3,14 +3,14 @@
 //! the rule the generated dispatch applies to every method the catalogue gives an `owner`.
 //!
 //! Store functions that read or write owned records take a `&Tenant`, and a `Tenant` comes only
-//! from a [`crate::auth::Principal`] (or the call context built from one): a handler cannot reach
+//! from a [`crate::api::principal::Principal`] (or the call context built from one): a handler cannot reach
 //! another tenant's rows by forgetting a check, because it has no other way to name a tenant.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::error::GatewayError;
-use crate::rpc::generated::methods::RecordKind;
+use crate::api::error::GatewayError;
+use crate::api::generated::methods::RecordKind;
 
 /// Whose records a caller may reach: every tenant's (admin) or one tenant's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +23,7 @@ enum Reach {
 }
 
 impl Tenant {
-    /// Built by [`crate::auth::Principal::tenant`] only.
+    /// Built by [`crate::api::principal::Principal::tenant`] only.
     pub(crate) fn for_principal(client_id: &str, admin: bool) -> Self {
         if admin {
             Self(Reach::Any)
