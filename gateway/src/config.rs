@@ -2,10 +2,14 @@
 //! table (plus our documented additions), strict (unknown keys are refused with their path),
 //! environment overrides, validation, and secret redaction.
 
+pub mod agents;
 pub mod context;
 pub mod document;
+pub mod engine;
 pub mod memory;
+pub mod provider_policy;
 pub mod scheduler;
+pub mod secrets;
 pub mod store;
 pub mod trust;
 pub mod webhooks;
@@ -17,8 +21,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::runtime::domain::{AgentSettings, ProviderSettings};
-use crate::runtime::settings::{AgentDefaults, LocalConfig, ModelConfig};
+use crate::config::agents::{AgentSettings, ProviderSettings};
+use crate::config::engine::{AgentDefaults, LocalConfig, ModelConfig};
 
 /// Environment variable naming the configuration file (same as `--config`).
 pub const ENV_CONFIG: &str = "AGENT_GATEWAY_CONFIG";
@@ -114,16 +118,16 @@ fn durations(config: &Config) -> Result<(), ConfigError> {
         at_most(key, v, max)?;
     }
     for (id, p) in &config.providers {
-        crate::runtime::domain::check_provider_durations(&format!("providers.{id}"), p)
+        crate::config::agents::check_provider_durations(&format!("providers.{id}"), p)
             .map_err(ConfigError)?;
     }
     for (id, a) in &config.agents {
         if let Some(h) = &a.heartbeat {
-            crate::runtime::domain::check_heartbeat_durations(&format!("agents.{id}.heartbeat"), h)
+            crate::config::agents::check_heartbeat_durations(&format!("agents.{id}.heartbeat"), h)
                 .map_err(ConfigError)?;
         }
     }
-    crate::runtime::domain::check_heartbeat_durations(
+    crate::config::agents::check_heartbeat_durations(
         "scheduler.heartbeat",
         &config.scheduler.heartbeat,
     )
@@ -158,7 +162,7 @@ pub struct Config {
     pub agent_defaults: AgentDefaults,
     /// Limits on provider settings made through the API (`apiKeyEnv`, `baseUrl`).
     #[serde(default)]
-    pub provider_policy: crate::runtime::providers::policy::ProviderPolicyConfig,
+    pub provider_policy: provider_policy::ProviderPolicyConfig,
     /// Webhook ingestion under `webhooks.path`.
     #[serde(default)]
     pub webhooks: webhooks::WebhooksConfig,
@@ -173,7 +177,7 @@ pub struct Config {
     pub scheduler: scheduler::SchedulerConfig,
     /// The secret store's master key file (`AGENT_GATEWAY_MASTER_KEY` also sets the key).
     #[serde(default)]
-    pub secrets: crate::secrets::SecretsConfig,
+    pub secrets: secrets::SecretsConfig,
     /// The history of configuration changes made through the API.
     #[serde(default)]
     pub config_history: ConfigHistoryConfig,
@@ -657,11 +661,11 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "media.maxFileBytes and media.sweepIntervalSeconds must be greater than 0".to_owned(),
         ));
     }
-    crate::runtime::providers::policy::validate(&config.provider_policy).map_err(ConfigError)?;
+    provider_policy::validate(&config.provider_policy).map_err(ConfigError)?;
     store::validate(&config.store)?;
     scheduler::validate(&config.scheduler)?;
     context::validate(&config.agent_defaults.context)?;
-    crate::secrets::master_key(&config.secrets)?;
+    secrets::master_key(&config.secrets)?;
     let o = &config.observability;
     if o.trace_retention_hours == 0
         || o.diagnostics_retention_hours == 0

@@ -13,8 +13,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 
+use crate::api::principal::OPERATOR;
 use crate::api::tenancy::Tenant;
-use crate::runtime::config_writes::OPERATOR;
 
 /// Events a subscriber may have queued before it counts as lagging.
 pub const SUBSCRIBER_BUFFER: usize = 256;
@@ -24,7 +24,7 @@ pub const RECENT: usize = 100;
 /// Events only operators (admin) see, whoever publishes them: audit records, secret changes,
 /// and webhook deliveries (caused by unauthenticated requests; they name paths, mappings and
 /// session keys of the whole gateway). Published with the owner
-/// [`crate::runtime::config_writes::OPERATOR`], an id no token has.
+/// [`crate::api::principal::OPERATOR`], an id no token has.
 pub fn operator_only(name: &str) -> bool {
     name == "audit:event" || name == "webhook:received" || name.starts_with("secret:")
 }

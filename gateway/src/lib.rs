@@ -13,6 +13,7 @@ pub mod hub;
 pub mod logging;
 pub mod media;
 pub mod memory;
+pub mod metrics;
 pub mod obs;
 pub mod rpc;
 pub mod runtime;

@@ -12,12 +12,10 @@ use base64::Engine as _;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::hkdf;
 use ring::rand::{SecureRandom, SystemRandom};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
 use crate::api::error::GatewayError;
 use crate::clock::now_ms;
-use crate::config::ConfigError;
+use crate::config::secrets::{master_key, SecretsConfig};
 use crate::store::control::SecretRow;
 use crate::store::Store;
 
@@ -29,15 +27,6 @@ pub const ENV_FILE: &str = "secrets.env";
 /// under the key, so a wrong master key is refused at start instead of failing at first use.
 const KEY_CHECK: &str = "__key_check";
 const KEY_CHECK_VALUE: &[u8] = b"agent-gateway key check v1";
-
-/// `secrets`: where the master key comes from besides the environment.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct SecretsConfig {
-    /// A file holding the master key (base64 of 32 random bytes); it must not be readable by
-    /// group or others (mode 0600). `AGENT_GATEWAY_MASTER_KEY` wins when both are set.
-    pub master_key_file: Option<PathBuf>,
-}
 
 /// AES-256-GCM with the derived key.
 pub struct Cipher {
@@ -97,53 +86,6 @@ impl Cipher {
             .ok()?;
         Some(plain.to_vec())
     }
-}
-
-/// Decodes a master key: base64 (standard or URL-safe, padding optional) of exactly 32 bytes.
-fn decode_key(text: &str, source: &str) -> Result<[u8; 32], ConfigError> {
-    let t = text.trim();
-    let bytes = b64()
-        .decode(t)
-        .or_else(|_| {
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t.trim_end_matches('='))
-        })
-        .map_err(|_| ConfigError(format!("{source}: the master key is not base64")))?;
-    bytes.try_into().map_err(|b: Vec<u8>| {
-        ConfigError(format!(
-            "{source}: the master key must be 32 bytes (base64 of 32 random bytes), got {}",
-            b.len()
-        ))
-    })
-}
-
-/// The master key from `AGENT_GATEWAY_MASTER_KEY`, else `secrets.masterKeyFile`; None when
-/// neither is set. A key file readable by group or others is refused.
-pub fn master_key(config: &SecretsConfig) -> Result<Option<[u8; 32]>, ConfigError> {
-    if let Ok(v) = std::env::var(ENV_MASTER_KEY) {
-        if !v.trim().is_empty() {
-            return decode_key(&v, ENV_MASTER_KEY).map(Some);
-        }
-    }
-    let Some(path) = &config.master_key_file else {
-        return Ok(None);
-    };
-    let shown = format!("secrets.masterKeyFile ({})", path.display());
-    let meta =
-        std::fs::metadata(path).map_err(|e| ConfigError(format!("{shown}: cannot read: {e}")))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(ConfigError(format!(
-                "{shown}: mode {mode:o} lets others read the master key; chmod 600 it"
-            )));
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = meta;
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{shown}: {e}")))?;
-    decode_key(&text, &shown).map(Some)
 }
 
 /// Writes `text` to `path` atomically with mode 0600 (a temporary file in the same directory,

@@ -8,6 +8,10 @@ use super::scopes::Scopes;
 use super::tenancy::Tenant;
 use super::CallContext;
 
+/// Owner of operator-only events (`audit:event`, `secret:*`): an id no token can have, so
+/// only admin subscribers see them.
+pub const OPERATOR: &str = "gateway:operator";
+
 fn now() -> i64 {
     crate::clock::now_ms()
 }

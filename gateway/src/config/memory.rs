@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
+/// By default at most this many matching entries, the newest first, are ranked by one memory
+/// search (`memory.keywordRankWindow`): the cost of a search stays bounded however many entries share its words (a word in 40% of
+/// 100,000 entries would otherwise rank 40,000 of them to keep 50). Entries past the window
+/// are still found by the vector lane, and by a search with rarer words.
+pub const MEMORY_RANK_WINDOW: usize = 5000;
+
 /// `memory`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -55,13 +61,13 @@ pub const MAX_RECALL_RETENTION_HOURS: u32 = 87_600;
 impl Default for MemoryConfig {
     fn default() -> Self {
         Self {
-            embedding_model: format!("local/{}", crate::runtime::providers::local::EMBED_MODEL_ID),
+            embedding_model: format!("local/{}", super::engine::EMBED_MODEL_ID),
             embed_queue: 4096,
             embed_batch: 16,
             cache_entries: 10_000,
             min_similarity: 0.25,
             lane_candidates: 50,
-            keyword_rank_window: crate::store::search::MEMORY_RANK_WINDOW,
+            keyword_rank_window: MEMORY_RANK_WINDOW,
             consolidate_after: 20,
             recall_retention_hours: 168,
             max_entries_per_tenant: DEFAULT_MAX_ENTRIES_PER_TENANT,

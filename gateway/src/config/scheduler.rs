@@ -7,8 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
-use crate::runtime::domain::HeartbeatSettings;
-use crate::runtime::scheduler::gate::GateSpec;
+use crate::config::agents::HeartbeatSettings;
 
 /// The message of a heartbeat tick when none is configured.
 pub const HEARTBEAT_PROMPT: &str =
@@ -186,4 +185,23 @@ pub fn validate(s: &SchedulerConfig) -> Result<(), ConfigError> {
         super::at_most(key, v, max)?;
     }
     Ok(())
+}
+
+/// A cron job's wake gate, as declared in the operator's configuration
+/// (`scheduler.jobs.<name>.wakeGate`) and stored with the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GateSpec {
+    /// Path of the script, relative to the agent's workspace.
+    pub script: String,
+    /// Arguments passed verbatim (no shell).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Wall-clock limit for one run, `1..=300`; a gate that times out fails open.
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: u32,
+}
+
+fn default_timeout() -> u32 {
+    10
 }

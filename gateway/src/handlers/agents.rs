@@ -10,8 +10,8 @@ use crate::api::generated::types::{
     AgentsUpdateResult,
 };
 use crate::api::CallContext;
+use crate::config::agents::AgentSettings;
 use crate::runtime::agents::{workspace_dir, Agent};
-use crate::runtime::domain::AgentSettings;
 
 impl Rpc {
     /// The wire record of an agent, built from its (completed) domain settings.

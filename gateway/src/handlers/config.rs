@@ -20,8 +20,8 @@ use crate::api::generated::types::{
 };
 use crate::api::CallContext;
 use crate::config;
+use crate::config::agents;
 use crate::runtime::config_writes::{self as writes, Change};
-use crate::runtime::domain;
 use crate::store::control::AuditFilter;
 
 /// RFC 3339 (UTC, milliseconds) of epoch ms.
@@ -388,7 +388,7 @@ const CATALOGUE_METHODS: &[&str] = &["providers.create", "agents.create"];
 /// (`runtime::domain`), which own the member names but carry none of the catalogue's
 /// lengths, patterns, ranges and enums; since the file's entries are checked against the
 /// catalogue at load, each member takes the schema of the catalogue member of the same name
-/// (or the one `domain::CATALOGUE_MEMBER_RENAMES` names). A member the catalogue renamed
+/// (or the one `agents::CATALOGUE_MEMBER_RENAMES` names). A member the catalogue renamed
 /// without a mapping keeps its own (unconstrained) schema, and
 /// `every_domain_member_has_a_catalogue_member` fails until the mapping is added.
 pub fn constrained_schema() -> Result<Value, GatewayError> {
@@ -397,7 +397,7 @@ pub fn constrained_schema() -> Result<Value, GatewayError> {
     let catalogue = catalogue_defs().ok_or_else(|| {
         GatewayError::Internal("configuration schema: catalogue definitions unreadable".into())
     })?;
-    for (ours, theirs) in domain::CATALOGUE_TYPES {
+    for (ours, theirs) in agents::CATALOGUE_TYPES {
         overlay_catalogue_def(&mut root, ours, theirs, &catalogue).ok_or_else(|| {
             GatewayError::Internal(format!(
                 "configuration schema: cannot take the constraints of `{theirs}` for `{ours}`"
@@ -434,7 +434,7 @@ fn overlay_catalogue_def(
     if let Some(members) = our_def.get_mut("properties").and_then(Value::as_object_mut) {
         let their_members = their_def.get("properties")?.as_object()?;
         for (name, schema) in members.iter_mut() {
-            let mut theirs = match their_members.get(domain::catalogue_member(ours, name)) {
+            let mut theirs = match their_members.get(agents::catalogue_member(ours, name)) {
                 Some(s) => s.clone(),
                 None => continue,
             };
@@ -455,7 +455,7 @@ fn to_our_refs(schema: &mut Value) -> bool {
         Value::Object(m) => {
             if let Some(Value::String(r)) = m.get_mut("$ref") {
                 let target = r.strip_prefix("#/$defs/").and_then(|t| {
-                    domain::CATALOGUE_TYPES
+                    agents::CATALOGUE_TYPES
                         .iter()
                         .find(|(_, theirs)| *theirs == t)
                         .map(|(ours, _)| *ours)
@@ -537,7 +537,7 @@ mod tests {
             );
             // The whole document and the section alone both show it, on the definition of
             // the domain type the section's entries are (which converts to `def`).
-            let ours = domain::CATALOGUE_TYPES
+            let ours = agents::CATALOGUE_TYPES
                 .iter()
                 .find(|(_, theirs)| *theirs == def)
                 .unwrap()
@@ -585,7 +585,7 @@ mod tests {
     fn every_domain_member_has_a_catalogue_member() {
         let ours = config::schema();
         let theirs = catalogue_defs().unwrap();
-        for (our_def, their_def) in domain::CATALOGUE_TYPES {
+        for (our_def, their_def) in agents::CATALOGUE_TYPES {
             let o = &ours["$defs"][our_def];
             let t = &theirs[*their_def];
             assert!(o.is_object(), "the configuration schema has no `{our_def}`");
@@ -603,7 +603,7 @@ mod tests {
             let members = o["properties"].as_object().unwrap();
             assert!(!members.is_empty(), "`{our_def}` has no members");
             for name in members.keys() {
-                let theirs = domain::catalogue_member(our_def, name);
+                let theirs = agents::catalogue_member(our_def, name);
                 assert!(
                     t["properties"].get(theirs).is_some(),
                     "`{our_def}.{name}` has no member `{theirs}` in the catalogue's \
@@ -620,7 +620,7 @@ mod tests {
                     .map(|n| n.as_str().unwrap())
                     .map(|n| {
                         if ours {
-                            domain::catalogue_member(our_def, n)
+                            agents::catalogue_member(our_def, n)
                         } else {
                             n
                         }
@@ -642,7 +642,7 @@ mod tests {
     fn every_domain_member_shows_the_catalogue_schema() {
         let root = constrained_schema().unwrap();
         let theirs = catalogue_defs().unwrap();
-        for (our_def, their_def) in domain::CATALOGUE_TYPES {
+        for (our_def, their_def) in agents::CATALOGUE_TYPES {
             let o = &root["$defs"][our_def];
             let t = &theirs[*their_def];
             if o.get("enum").is_some() {
@@ -650,7 +650,7 @@ mod tests {
                 continue;
             }
             for (name, schema) in o["properties"].as_object().unwrap() {
-                let mut want = t["properties"][domain::catalogue_member(our_def, name)].clone();
+                let mut want = t["properties"][agents::catalogue_member(our_def, name)].clone();
                 assert!(to_our_refs(&mut want), "{our_def}.{name}");
                 assert_eq!(schema, &want, "{our_def}.{name}");
             }
@@ -660,7 +660,7 @@ mod tests {
             );
         }
         let text = root.to_string();
-        for (ours, theirs) in domain::CATALOGUE_TYPES {
+        for (ours, theirs) in agents::CATALOGUE_TYPES {
             if ours != theirs {
                 assert!(
                     !text.contains(&format!("\"#/$defs/{theirs}\"")),

@@ -9,7 +9,7 @@ use crate::api::generated::types::{
     HeartbeatTriggerResultReason, HeartbeatUpdateParams, HeartbeatUpdateResult,
 };
 use crate::api::CallContext;
-use crate::runtime::domain::HeartbeatSettings;
+use crate::config::agents::HeartbeatSettings;
 
 impl HeartbeatApi for Rpc {
     async fn get(

@@ -10,7 +10,7 @@ use crate::api::generated::types::{
     ProvidersUpdateParams, ProvidersUpdateResult,
 };
 use crate::api::CallContext;
-use crate::runtime::domain::ProviderType;
+use crate::config::agents::ProviderType;
 use crate::runtime::providers_registry::{ProviderEntry, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_MS};
 
 impl Rpc {

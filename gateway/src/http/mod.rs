@@ -105,7 +105,7 @@ async fn front<E: Endpoint>(
             .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
         let key = state.http_limiter.key(peer, req.headers());
         if let Err(l) = state.http_limiter.check(key) {
-            crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::Http);
+            crate::metrics::rate_limited(crate::metrics::Limiter::Http);
             return Ok(too_many_requests(area, &l));
         }
         // /rpc counts the rest of a batch under the same key (other paths skip the extension's
@@ -161,14 +161,14 @@ async fn measured<E: Endpoint>(
 ) -> poem::Result<Response> {
     let started = Instant::now();
     let hooks = state.webhooks.as_deref().map(|h| h.base.as_str());
-    let route = crate::obs::metrics::http_route(req.uri().path(), hooks);
-    let method = crate::obs::metrics::http_method(req.method());
+    let route = crate::http::metrics::http_route(req.uri().path(), hooks);
+    let method = crate::metrics::http_method(req.method());
     let resp = front(ep, state, typed, req).await;
     let status = match &resp {
         Ok(r) => r.status(),
         Err(e) => e.status(),
     };
-    crate::obs::metrics::http_request(route, method, status.as_u16(), started.elapsed());
+    crate::metrics::http_request(route, method, status.as_u16(), started.elapsed());
     resp
 }
 
@@ -184,7 +184,7 @@ async fn answer<E: Endpoint>(ep: &E, req: Request, area: Area) -> Response {
 /// Builds the endpoint of one server generation.
 pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
     // The process's metrics recorder, before anything is counted.
-    crate::obs::metrics::install();
+    crate::metrics::install();
     let service = openapi::service();
     let docs = state.config.gateway.docs.enabled;
     let web = &state.config.gateway.web;

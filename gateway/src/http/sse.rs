@@ -54,7 +54,7 @@ impl<T: Type> IntoResponse for Sse<T> {
     fn into_response(self) -> Response {
         // Counted in `agentgw_sse_subscribers` until the body is dropped (the stream ended or
         // the client went away), whichever way it ends.
-        let open = crate::obs::metrics::SseSubscriber::open();
+        let open = crate::metrics::SseSubscriber::open();
         Response::builder()
             .content_type("text/event-stream")
             .header(http::header::CACHE_CONTROL, "no-cache")

@@ -118,7 +118,8 @@ impl Memory {
             consolidating: Mutex::new(HashSet::new()),
         });
         // The per-tenant gauge on /metrics reads the index at each scrape.
-        crate::obs::metrics::watch_memory_index(&memory);
+        let sizes: Arc<dyn crate::metrics::IndexSizes> = memory.clone();
+        crate::metrics::watch_memory_index(&sizes);
         memory
     }
 
@@ -308,6 +309,17 @@ pub fn preview(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((i, _)) => s[..i].to_owned(),
         None => s.to_owned(),
+    }
+}
+
+impl crate::metrics::IndexSizes for Memory {
+    fn each_tenant(&self, each: &mut dyn FnMut(&str, usize)) {
+        let Ok(index) = self.index.read() else {
+            return;
+        };
+        for (tenant, entries) in index.tenant_entries() {
+            each(tenant, entries);
+        }
     }
 }
 

@@ -5,7 +5,6 @@
 pub mod explain;
 pub mod filter;
 pub mod fleet;
-pub mod metrics;
 pub mod recorder;
 pub mod records;
 

@@ -10,7 +10,7 @@ use crate::api::generated::dispatch::dispatch;
 use crate::api::generated::handlers::Handlers;
 use crate::api::generated::methods::MethodId;
 use crate::api::{CallContext, RpcError};
-use crate::obs::metrics::{rpc_call, RpcMethod};
+use crate::metrics::{rpc_call, RpcMethod};
 
 /// A message refused before any method is known: counted under `unknown`, then answered.
 fn refused(e: RpcError, started: Instant) -> RpcError {

@@ -39,7 +39,7 @@ pub async fn handle(
                 "body exceeds httpBodyLimitBytes ({})",
                 g.http_body_limit_bytes
             ));
-            crate::obs::metrics::rpc_refused(refusal.code);
+            crate::metrics::rpc_refused(refusal.code);
             return rpc_body(
                 http::StatusCode::PAYLOAD_TOO_LARGE,
                 refusal.response(Value::Null),
@@ -60,7 +60,7 @@ pub async fn handle(
     };
     let Ok(text) = std::str::from_utf8(&body) else {
         let refusal = RpcError::parse_error();
-        crate::obs::metrics::rpc_refused(refusal.code);
+        crate::metrics::rpc_refused(refusal.code);
         return rpc_body(http::StatusCode::OK, refusal.response(Value::Null));
     };
     // The request itself was counted by the front layer; a batch counts its other items.
@@ -78,7 +78,7 @@ pub async fn handle(
             }
         };
         if let Err(l) = state.http_limiter.check_n(key, items - 1) {
-            crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::Http);
+            crate::metrics::rate_limited(crate::metrics::Limiter::Http);
             return too_many_requests(Area::of(req.uri().path()), &l);
         }
     }

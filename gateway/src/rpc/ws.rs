@@ -326,7 +326,7 @@ async fn connection(
     let (outbox, mut rx) = Outbox::new(OUTBOUND_QUEUE);
     let conn_id = state.hub().register(&principal, outbox.clone());
     // `agentgw_websocket_connections` until this task ends, however it ends.
-    let _open = crate::obs::metrics::WsConnection::open();
+    let _open = crate::metrics::WsConnection::open();
     if !state.tokens.is_current(&principal) {
         outbox.revoked().cancel();
     }
@@ -392,15 +392,15 @@ async fn connection(
                     let refusal = RpcError::invalid_request(&format!(
                         "message exceeds wsMaxMessageBytes ({max_chars})"
                     ));
-                    crate::obs::metrics::rpc_refused(refusal.code);
+                    crate::metrics::rpc_refused(refusal.code);
                     outbox.push(refusal.response(Value::Null).to_string());
                     continue;
                 }
                 let items = crate::rpc::http::batch_items(&text, max_batch) as usize;
                 if !window.admit(Instant::now(), items) {
-                    crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WsMessages);
+                    crate::metrics::rate_limited(crate::metrics::Limiter::WsMessages);
                     let refusal = RpcError::rate_limited();
-                    crate::obs::metrics::rpc_refused(refusal.code);
+                    crate::metrics::rpc_refused(refusal.code);
                     outbox.push(refusal.response(Value::Null).to_string());
                     continue;
                 }
@@ -425,10 +425,10 @@ async fn connection(
                 let v = if window.admit(Instant::now(), 1) {
                     RpcError::parse_error()
                 } else {
-                    crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WsMessages);
+                    crate::metrics::rate_limited(crate::metrics::Limiter::WsMessages);
                     RpcError::rate_limited()
                 };
-                crate::obs::metrics::rpc_refused(v.code);
+                crate::metrics::rpc_refused(v.code);
                 outbox.push(v.response(Value::Null).to_string());
             }
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}

@@ -58,7 +58,7 @@ impl Admission {
         let mut c = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let limits = c.limits.clone().unwrap_or_default();
         if c.total >= limits.max_concurrent_turns {
-            crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::TurnsGlobal);
+            crate::metrics::rate_limited(crate::metrics::Limiter::TurnsGlobal);
             return Err(GatewayError::Busy(format!(
                 "Too many turns running: the gateway runs at most {} at once (gateway.limits.maxConcurrentTurns)",
                 limits.max_concurrent_turns
@@ -67,7 +67,7 @@ impl Admission {
         if let Some(id) = client {
             let held = c.per_client.get(id).copied().unwrap_or(0);
             if held >= limits.max_concurrent_turns_per_client {
-                crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::TurnsPerClient);
+                crate::metrics::rate_limited(crate::metrics::Limiter::TurnsPerClient);
                 return Err(GatewayError::Busy(format!(
                     "Too many turns running for client {id}: at most {} at once (gateway.limits.maxConcurrentTurnsPerClient)",
                     limits.max_concurrent_turns_per_client

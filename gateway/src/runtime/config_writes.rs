@@ -30,9 +30,7 @@ use crate::state::AppState;
 use crate::store::control::{AuditRow, VersionRow};
 use crate::store::Store;
 
-/// Owner of operator-only events (`audit:event`, `secret:*`): an id no token can have, so
-/// only admin subscribers see them.
-pub const OPERATOR: &str = "gateway:operator";
+pub use crate::api::principal::OPERATOR;
 /// What other nodes are told when the fleet's document changed (`fanout::CONTROL`).
 pub const ANNOUNCE_CONFIG: &str = "config";
 /// Sections a change applies to without a restart.

@@ -10,10 +10,10 @@ use crate::api::generated::types::{
     self as wire, AgentsCreateParams, ModelsCapability, ProvidersCreateParams,
 };
 use crate::api::invoke;
+use crate::config::agents::{AgentSettings, ProviderSettings, ProviderType};
 use crate::config::Config;
 use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
-use crate::runtime::domain::{AgentSettings, ProviderSettings, ProviderType};
 use crate::runtime::providers::local::{self, LocalOptions, LocalProvider};
 use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
@@ -427,7 +427,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::runtime::domain::tests::{
+    use crate::config::agents::tests::{
         AGENT_JSON, AGENT_SEED_HASH, CONFIG_YAML, PROVIDER_JSON, PROVIDER_SEED_HASH,
     };
     use crate::store::registry::RegistryRow;

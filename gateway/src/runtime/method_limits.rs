@@ -33,7 +33,7 @@ fn per_minute(n: u32) -> DefaultDirectRateLimiter {
 }
 
 fn refused(method: &str, n: u32, per: &str) -> GatewayError {
-    crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::RpcMethod);
+    crate::metrics::rate_limited(crate::metrics::Limiter::RpcMethod);
     GatewayError::RateLimited(format!(
         "Rate limit exceeded: {method} allows {n} calls per minute{per}"
     ))

@@ -7,15 +7,15 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::api::error::GatewayError;
+use crate::config::agents::{ProviderSettings, ProviderType};
+use crate::config::engine::ModelConfig;
 use crate::runtime::catalog::{self, ModelInfo};
-use crate::runtime::domain::{ProviderSettings, ProviderType};
 use crate::runtime::providers::local::{LocalProvider, LocalStatus};
 use crate::runtime::providers::policy::{ApiPolicy, ProviderPolicyConfig};
 use crate::runtime::providers::{
     anthropic::AnthropicProvider, openai::OpenAiProvider, scripted::ScriptedProvider, Provider,
     ProviderKind,
 };
-use crate::runtime::settings::ModelConfig;
 use crate::store::registry::{RegistryRow, Table};
 use crate::store::Store;
 

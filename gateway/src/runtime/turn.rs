@@ -582,7 +582,7 @@ impl Engine {
             None => None,
         };
         out.trace_id = trace.trace_id.clone();
-        crate::obs::metrics::turn_finished(out.finish.as_str());
+        crate::metrics::turn_finished(out.finish.as_str());
         if let Some(b) = trace.budget_of() {
             self.obs.set_budget(&agent.id, b);
         }
@@ -760,7 +760,7 @@ impl Engine {
                 ok: result.is_ok(),
                 error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
             };
-            crate::obs::metrics::model_call(
+            crate::metrics::model_call(
                 &row.provider,
                 &row.model,
                 row.ok,

@@ -133,11 +133,7 @@ const MESSAGES_POSTGRES: &str = "SELECT s.session_key, s.agent_id, s.channel, h.
      JOIN sessions s ON s.session_key = h.session_key \
      ORDER BY h.score DESC, h.id";
 
-/// By default at most this many matching entries, the newest first, are ranked by one memory
-/// search (`memory.keywordRankWindow`): the cost of a search stays bounded however many entries share its words (a word in 40% of
-/// 100,000 entries would otherwise rank 40,000 of them to keep 50). Entries past the window
-/// are still found by the vector lane, and by a search with rarer words.
-pub const MEMORY_RANK_WINDOW: usize = 5000;
+pub use crate::config::memory::MEMORY_RANK_WINDOW;
 
 /// Memory search on SQLite: `$1` query, `$2` agent or NULL, `$3` tenant or NULL, `$4` limit,
 /// `$5` rank window. FTS5 walks the matches newest first (rowid order, no sort), so only the

@@ -164,7 +164,7 @@ async fn write_loop(
         let left = queued
             .fetch_sub(taken, Ordering::Relaxed)
             .saturating_sub(taken);
-        crate::obs::metrics::set_queue_depth("usage_writer", left);
+        crate::metrics::set_queue_depth("usage_writer", left);
         if !rows.is_empty() {
             if let Err(e) = insert_batch(&pool, &rows).await {
                 tracing::error!(error = %e, rows = rows.len(), "usage rows not recorded");
@@ -370,7 +370,7 @@ impl Store {
         let q = &self.usage;
         if q.queued_obs.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED_OBS {
             q.queued_obs.fetch_sub(1, Ordering::Relaxed);
-            crate::obs::metrics::recorder_dropped(row.kind());
+            crate::metrics::recorder_dropped(row.kind());
             return;
         }
         q.queued.fetch_add(1, Ordering::Relaxed);

@@ -131,7 +131,7 @@ impl Webhooks {
         QueuePlace {
             queued: self.queued.clone(),
             slots: self.slots.clone(),
-            waiting: Some(crate::obs::metrics::WebhookQueued::enter()),
+            waiting: Some(crate::metrics::WebhookQueued::enter()),
         }
     }
 
@@ -145,7 +145,7 @@ impl Webhooks {
         Some(QueuePlace {
             queued: self.queued.clone(),
             slots: self.slots.clone(),
-            waiting: Some(crate::obs::metrics::WebhookQueued::enter()),
+            waiting: Some(crate::metrics::WebhookQueued::enter()),
         })
     }
 }
@@ -155,7 +155,7 @@ pub struct QueuePlace {
     queued: Arc<AtomicUsize>,
     slots: Arc<Semaphore>,
     /// Counted in `agentgw_webhook_runs_queued` until the run has its slot (or is dropped).
-    waiting: Option<crate::obs::metrics::WebhookQueued>,
+    waiting: Option<crate::metrics::WebhookQueued>,
 }
 
 impl QueuePlace {

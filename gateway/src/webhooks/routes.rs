@@ -277,7 +277,7 @@ async fn act(
     }
     // A place in the queue first: a delivery refused for a full queue leaves nothing behind.
     let Some(place) = hooks.reserve() else {
-        crate::obs::metrics::rate_limited(crate::obs::metrics::Limiter::WebhookQueue);
+        crate::metrics::rate_limited(crate::metrics::Limiter::WebhookQueue);
         webhook_event(
             &engine.store,
             "webhook.refused",

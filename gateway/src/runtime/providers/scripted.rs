@@ -12,7 +12,7 @@ use super::{
     BoxFuture, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
     ProviderError, Role, StopReason, ToolCall, Usage,
 };
-use crate::runtime::domain::{ScriptRule, ScriptStep};
+use crate::config::agents::{ScriptRule, ScriptStep};
 
 /// Dimensions of the scripted embeddings.
 pub const EMBEDDING_DIMS: usize = 16;

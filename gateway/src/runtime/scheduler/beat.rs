@@ -17,8 +17,8 @@ use crate::api::error::GatewayError;
 use crate::api::generated::types as wire;
 use crate::api::generated::types::FinishReason;
 use crate::clock::now_ms;
+use crate::config::agents::HeartbeatSettings;
 use crate::config::scheduler::HEARTBEAT_PROMPT;
-use crate::runtime::domain::HeartbeatSettings;
 use crate::runtime::engine::Engine;
 use crate::runtime::providers::ErrorKind;
 use crate::runtime::scheduler::schedule::ActiveHours;
@@ -241,7 +241,7 @@ impl Engine {
         if merged == own {
             return Ok((false, own));
         }
-        let change = crate::runtime::domain::AgentSettings {
+        let change = crate::config::agents::AgentSettings {
             heartbeat: Some(merged.clone()),
             ..Default::default()
         };

@@ -20,7 +20,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
@@ -54,24 +54,7 @@ const READ_CHUNK: usize = 8192;
 /// Mode of a gate's home and of the directories above it that the gateway creates.
 const HOME_MODE: u32 = 0o700;
 
-/// A cron job's wake gate, as declared in the operator's configuration
-/// (`scheduler.jobs.<name>.wakeGate`) and stored with the job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct GateSpec {
-    /// Path of the script, relative to the agent's workspace.
-    pub script: String,
-    /// Arguments passed verbatim (no shell).
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Wall-clock limit for one run, `1..=300`; a gate that times out fails open.
-    #[serde(default = "default_timeout")]
-    pub timeout_seconds: u32,
-}
-
-fn default_timeout() -> u32 {
-    10
-}
+pub use crate::config::scheduler::GateSpec;
 
 /// What the gate is told about the fire, through `GATEWAY_*` environment variables.
 #[derive(Debug, Clone, Copy)]

@@ -30,7 +30,7 @@ use super::{
 /// The chat model id (without the provider prefix).
 pub const CHAT_MODEL_ID: &str = "smollm2-135m-instruct";
 /// The embedding model id (without the provider prefix).
-pub const EMBED_MODEL_ID: &str = "all-minilm-l6-v2";
+pub use crate::config::engine::EMBED_MODEL_ID;
 
 /// Where the local provider is in its start-up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::generated::types::ModelsCapability;
 
+/// The model id of the embedded embedding model (`local/<id>`).
+pub const EMBED_MODEL_ID: &str = "all-minilm-l6-v2";
+
 /// `local`: the in-process models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

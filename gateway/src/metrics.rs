@@ -22,7 +22,6 @@ use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::api::generated::methods::{error_codes, MethodId, METHODS};
-use crate::http::under;
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -220,7 +219,7 @@ macro_rules! routes {
         /// The route templates (index of [`ROUTES`]).
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         #[repr(u8)]
-        enum R {
+        pub enum R {
             $($id,)*
         }
 
@@ -265,74 +264,11 @@ routes! {
 
 /// A request's route template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HttpRoute(R);
+pub struct HttpRoute(pub R);
 
 impl HttpRoute {
     pub fn as_str(self) -> &'static str {
         ROUTES.get(self.0 as usize).copied().unwrap_or("other")
-    }
-}
-
-/// The route template of a request path; `hooks` is the webhook base path when webhooks
-/// are on. Never allocates.
-pub fn http_route(path: &str, hooks: Option<&str>) -> HttpRoute {
-    HttpRoute(template(path, hooks))
-}
-
-fn template(path: &str, hooks: Option<&str>) -> R {
-    match path {
-        "/v1/chat/completions" => return R::V1Chat,
-        "/v1/models" => return R::V1Models,
-        "/v1/embeddings" => return R::V1Embeddings,
-        "/v1/responses" => return R::V1Responses,
-        "/rpc" => return R::Rpc,
-        "/ws" => return R::Ws,
-        "/health" => return R::Health,
-        "/metrics" => return R::Metrics,
-        "/" => return R::Root,
-        "/openapi.json" => return R::OpenApi,
-        "/openrpc.json" => return R::OpenRpc,
-        "/api/health" => return R::ApiHealth,
-        "/api/agents" => return R::ApiAgents,
-        "/api/channels" => return R::ApiChannels,
-        "/api/activity" => return R::ApiActivity,
-        "/api/memory/search" => return R::ApiMemorySearch,
-        "/api/memory/stats" => return R::ApiMemoryStats,
-        "/api/chat/history" => return R::ApiChatHistory,
-        "/api/chat" => return R::ApiChat,
-        "/api/chat/stream" => return R::ApiChatStream,
-        "/api/events" => return R::ApiEvents,
-        _ => {}
-    }
-    if let Some(rest) = path.strip_prefix("/v1/models/") {
-        // `/v1/models/<id>` and `/v1/models/<provider>/<model>`.
-        let mut segments = rest.split('/');
-        let ok = segments.clone().count() <= 2 && segments.all(|s| !s.is_empty());
-        return if ok { R::V1Model } else { R::Other };
-    }
-    if let Some(rest) = path.strip_prefix("/media/") {
-        return match rest.split_once('/') {
-            None if !rest.is_empty() => R::Media,
-            Some((id, "meta")) if !id.is_empty() => R::MediaMeta,
-            _ => R::Other,
-        };
-    }
-    if let Some(rest) = hooks.and_then(|base| under(path, base)) {
-        let rest = rest.trim_matches('/');
-        return if rest.eq_ignore_ascii_case(crate::webhooks::routes::STRICT_PATH) {
-            R::HookStrict
-        } else {
-            R::HookMapped
-        };
-    }
-    if under(path, crate::http::docs::RPC_DOCS_PATH).is_some() {
-        R::RpcDocs
-    } else if under(path, "/docs").is_some() {
-        R::Docs
-    } else if under(path, "/app").is_some() {
-        R::App
-    } else {
-        R::Other
     }
 }
 
@@ -767,10 +703,17 @@ pub fn recorder_dropped(kind: &'static str) {
 
 /// The memory state of every live server generation (one in a daemon; the test suite runs
 /// many gateways in one process). Weak: a dropped generation leaves the gauge by itself.
-static MEMORY_INDEXES: Mutex<Vec<Weak<crate::memory::Memory>>> = Mutex::new(Vec::new());
+static MEMORY_INDEXES: Mutex<Vec<Weak<dyn IndexSizes>>> = Mutex::new(Vec::new());
+
+/// What the memory index gauge reads at a scrape: vectors held per tenant. The engine's memory
+/// implements it (the metrics floor knows no engine).
+pub trait IndexSizes: Send + Sync {
+    /// Calls `each(tenant, entries)` for every tenant holding vectors.
+    fn each_tenant(&self, each: &mut dyn FnMut(&str, usize));
+}
 
 /// Makes `memory`'s vector index part of `agentgw_memory_index_entries`.
-pub fn watch_memory_index(memory: &Arc<crate::memory::Memory>) {
+pub fn watch_memory_index(memory: &Arc<dyn IndexSizes>) {
     let mut watched = MEMORY_INDEXES
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
@@ -784,7 +727,7 @@ pub fn watch_memory_index(memory: &Arc<crate::memory::Memory>) {
 /// [`MAX_MEMORY_TENANT_SERIES`] tenants, then one `other` series summing the rest (a tenant
 /// whose id is `other` shares that series).
 fn memory_index_exposition(out: &mut String) {
-    let live: Vec<Arc<crate::memory::Memory>> = {
+    let live: Vec<Arc<dyn IndexSizes>> = {
         let mut watched = MEMORY_INDEXES
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -793,12 +736,9 @@ fn memory_index_exposition(out: &mut String) {
     };
     let mut by_tenant: HashMap<String, u64> = HashMap::new();
     for memory in &live {
-        let Ok(index) = memory.index.read() else {
-            continue;
-        };
-        for (tenant, entries) in index.tenant_entries() {
+        memory.each_tenant(&mut |tenant, entries| {
             *by_tenant.entry(tenant.to_owned()).or_default() += entries as u64;
-        }
+        });
     }
     let (top, rest) = largest_tenants(by_tenant, MAX_MEMORY_TENANT_SERIES);
     let _ = writeln!(
@@ -854,6 +794,7 @@ fn label_value(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::metrics::http_route;
 
     #[test]
     fn paths_map_to_templates_and_nothing_else() {
