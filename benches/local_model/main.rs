@@ -7,11 +7,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_gateway::runtime::providers::local::chat::{ChatModel, WeightFormat};
-use agent_gateway::runtime::providers::local::default_cache_dir;
-use agent_gateway::runtime::providers::local::embed::EmbedModel;
-use agent_gateway::runtime::providers::local::fetch::{find_all_installed, CHAT_GGUF};
-use agent_gateway::runtime::providers::{ChatMessage, ChatRequest};
+use agent_gateway::providers::local::chat::{ChatModel, WeightFormat};
+use agent_gateway::providers::local::default_cache_dir;
+use agent_gateway::providers::local::embed::EmbedModel;
+use agent_gateway::providers::local::fetch::{find_all_installed, CHAT_GGUF};
+use agent_gateway::providers::{ChatMessage, ChatRequest};
 use tokio_util::sync::CancellationToken;
 
 const RUNS: usize = 3;

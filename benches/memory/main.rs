@@ -299,18 +299,17 @@ async fn main() {
     let mut rng = fastrand::Rng::with_seed(11);
 
     // The local embedding model, when its files are in the cache (no download here).
-    use agent_gateway::runtime::providers::local::{
+    use agent_gateway::providers::local::{
         default_cache_dir, LocalOptions, LocalProvider, EMBED_MODEL_ID,
     };
-    use agent_gateway::runtime::providers::Provider;
+    use agent_gateway::providers::Provider;
     let opts = LocalOptions {
         cache_dir: default_cache_dir(),
         auto_fetch: false,
         python: "python3".into(),
         threads: None,
     };
-    if agent_gateway::runtime::providers::local::fetch::find_all_installed(&opts.cache_dir).is_err()
-    {
+    if agent_gateway::providers::local::fetch::find_all_installed(&opts.cache_dir).is_err() {
         println!("local embedding model not in the cache: throughput not measured");
         return;
     }

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use agent_gateway::api::CallContext;
 use agent_gateway::handlers::Rpc;
 use agent_gateway::media::{self, MediaError, MediaStore};
-use agent_gateway::obs::filter::{self, Column, Filter};
 use agent_gateway::rpc::envelope::{handle_text, Reply};
+use agent_gateway::store::filter::{self, Column, Filter};
 use agent_gateway::webhooks::template::{self, Context, MAX_OUTPUT_BYTES};
 use agent_gateway::webhooks::verify::{Algorithm, Rejection, Verifier};
 use http::{HeaderMap, HeaderValue};
@@ -538,7 +538,7 @@ pub fn where_sql_problem(sql: &str, first: usize, count: usize) -> Option<String
 /// placeholder per value, the values in term order (a boolean bound as 0/1); and the canonical
 /// form parses back to the same filter (when it is too long to, every term alone does).
 pub fn check_trace_where(data: &[u8]) {
-    use agent_gateway::obs::filter::Value as V;
+    use agent_gateway::store::filter::Value as V;
     let input = text(data);
     let Ok(f) = filter::parse(&input) else {
         return;

@@ -29,7 +29,7 @@ use crate::runtime::control::Control;
 
 pub const EVENTS: &str = "gw_events";
 pub const PUSH: &str = "gw_push";
-pub const CONTROL: &str = "gw_control";
+pub use crate::store::nodes::CONTROL;
 
 /// Largest payload sent inline (PostgreSQL's limit is 8000 bytes).
 pub const INLINE_MAX: usize = 7000;

@@ -15,6 +15,7 @@ pub mod media;
 pub mod memory;
 pub mod metrics;
 pub mod obs;
+pub mod providers;
 pub mod rpc;
 pub mod runtime;
 pub mod secrets;

@@ -399,10 +399,8 @@ async fn main() -> ExitCode {
             };
             let opts = agent_gateway::runtime::engine::local_options(&loaded.config);
             let result = match &from {
-                Some(dir) => {
-                    agent_gateway::runtime::providers::local::install_from_dir(&opts, dir).await
-                }
-                None => agent_gateway::runtime::providers::local::fetch_all(&opts).await,
+                Some(dir) => agent_gateway::providers::local::install_from_dir(&opts, dir).await,
+                None => agent_gateway::providers::local::fetch_all(&opts).await,
             };
             match result {
                 Ok(()) => {

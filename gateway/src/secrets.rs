@@ -16,7 +16,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use crate::api::error::GatewayError;
 use crate::clock::now_ms;
 use crate::config::secrets::{master_key, SecretsConfig};
-use crate::store::control::SecretRow;
+use crate::store::control_plane::SecretRow;
 use crate::store::Store;
 
 /// The master key: base64 of 32 random bytes.

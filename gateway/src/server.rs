@@ -229,7 +229,7 @@ pub async fn run(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mut loaded = first;
     let mut generation = 1;
-    if let Some(problem) = crate::runtime::providers::extra_roots_problem() {
+    if let Some(problem) = crate::providers::extra_roots_problem() {
         tracing::warn!(%problem, "HTTP providers cannot be used until the trusted roots file is fixed");
     }
     let mut state = Arc::new(build_state(loaded.clone(), None, generation, control.clone()).await?);

@@ -315,7 +315,7 @@ async fn unknown_paths_and_methods_never_become_labels() {
         "an unknown method name leaked"
     );
     // Every label value of the HTTP and JSON-RPC series is from the bounded sets.
-    let routes = agent_gateway::obs::metrics::ROUTES;
+    let routes = agent_gateway::metrics::ROUTES;
     for s in parse(&text) {
         for (k, v) in &s.labels {
             if s.name.starts_with("agentgw_http_") && k == "route" {

@@ -8,14 +8,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use agent_gateway::runtime::providers::local::fetch::{
-    find_all_installed, hand_fetch_instructions,
-};
-use agent_gateway::runtime::providers::local::{
+use agent_gateway::providers::local::fetch::{find_all_installed, hand_fetch_instructions};
+use agent_gateway::providers::local::{
     default_cache_dir, fetch_all, install_from_dir, LocalOptions, LocalProvider, LocalStatus,
     CHAT_MODEL_ID, EMBED_MODEL_ID,
 };
-use agent_gateway::runtime::providers::{
+use agent_gateway::providers::{
     ChatMessage, ChatRequest, ErrorKind, Provider, StopReason, ToolSpec,
 };
 use tokio_util::sync::CancellationToken;

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_gateway::runtime::providers::anthropic::AnthropicProvider;
-use agent_gateway::runtime::providers::openai::OpenAiProvider;
-use agent_gateway::runtime::providers::{
+use agent_gateway::providers::anthropic::AnthropicProvider;
+use agent_gateway::providers::openai::OpenAiProvider;
+use agent_gateway::providers::{
     ChatMessage, ChatRequest, ChatResponse, ErrorKind, Provider, ProviderError, ProviderKind,
     ProviderSettings, StopReason, ToolCall, ToolSpec, Usage,
 };

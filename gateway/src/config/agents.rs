@@ -1024,15 +1024,9 @@ agents:
         let config = crate::config::parse(CONFIG_YAML).unwrap();
         let p = &config.providers["demo"];
         assert_eq!(p, &full_provider());
-        assert_eq!(
-            crate::runtime::providers_registry::seed_hash(p),
-            PROVIDER_SEED_HASH
-        );
+        assert_eq!(crate::providers::registry::seed_hash(p), PROVIDER_SEED_HASH);
         let a = &config.agents["bot"];
         assert_eq!(a, &full_agent());
-        assert_eq!(
-            crate::runtime::providers_registry::seed_hash(a),
-            AGENT_SEED_HASH
-        );
+        assert_eq!(crate::providers::registry::seed_hash(a), AGENT_SEED_HASH);
     }
 }

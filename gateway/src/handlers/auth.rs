@@ -10,7 +10,7 @@ use crate::api::generated::types::{
 };
 use crate::api::CallContext;
 use crate::clock::now_ms;
-use crate::store::control::AuthRow;
+use crate::store::control_plane::AuthRow;
 
 /// What the associated data of a profile's ciphertext is (never equal to a secret's name,
 /// which has no colon).

@@ -22,7 +22,7 @@ use crate::api::CallContext;
 use crate::config;
 use crate::config::agents;
 use crate::runtime::config_writes::{self as writes, Change};
-use crate::store::control::AuditFilter;
+use crate::store::control_plane::AuditFilter;
 
 /// RFC 3339 (UTC, milliseconds) of epoch ms.
 fn rfc3339(ms: i64) -> String {

@@ -12,8 +12,8 @@ use crate::api::generated::types::{
     ModelsListResult, ModelsTestParams, ModelsTestResult, ModelsTestResultErrorKind as Kind,
 };
 use crate::api::CallContext;
-use crate::runtime::providers::retry::{chat_with_retry, RetryPolicy};
-use crate::runtime::providers::{ChatMessage, ChatRequest, ErrorKind, ProviderError};
+use crate::providers::retry::{chat_with_retry, RetryPolicy};
+use crate::providers::{ChatMessage, ChatRequest, ErrorKind, ProviderError};
 use crate::store::usage::UsageRow;
 
 fn kind(e: &ProviderError) -> Kind {

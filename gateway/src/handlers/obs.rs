@@ -8,11 +8,11 @@ use crate::api::generated::handlers::ObsApi;
 use crate::api::generated::types::*;
 use crate::api::CallContext;
 use crate::clock::now_ms;
-use crate::obs::filter;
-use crate::obs::records::{Depth, ExplainInput, FleetInput, RefKind, SessionFacts};
+use crate::store::filter;
 use crate::store::obs::{
     usage_facts, DiagQuery, ObsTable, Sums, TraceQuery, TraceView, UsageWindow,
 };
+use crate::store::records::{Depth, ExplainInput, FleetInput, RefKind, SessionFacts};
 use crate::store::usage::{hour_of, HOUR_MS};
 
 /// Rounds a dollar figure to micro-dollars, so sums over different groupings read alike.
@@ -169,7 +169,7 @@ impl Rpc {
                 facts.tool_results = trace
                     .iter()
                     .filter(|t| t.kind == "tool_result")
-                    .map(|t| crate::obs::records::ToolResultFact {
+                    .map(|t| crate::store::records::ToolResultFact {
                         seq: t.seq,
                         tool_name: t.tool_name.clone().unwrap_or_default(),
                         is_error: t.status.as_deref() == Some("error"),
@@ -847,7 +847,7 @@ impl ObsApi for Rpc {
                 ..UsageWindow::default()
             })
             .await?;
-        Ok(crate::obs::fleet::fleet_health(&FleetInput {
+        Ok(crate::obs::health::fleet_health(&FleetInput {
             since_hours: p.since_hours,
             start_ms: start,
             end_ms: end,

@@ -11,7 +11,7 @@ use crate::api::generated::types::{
 };
 use crate::api::CallContext;
 use crate::config::agents::ProviderType;
-use crate::runtime::providers_registry::{ProviderEntry, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_MS};
+use crate::providers::registry::{ProviderEntry, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_MS};
 
 impl Rpc {
     /// Agents whose primary, fallback or per-operation model is served by `provider`.

@@ -13,7 +13,7 @@ use crate::api::generated::types::{
 use crate::api::CallContext;
 use crate::auth::{digest, new_secret};
 use crate::clock::now_ms;
-use crate::store::control::TokenRow;
+use crate::store::control_plane::TokenRow;
 
 const SHOWN_ONCE: &str = "Store this secret now: it is not shown again.";
 

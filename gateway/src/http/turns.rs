@@ -12,8 +12,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::api::error::GatewayError;
 use crate::api::generated::types::FinishReason;
+use crate::providers::models;
 use crate::runtime::agents::Agent;
-use crate::runtime::catalog;
 use crate::runtime::engine::Engine;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
 use crate::transport::problem::Problem;
@@ -31,7 +31,7 @@ pub struct Target {
 /// or an agent id. None when nothing matches or no agent can run it.
 pub fn resolve_target(engine: &Engine, name: &str) -> Option<Target> {
     let snap = engine.providers.snapshot();
-    if let Some(m) = catalog::resolve(&snap.models, name) {
+    if let Some(m) = models::resolve(&snap.models, name) {
         let agent = engine
             .agents
             .default_id()

@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::error::GatewayError;
 use crate::api::tenancy::Tenant;
+use crate::providers::{ChatMessage, ChatRequest};
 use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
-use crate::runtime::providers::{ChatMessage, ChatRequest};
 use crate::runtime::turn::CallFor;
 use crate::store::memory::{Consolidation, MemoryRow};
 

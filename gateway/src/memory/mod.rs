@@ -259,20 +259,7 @@ pub fn content_hash(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-/// A name or text as entity names are compared: lowercase words separated by single spaces.
-pub fn normalise_name(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for word in s
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-    {
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        out.extend(word.chars().flat_map(char::to_lowercase));
-    }
-    out
-}
+pub use crate::store::memory::normalise_name;
 
 /// Words too common to say anything in a keyword search (English).
 const STOP_WORDS: &[&str] = &[

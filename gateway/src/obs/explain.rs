@@ -16,13 +16,15 @@
 
 use std::collections::BTreeMap;
 
-use super::records::{Depth, ExplainInput, RefKind, SessionFacts, ToolResultFact, TraceFact};
 use crate::api::generated::types::{
     ObsBreakerEvent, ObsBreakerEventEvent, ObsContextBudgetVerdict, ObsExplainFailure,
     ObsIncidentReport, ObsIncidentReportCost, ObsIncidentReportOutcome,
     ObsIncidentReportOutcomeSeverity, ObsIncidentReportReference, ObsIncidentReportReferenceKind,
     ObsIncidentReportTiming, ObsRecallStats, ObsRootCause, ObsToolStat, ObsTruncation,
     ObsTruncationReason,
+};
+use crate::store::records::{
+    Depth, ExplainInput, RefKind, SessionFacts, ToolResultFact, TraceFact,
 };
 
 /// The byte bound of a depth-summary report (serialized compactly).
@@ -916,7 +918,7 @@ pub(crate) fn assert_golden<T: serde::Serialize>(name: &str, report: &T) {
 mod tests {
     use super::*;
     use crate::api::generated::types::{ObsContextBudget, ObsCronWakeGateRun};
-    use crate::obs::records::UsageFacts;
+    use crate::store::records::UsageFacts;
 
     /// Stands in for content: tool output text, and fields a report must not read. It must
     /// appear in no report.

@@ -3,10 +3,10 @@
 //! `obs.fleet.health`); the `where` filter of `obs.trace.search`; and the Prometheus metrics.
 
 pub mod explain;
-pub mod filter;
-pub mod fleet;
+pub mod health;
 pub mod recorder;
-pub mod records;
+
+pub use crate::store::records::{classify_tool_error, digest, recall_hits};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -83,54 +83,6 @@ pub fn spawn_sweeper(state: Weak<ObsState>, store: Store) {
             }
         }
     });
-}
-
-/// The short error kind of a failed tool result, from its text: the gateway's own refusals
-/// have fixed wording, a tool's own failure is classified by the words it uses. Deterministic,
-/// so the index (at record time) and `obs.explain` (over a stored transcript) agree; a wrong
-/// guess is what the `content_heuristic_misclassification` root cause is about.
-pub fn classify_tool_error(text: &str) -> &'static str {
-    let head: String = text.chars().take(200).collect::<String>().to_lowercase();
-    let has = |words: &[&str]| words.iter().any(|w| head.contains(w));
-    if has(&["unknown tool", "tool not available"]) {
-        "not_available"
-    } else if has(&["not run: the same call"]) {
-        "repeated_call"
-    } else if has(&["invalid arguments", "invalid argument", "missing required"]) {
-        "invalid_args"
-    } else if has(&["timed out", "timeout", "deadline"]) {
-        "timeout"
-    } else if has(&[
-        "denied",
-        "forbidden",
-        "not allowed",
-        "permission",
-        "unauthorized",
-    ]) {
-        "denied"
-    } else if has(&["not found", "no such", "does not exist"]) {
-        "not_found"
-    } else if has(&["too large", "too long", "limit"]) {
-        "limit"
-    } else {
-        "failed"
-    }
-}
-
-/// How many memories a `memory_search` result returned (its `results` array), 0 when the
-/// text is not such a result.
-pub fn recall_hits(text: &str) -> i64 {
-    serde_json::from_str::<serde_json::Value>(text)
-        .ok()
-        .and_then(|v| v.get("results").and_then(|r| r.as_array()).map(Vec::len))
-        .unwrap_or(0) as i64
-}
-
-/// `sha256:` + the first 16 hex digits of the SHA-256 of `text`: identical results share it.
-pub fn digest(text: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let d = Sha256::digest(text.as_bytes());
-    format!("sha256:{}", hex::encode(&d[..8]))
 }
 
 #[cfg(test)]

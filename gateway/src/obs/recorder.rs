@@ -293,7 +293,7 @@ pub fn prompt_report(
     trace_id: &str,
     parts: PromptParts<'_>,
 ) {
-    let tokens = |s: &str| crate::runtime::providers::scripted::estimate_tokens(s) as i64;
+    let tokens = |s: &str| crate::providers::tokens::estimate_tokens(s) as i64;
     let sections: Vec<ObsSystemPromptReportSectionsItem> = parts
         .sections
         .iter()

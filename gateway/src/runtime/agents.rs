@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use crate::api::error::GatewayError;
 use crate::config::agents::{AgentBudget, AgentSettings};
 use crate::config::engine::AgentDefaults;
-use crate::runtime::providers_registry::{seed_hash, to_json, Snapshot};
+use crate::providers::registry::{seed_hash, to_json, Snapshot};
 use crate::store::registry::Table;
 use crate::store::Store;
 

@@ -27,7 +27,7 @@ use crate::api::CallContext;
 use crate::clock::now_ms;
 use crate::config::{self, document as doc, trust, Config, Loaded};
 use crate::state::AppState;
-use crate::store::control::{AuditRow, VersionRow};
+use crate::store::control_plane::{AuditRow, VersionRow};
 use crate::store::Store;
 
 pub use crate::api::principal::OPERATOR;

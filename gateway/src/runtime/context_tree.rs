@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use crate::api::error::GatewayError;
 use crate::api::tenancy::Tenant;
 use crate::config::context::ContextConfig;
+use crate::providers::tokens::estimate_tokens;
+use crate::providers::{ChatMessage, ChatRequest, ProviderError};
 use crate::runtime::agents::Agent;
 use crate::runtime::engine::Engine;
-use crate::runtime::providers::scripted::estimate_tokens;
-use crate::runtime::providers::{ChatMessage, ChatRequest, ProviderError};
 use crate::runtime::sessions;
 use crate::runtime::turn::CallFor;
 use crate::store::context::{NewSummary, SummaryRow};
@@ -479,7 +479,7 @@ impl<'a> Builder<'a> {
         let text = called.response.content.trim();
         if text.is_empty() {
             return Err(BuildError::Model(ProviderError::new(
-                crate::runtime::providers::ErrorKind::ProviderError,
+                crate::providers::ErrorKind::ProviderError,
                 "the summarize model answered with no text",
             )));
         }

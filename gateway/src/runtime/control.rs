@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use crate::events::EventBus;
 use crate::hub::Hub;
-use crate::runtime::providers::local::LocalProvider;
+use crate::providers::local::LocalProvider;
 
 /// What outlives a server generation: the restart request, process start, and the push hub
 /// (connections of a stopping generation unregister themselves).

@@ -7,9 +7,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::error::GatewayError;
 use crate::api::generated::types::ModelsCapability;
-use crate::runtime::catalog::{self, ModelInfo};
+use crate::providers::models::{self, ModelInfo};
+use crate::providers::{Embeddings, ErrorKind, Usage};
 use crate::runtime::engine::Engine;
-use crate::runtime::providers::{Embeddings, ErrorKind, Usage};
 use crate::store::usage::UsageRow;
 
 /// Why an embedding could not be made.
@@ -42,7 +42,7 @@ impl Engine {
         if embedders.is_empty() {
             return Err(EmbedError::NoEmbeddingProvider);
         }
-        let model = catalog::resolve(&embedders, name)
+        let model = models::resolve(&embedders, name)
             .cloned()
             .ok_or(EmbedError::ModelNotFound)?;
         let entry = snap
@@ -54,7 +54,7 @@ impl Engine {
             .instance
             .clone()
             .map_err(|e| EmbedError::Failed(GatewayError::Unavailable(e)))?;
-        if entry.kind == crate::runtime::providers::ProviderKind::Local {
+        if entry.kind == crate::providers::ProviderKind::Local {
             self.providers.ensure_local(entry.timeout()).await;
         }
         let started = Instant::now();
@@ -64,7 +64,7 @@ impl Engine {
         )
         .await
         .unwrap_or_else(|_| {
-            Err(crate::runtime::providers::ProviderError::new(
+            Err(crate::providers::ProviderError::new(
                 ErrorKind::Timeout,
                 "no answer in time",
             ))

@@ -12,10 +12,10 @@ use crate::api::generated::types::{
 use crate::api::invoke;
 use crate::config::agents::{AgentSettings, ProviderSettings, ProviderType};
 use crate::config::Config;
+use crate::providers::local::{self, LocalOptions, LocalProvider};
+use crate::providers::registry::Providers;
 use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
-use crate::runtime::providers::local::{self, LocalOptions, LocalProvider};
-use crate::runtime::providers_registry::Providers;
 use crate::runtime::sessions::SessionLocks;
 use crate::runtime::tools::Tools;
 use crate::store::registry::Table;
@@ -471,7 +471,7 @@ mod tests {
             Some("4409e05783c748f2ae75615439afeef6cd5b2a491afc34873dd6cb95725cc91b")
         );
         assert_eq!(
-            crate::runtime::providers_registry::to_json(&embedded_provider()).unwrap(),
+            crate::providers::registry::to_json(&embedded_provider()).unwrap(),
             r#"{"type":"local","name":"In-process models (candle)","timeoutMs":300000,"maxRetries":0}"#
         );
         assert_eq!(agents.len(), 1);

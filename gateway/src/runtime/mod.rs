@@ -2,7 +2,6 @@
 
 pub mod admission;
 pub mod agents;
-pub mod catalog;
 pub mod compact;
 pub mod config_writes;
 pub mod context_tree;
@@ -11,8 +10,6 @@ pub mod embed;
 pub mod engine;
 pub mod fleet;
 pub mod method_limits;
-pub mod providers;
-pub mod providers_registry;
 pub mod runs;
 pub mod scheduler;
 pub mod sessions;

@@ -9,8 +9,8 @@ use crate::api::generated::types::{
     SessionMessage, SessionMessageRole, SessionToolCall, TokensUsed,
 };
 use crate::api::principal::Identity;
-use crate::runtime::providers::scripted::estimate_tokens;
-use crate::runtime::providers::{ChatMessage, Role, ToolCall};
+use crate::providers::tokens::estimate_tokens;
+use crate::providers::{ChatMessage, Role, ToolCall};
 use crate::store::sessions::{MessageRow, SessionRow};
 
 /// Channel label of sessions created through agent.execute without a channelId.

@@ -22,15 +22,15 @@ use crate::api::scopes::Scopes;
 use crate::api::tenancy::{Lookup, Owners, Tenant};
 use crate::api::CallContext;
 use crate::obs::recorder::{prompt_report, PromptParts, TurnEnd, TurnTrace};
-use crate::runtime::agents::Agent;
-use crate::runtime::catalog::ModelInfo;
-use crate::runtime::context_tree::{compose_system, TurnContext, TurnSide};
-use crate::runtime::engine::Engine;
-use crate::runtime::providers::retry::{chat_with_retry, RetryPolicy};
-use crate::runtime::providers::{
+use crate::providers::models::ModelInfo;
+use crate::providers::retry::{chat_with_retry, RetryPolicy};
+use crate::providers::{
     ChatMessage, ChatRequest, ChatResponse, DeltaSink, ErrorKind, ProviderError, ProviderKind,
     Usage,
 };
+use crate::runtime::agents::Agent;
+use crate::runtime::context_tree::{compose_system, TurnContext, TurnSide};
+use crate::runtime::engine::Engine;
 use crate::runtime::sessions::{self, SessionIdent};
 use crate::runtime::tools::ToolContext;
 use crate::store::sessions::{NewSession, TurnTotals};
@@ -362,7 +362,7 @@ impl Engine {
         }
         let summary = context.summary;
         let system = compose_system(&agent_prompt, summary.as_deref());
-        let fixed = crate::runtime::providers::scripted::estimate_tokens(&system) + user_tokens;
+        let fixed = crate::providers::tokens::estimate_tokens(&system) + user_tokens;
         let budget = context_model
             .context_window
             .saturating_sub(reserve)
@@ -639,7 +639,7 @@ impl Engine {
                 answered: out.finish != FinishReason::Error
                     && messages
                         .last()
-                        .is_some_and(|m| m.role == crate::runtime::providers::Role::Assistant),
+                        .is_some_and(|m| m.role == crate::providers::Role::Assistant),
             },
         );
         self.emit_owned(

@@ -810,7 +810,7 @@ impl Store {
         query: &str,
         limit: i64,
     ) -> Result<Vec<i64>, GatewayError> {
-        let norm = format!(" {} ", crate::memory::normalise_name(query));
+        let norm = format!(" {} ", normalise_name(query));
         Ok(on_pool!(self.pool(), |p| sqlx::query_scalar(
             "SELECT m.memory_id FROM memory_entities e \
              JOIN memory_entity_mentions m ON m.entity_id = e.id \
@@ -946,7 +946,7 @@ impl Store {
         on_pool!(self.pool(), |p| {
             let mut tx = p.begin().await?;
             for (name, ids) in &found.entities {
-                let norm = crate::memory::normalise_name(name);
+                let norm = normalise_name(name);
                 if norm.is_empty() || ids.is_empty() {
                     continue;
                 }
@@ -1207,6 +1207,21 @@ impl Store {
             notes
         }))
     }
+}
+
+/// A name or text as entity names are compared: lowercase words separated by single spaces.
+pub fn normalise_name(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for word in s
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.extend(word.chars().flat_map(char::to_lowercase));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -13,12 +13,14 @@
 #[cfg(test)]
 mod conformance;
 pub mod context;
-pub mod control;
+pub mod control_plane;
 pub mod files;
-pub mod fleet;
+pub mod filter;
 pub mod memory;
+pub mod nodes;
 pub mod obs;
 pub mod owners;
+pub mod records;
 pub mod registry;
 pub mod runs;
 pub mod scheduler;

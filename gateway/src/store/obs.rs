@@ -12,8 +12,8 @@ use super::{on_pool, text, Pool, Store, StoreRow};
 use crate::api::error::GatewayError;
 use crate::api::generated::types::ObsContextDagResultSnapshotsItemCompactionsItem;
 use crate::api::tenancy::Tenant;
-use crate::obs::filter::{Filter, Value};
-use crate::obs::records::{GateFire, ToolResultFact, TraceFact, UsageFacts};
+use crate::store::filter::{Filter, Value};
+use crate::store::records::{GateFire, ToolResultFact, TraceFact, UsageFacts};
 
 /// One row of the session index.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -1478,7 +1478,7 @@ mod tests {
 
     /// One row in each table of the control plane.
     async fn populate_control(s: &Store) {
-        use crate::store::control::{AuditRow, AuthRow, SecretRow, TokenRow, VersionRow};
+        use crate::store::control_plane::{AuditRow, AuthRow, SecretRow, TokenRow, VersionRow};
         s.token_insert(&TokenRow {
             id: "app".into(),
             digest: Some("ab".repeat(32)),

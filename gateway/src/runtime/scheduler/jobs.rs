@@ -469,7 +469,7 @@ fn config_job_row(
     let schedule_json = to_json(&schedule).map_err(|e| e.to_string())?;
     let hash_of = serde_json::json!({"agent": agent_id, "message": cfg.message,
             "schedule": schedule_json, "enabled": cfg.enabled, "gate": gate});
-    let seed_hash = crate::runtime::providers_registry::seed_hash(&hash_of.to_string());
+    let seed_hash = crate::providers::registry::seed_hash(&hash_of.to_string());
     Ok(JobRow {
         job_id: format!("job_{}", uuid::Uuid::new_v4().simple()),
         owner: CONFIG_OWNER.to_owned(),

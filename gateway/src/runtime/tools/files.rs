@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::{Tool, ToolContext, ToolResult};
-use crate::runtime::providers::BoxFuture;
+use crate::providers::BoxFuture;
 
 /// Longest content the tool accepts, in bytes (the store has its own, larger, limit).
 pub const MAX_CONTENT_BYTES: usize = 1 << 20;

@@ -7,7 +7,7 @@ use super::{Tool, ToolContext, ToolResult};
 use crate::api::error::GatewayError;
 use crate::memory::recall::RecallFor;
 use crate::memory::write::Source;
-use crate::runtime::providers::BoxFuture;
+use crate::providers::BoxFuture;
 use crate::store::memory::NewMemory;
 
 pub struct MemoryStore;

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 
 use crate::api::generated::methods::Scope;
-use crate::runtime::providers::{BoxFuture, ToolSpec};
+use crate::providers::{BoxFuture, ToolSpec};
 use crate::store::Store;
 
 /// What a tool call may touch.

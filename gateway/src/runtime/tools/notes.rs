@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::{Tool, ToolContext, ToolResult};
-use crate::runtime::providers::BoxFuture;
+use crate::providers::BoxFuture;
 
 pub struct NoteAdd;
 pub struct NotesList;

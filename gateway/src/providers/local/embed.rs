@@ -9,7 +9,7 @@ use candle_transformers::models::bert::{BertModel, Config};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::providers::{Embeddings, ErrorKind, ProviderError};
+use crate::providers::{Embeddings, ErrorKind, ProviderError};
 
 /// Inputs are truncated to this many tokens (including [CLS] and [SEP]).
 pub const MAX_INPUT_TOKENS: usize = 256;

@@ -11,7 +11,6 @@ use super::explain::{
     clip, end_reason, error_kind_name, ratio, tool_name, top_count, top_failing, usd, where_value,
     ToolTally, NAME_CHARS,
 };
-use super::records::{FleetInput, GateFire, TraceFact};
 use crate::api::generated::types::{
     ObsFleetHealthReport, ObsFleetHealthReportCost, ObsFleetHealthReportCronWakeGate,
     ObsFleetHealthReportCronWakeGatePerAgentItem, ObsFleetHealthReportFindingsItem,
@@ -19,6 +18,7 @@ use crate::api::generated::types::{
     ObsFleetHealthReportSessions, ObsFleetHealthReportTopErrorKindsItem,
     ObsFleetHealthReportWindow, ObsRootCause, ObsWakeGateFires,
 };
+use crate::store::records::{FleetInput, GateFire, TraceFact};
 
 /// Most entries of `topErrorKinds` and `recentActivity`.
 const TOP_N: usize = 10;
@@ -556,7 +556,7 @@ fn cause_step(end_reason: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
     use crate::obs::explain::assert_golden;
-    use crate::obs::records::UsageFacts;
+    use crate::store::records::UsageFacts;
 
     const END: i64 = 1_767_312_000_000;
     const HOUR: i64 = 3_600_000;

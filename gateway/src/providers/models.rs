@@ -4,7 +4,7 @@
 
 use crate::api::generated::types::{ModelsCapability as Cap, ModelsCatalogEntry};
 use crate::config::engine::ModelConfig;
-use crate::runtime::providers::{ProviderKind, Usage};
+use crate::providers::{ProviderKind, Usage};
 
 /// Price of cached input tokens as a share of the input price (the provider discount for
 /// prompt-cache reads; Anthropic's is 10%, OpenAI's current models 10-25%).

@@ -5,15 +5,18 @@
 //! failover live in [`retry`] and in the agent turn, so every backend gets them the same way.
 
 pub mod anthropic;
+mod client;
 pub mod local;
+pub mod models;
 pub mod openai;
 pub mod policy;
+pub mod registry;
 pub mod retry;
 pub mod scripted;
 mod sse;
-mod transport;
+pub mod tokens;
 
-pub use transport::extra_roots_problem;
+pub use client::extra_roots_problem;
 
 use std::future::Future;
 use std::pin::Pin;

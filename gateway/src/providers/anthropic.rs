@@ -6,8 +6,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::client::{self, null_default, Http};
 use super::sse::SseReader;
-use super::transport::{self, null_default, Http};
 use super::{
     BoxFuture, ChatMessage, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
     ProviderError, ProviderSettings, Role, StopReason, ToolCall, Usage,
@@ -42,7 +42,7 @@ impl AnthropicProvider {
     /// Builds the provider and its pooled HTTP client. A missing key is reported by each call
     /// (as MissingKey), so the provider can exist before its key is set.
     pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
-        let base = transport::base_url(&settings, DEFAULT_BASE_URL)?;
+        let base = client::base_url(&settings, DEFAULT_BASE_URL)?;
         let mut http =
             Http::new(&settings, &base)?.with_header("anthropic-version", API_VERSION, false)?;
         if let Some(key) = http.api_key().map(str::to_owned) {
@@ -54,7 +54,7 @@ impl AnthropicProvider {
         } else {
             "/v1/messages"
         };
-        let messages_url = transport::endpoint(&settings.id, &base, path)?;
+        let messages_url = client::endpoint(&settings.id, &base, path)?;
         Ok(Self {
             id: settings.id,
             messages_url,
@@ -94,7 +94,7 @@ impl AnthropicProvider {
 
     async fn read_stream(
         &self,
-        response: transport::Answer,
+        response: client::Answer,
         sink: &DeltaSink,
     ) -> Result<ChatResponse, ProviderError> {
         let mut events = SseReader::new(response.into_body());
@@ -306,7 +306,7 @@ fn message_response(message: WireMessage) -> ChatResponse {
                 id: block
                     .id
                     .filter(|id| !id.is_empty())
-                    .unwrap_or_else(transport::new_call_id),
+                    .unwrap_or_else(client::new_call_id),
                 name: block.name.unwrap_or_default(),
                 arguments: block.input.unwrap_or_else(|| Value::Object(Map::new())),
             }),
@@ -420,11 +420,11 @@ impl StreamState {
                         .filter(Value::is_object)
                         .unwrap_or_else(|| Value::Object(Map::new()))
                 } else {
-                    transport::parse_arguments(&tool.json)
+                    client::parse_arguments(&tool.json)
                 };
                 ToolCall {
                     id: if tool.id.is_empty() {
-                        transport::new_call_id()
+                        client::new_call_id()
                     } else {
                         tool.id
                     },

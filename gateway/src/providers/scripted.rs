@@ -23,10 +23,7 @@ pub struct ScriptedProvider {
     failures: Mutex<HashMap<(usize, usize), i64>>,
 }
 
-/// Tokens of a text, estimated as 4 characters a token (at least 1 for non-empty text).
-pub fn estimate_tokens(text: &str) -> u64 {
-    (text.chars().count() as u64).div_ceil(4)
-}
+use super::tokens::estimate_tokens;
 
 impl ScriptedProvider {
     pub fn new(rules: Vec<ScriptRule>) -> Self {

@@ -9,10 +9,10 @@ use std::time::Duration;
 use crate::api::error::GatewayError;
 use crate::config::agents::{ProviderSettings, ProviderType};
 use crate::config::engine::ModelConfig;
-use crate::runtime::catalog::{self, ModelInfo};
-use crate::runtime::providers::local::{LocalProvider, LocalStatus};
-use crate::runtime::providers::policy::{ApiPolicy, ProviderPolicyConfig};
-use crate::runtime::providers::{
+use crate::providers::local::{LocalProvider, LocalStatus};
+use crate::providers::models::{self, ModelInfo};
+use crate::providers::policy::{ApiPolicy, ProviderPolicyConfig};
+use crate::providers::{
     anthropic::AnthropicProvider, openai::OpenAiProvider, scripted::ScriptedProvider, Provider,
     ProviderKind,
 };
@@ -70,7 +70,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn model(&self, name: &str) -> Option<&ModelInfo> {
-        catalog::resolve(&self.models, name)
+        models::resolve(&self.models, name)
     }
 }
 
@@ -78,8 +78,8 @@ impl Snapshot {
 fn default_models(kind: ProviderKind) -> Vec<String> {
     let ids: &[&str] = match kind {
         ProviderKind::Local => &[
-            crate::runtime::providers::local::CHAT_MODEL_ID,
-            crate::runtime::providers::local::EMBED_MODEL_ID,
+            crate::providers::local::CHAT_MODEL_ID,
+            crate::providers::local::EMBED_MODEL_ID,
         ],
         ProviderKind::Scripted => &["echo"],
         ProviderKind::Openai => &["gpt-4o-mini"],
@@ -144,7 +144,7 @@ fn build_entry(
         .filter(|k| !k.trim().is_empty());
     let key_configured = config.api_key_env.is_none() || api_key.is_some();
     // The connection settings of an HTTP provider (not the stored `ProviderSettings`).
-    let settings = crate::runtime::providers::ProviderSettings {
+    let settings = crate::providers::ProviderSettings {
         id: id.to_owned(),
         kind,
         base_url: config.base_url.clone(),
@@ -370,7 +370,7 @@ impl Providers {
             };
             let guard = self.address_guard(&id, &cfg);
             let entry = build_entry(&id, cfg, &self.local, guard, self.secrets.as_deref());
-            models.extend(catalog::models_of(
+            models.extend(models::models_of(
                 &id,
                 entry.kind,
                 entry.config.models.as_deref().unwrap_or_default(),

@@ -5,6 +5,8 @@
 use super::{on_pool, Pool, Store};
 use crate::api::error::GatewayError;
 
+pub const CONTROL: &str = "gw_control";
+
 impl Store {
     /// Records that this node is alive at `now` (registering it when new).
     pub async fn node_seen(&self, now: i64, started_at: i64) -> Result<(), GatewayError> {
@@ -68,7 +70,7 @@ impl Store {
         };
         let body = serde_json::json!({"v": 1, "from": self.node(), "what": what}).to_string();
         if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(crate::fanout::CONTROL)
+            .bind(CONTROL)
             .bind(body)
             .execute(p)
             .await

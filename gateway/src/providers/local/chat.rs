@@ -11,7 +11,7 @@ use candle_transformers::models::quantized_llama::{ModelWeights, MAX_SEQ_LEN};
 use tokio_util::sync::CancellationToken;
 
 use super::tokenizer::{GgufTokenizer, Utf8Stream};
-use crate::runtime::providers::{
+use crate::providers::{
     ChatRequest, ChatResponse, DeltaSink, ErrorKind, ProviderError, Role, StopReason, Usage,
 };
 

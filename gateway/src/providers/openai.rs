@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::client::{self, null_default, Http};
 use super::sse::SseReader;
-use super::transport::{self, null_default, Http};
 use super::{
     BoxFuture, ChatMessage, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
     ProviderError, ProviderSettings, Role, StopReason, ToolCall, Usage,
@@ -40,14 +40,14 @@ impl OpenAiProvider {
     /// Builds the provider and its pooled HTTP client. Without an API key, calls are sent
     /// without an Authorization header (local servers need none).
     pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
-        let base = transport::base_url(&settings, DEFAULT_BASE_URL)?;
+        let base = client::base_url(&settings, DEFAULT_BASE_URL)?;
         let mut http = Http::new(&settings, &base)?;
         if let Some(key) = http.api_key().map(str::to_owned) {
             http = http.with_header("authorization", &format!("Bearer {key}"), true)?;
         }
         Ok(Self {
-            chat_url: transport::endpoint(&settings.id, &base, "/chat/completions")?,
-            embeddings_url: transport::endpoint(&settings.id, &base, "/embeddings")?,
+            chat_url: client::endpoint(&settings.id, &base, "/chat/completions")?,
+            embeddings_url: client::endpoint(&settings.id, &base, "/embeddings")?,
             id: settings.id,
             base,
             http,
@@ -63,7 +63,7 @@ impl OpenAiProvider {
         tracing::debug!(provider = %self.id, model = %req.model, stream = sink.is_some(), "openai chat");
         let response = self.http.post_json(&self.chat_url, &body).await?;
         match sink {
-            Some(sink) if !transport::is_json(response.headers()) => {
+            Some(sink) if !client::is_json(response.headers()) => {
                 self.read_stream(response, sink).await
             }
             _ => {
@@ -110,7 +110,7 @@ impl OpenAiProvider {
 
     async fn read_stream(
         &self,
-        response: transport::Answer,
+        response: client::Answer,
         sink: &DeltaSink,
     ) -> Result<ChatResponse, ProviderError> {
         let mut events = SseReader::new(response.into_body());
@@ -353,14 +353,14 @@ fn arguments_string(arguments: &Value) -> String {
 
 fn tool_call(id: Option<String>, name: Option<String>, arguments: Option<Value>) -> ToolCall {
     let arguments = match arguments {
-        Some(Value::String(raw)) => transport::parse_arguments(&raw),
+        Some(Value::String(raw)) => client::parse_arguments(&raw),
         Some(Value::Null) | None => Value::Object(Map::new()),
         Some(other) => other,
     };
     ToolCall {
         id: id
             .filter(|id| !id.is_empty())
-            .unwrap_or_else(transport::new_call_id),
+            .unwrap_or_else(client::new_call_id),
         name: name.unwrap_or_default(),
         arguments,
     }
@@ -617,7 +617,7 @@ struct EmbeddingUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::providers::ToolSpec;
+    use crate::providers::ToolSpec;
 
     #[test]
     fn body_carries_system_tools_and_tool_turns() {
