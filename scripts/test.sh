@@ -95,7 +95,7 @@ if grep -qE 'FAILED|error(\[|:)' target/cargo-test.log || ! grep -q 'test result
 fi
 
 step "RFC 6455 conformance (Autobahn fuzzingclient against the test build's /ws-echo)"
-cargo test -q --test suite autobahn:: -- --ignored --nocapture 2>&1 | tee target/autobahn.log | grep -E '^autobahn:|test result' || true
+cargo test -q --test suite rpc::autobahn:: -- --ignored --nocapture 2>&1 | tee target/autobahn.log | grep -E '^autobahn:|test result' || true
 if ! grep -q 'test result: ok. 1 passed' target/autobahn.log; then
   cat target/autobahn.log
   exit 1

@@ -81,7 +81,7 @@ fn main() -> Result<(), String> {
     let cache = default_cache_dir();
     let [chat_pkg, embed_pkg] = find_all_installed(&cache).map_err(|e| {
         format!(
-            "{e}: fill the cache first (cargo test --test suite local_model:: -- --ignored fetch_models)"
+            "{e}: fill the cache first (cargo test --test suite engine::local_model:: -- --ignored fetch_models)"
         )
     })?;
     let format = match std::env::var("LOCAL_BENCH_WEIGHTS").as_deref() {

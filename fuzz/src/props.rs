@@ -1,5 +1,5 @@
 //! The fuzzing properties, shared by the cargo-fuzz targets (`fuzz/fuzz_targets/`) and the
-//! bounded CI harness (`tests/suite/fuzz_harness.rs`): each check takes raw fuzzer bytes and
+//! bounded CI harness (`tests/suite/ops/fuzz_harness.rs`): each check takes raw fuzzer bytes and
 //! panics, naming the broken promise, when the code under test breaks it.
 //!
 //! One file serves both so that the properties cannot drift apart: the harness includes it with

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use futures_util::FutureExt;
 
-#[path = "../../fuzz/src/props.rs"]
+#[path = "../../../fuzz/src/props.rs"]
 mod props;
 
 /// Mutations per target when `FUZZ_ITERATIONS` is not set: a few seconds in all (debug build).

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::common::*;
-use crate::providers_http::{openai_text_completion, Fixture, Reply};
+use crate::http::providers_http::{openai_text_completion, Fixture, Reply};
 use serde_json::{json, Value};
 use sqlx::Row;
 

