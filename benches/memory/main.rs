@@ -10,9 +10,9 @@
 use std::time::{Duration, Instant};
 
 use agent_gateway::api::tenancy::Tenant;
-use agent_gateway::memory::index::VectorIndex;
-use agent_gateway::memory::recall::{run_lanes, LaneQuery};
-use agent_gateway::memory::{fuse, keyword_text};
+use agent_gateway::runtime::memory::index::VectorIndex;
+use agent_gateway::runtime::memory::recall::{run_lanes, LaneQuery};
+use agent_gateway::runtime::memory::{fuse, keyword_text};
 use agent_gateway::store::memory::NewMemory;
 use agent_gateway::store::search::MEMORY_RANK_WINDOW;
 use agent_gateway::store::Store;

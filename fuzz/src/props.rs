@@ -632,8 +632,8 @@ pub const GUARD_MAX_INPUT: usize = 4096;
 /// harness runs a debug build on two shared cores, and tight enough to catch a quadratic path.
 pub const GUARD_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-fn guard_severity(v: &agent_gateway::memory::guard::Verdict) -> u8 {
-    use agent_gateway::memory::guard::Verdict;
+fn guard_severity(v: &agent_gateway::runtime::memory::guard::Verdict) -> u8 {
+    use agent_gateway::runtime::memory::guard::Verdict;
     match v {
         Verdict::Clean => 0,
         Verdict::Suspicious(_) => 1,
@@ -649,7 +649,7 @@ fn guard_severity(v: &agent_gateway::memory::guard::Verdict) -> u8 {
 /// is non-empty exactly when it is not clean; an input of at most [`GUARD_MAX_INPUT`] bytes is
 /// judged within [`GUARD_TIME_LIMIT`].
 pub fn check_guard(data: &[u8]) {
-    use agent_gateway::memory::guard::{check, check_raw, fold_lookalikes, Verdict};
+    use agent_gateway::runtime::memory::guard::{check, check_raw, fold_lookalikes, Verdict};
     let input = text(data);
     let started = std::time::Instant::now();
     let verdict = check(&input);

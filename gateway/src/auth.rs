@@ -153,7 +153,8 @@ impl TokenStore {
 /// change (here or announced by another node), read under one uncontended read lock.
 pub struct ApiTokens {
     store: crate::store::Store,
-    control: Arc<crate::runtime::control::Control>,
+    /// The push hub: a token that stops working ends its streams there.
+    hub: Arc<crate::hub::Hub>,
     live: RwLock<Arc<Digests>>,
 }
 
@@ -161,11 +162,11 @@ impl ApiTokens {
     /// Loads the live tokens of the store.
     pub async fn open(
         store: crate::store::Store,
-        control: Arc<crate::runtime::control::Control>,
+        hub: Arc<crate::hub::Hub>,
     ) -> Result<Self, crate::api::error::GatewayError> {
         let tokens = Self {
             store,
-            control,
+            hub,
             live: RwLock::default(),
         };
         tokens.reload().await?;
@@ -253,7 +254,6 @@ impl ApiTokens {
                 .filter(|p| p.client_id == id)
                 .collect();
             let closed = self
-                .control
                 .hub
                 .revoke(id, |p| live_of_id.iter().any(|l| l.same(p)));
             if closed > 0 {
@@ -271,7 +271,7 @@ impl ApiTokens {
         if !p.revocable() {
             return None;
         }
-        let watch = self.control.hub.watch_stream(p);
+        let watch = self.hub.watch_stream(p);
         if !self.is_current(p) {
             watch.revoked().cancel();
         }

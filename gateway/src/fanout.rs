@@ -25,7 +25,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::mpsc;
 
 use crate::events::Event;
-use crate::runtime::control::Control;
+use crate::events::EventBus;
+use crate::hub::Hub;
 
 pub const EVENTS: &str = "gw_events";
 pub const PUSH: &str = "gw_push";
@@ -39,6 +40,21 @@ pub const SPILL_KEEP_MS: i64 = 10 * 60 * 1000;
 const QUEUE: usize = 10_000;
 /// How long outgoing events gather into one notification.
 const GATHER: Duration = Duration::from_millis(10);
+
+/// The process the fan-out delivers to: what other nodes send reaches it through these calls
+/// (the process-wide control block implements it), so the fan-out never imports the engine.
+pub trait Node: Send + Sync + 'static {
+    /// This process's node id (notifications it sent itself are ignored).
+    fn node_id(&self) -> &Arc<str>;
+    /// The event bus: local events go out, remote ones come in.
+    fn events(&self) -> &EventBus;
+    /// The push hub: server pushes for a client id's connections on this node.
+    fn hub(&self) -> &Hub;
+    /// Another node announced a change on the control channel (`what` names it).
+    fn announced(&self, what: Option<&str>);
+    /// Notifications may have been missed: look again at everything another node may change.
+    fn resync(&self);
+}
 
 /// The sending side, held by `Control`.
 pub struct Fanout {
@@ -81,8 +97,8 @@ impl Fanout {
     /// Starts the fan-out of this process on the database the store's `options` reach: a
     /// small pool of its own for sending (a server generation's pool closes at each restart)
     /// and a listener connection. `control` delivers what other nodes send.
-    pub fn start(options: &PgConnectOptions, control: &Arc<Control>) -> Self {
-        let node = control.node_id.clone();
+    pub fn start<N: Node>(options: &PgConnectOptions, control: &Arc<N>) -> Self {
+        let node = control.node_id().clone();
         let send = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(3))
@@ -97,9 +113,10 @@ impl Fanout {
             );
         let (events_tx, events_rx) = mpsc::channel(QUEUE);
         let (push_tx, push_rx) = mpsc::channel(QUEUE);
-        control.events.forward_to(events_tx);
+        control.events().forward_to(events_tx);
         tokio::spawn(send_loop(send.clone(), node.clone(), events_rx, push_rx));
-        tokio::spawn(listen_loop(listen, send, Arc::downgrade(control)));
+        let weak: Weak<dyn Node> = Arc::downgrade(control) as Weak<N>;
+        tokio::spawn(listen_loop(listen, send, weak));
         Self {
             push: push_tx,
             node,
@@ -211,7 +228,7 @@ async fn send(pool: &PgPool, node: &str, channel: &str, body: &str) {
 }
 
 /// Listens until the process ends, reconnecting with backoff (1 s doubling to 10 s).
-async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<Control>) {
+async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<dyn Node>) {
     let mut backoff = Duration::from_secs(1);
     let mut down_since: Option<i64> = None;
     let mut first = true;
@@ -234,10 +251,10 @@ async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<Control>) {
             return;
         };
         match down_since.take() {
-            Some(since) => resynchronise(&strong, since),
+            Some(since) => resynchronise(&*strong, since),
             // Listening only now: a change another node announced between this node's start and
             // this moment was not heard, so registries and timers look again (no gap to report).
-            None if first => reload(&strong),
+            None if first => reload(&*strong),
             None => {}
         }
         first = false;
@@ -248,7 +265,7 @@ async fn listen_loop(listen: PgPool, read: PgPool, control: Weak<Control>) {
                     let Some(control) = control.upgrade() else {
                         return;
                     };
-                    receive(&control, &read, n.channel(), n.payload()).await;
+                    receive(&*control, &read, n.channel(), n.payload()).await;
                 }
                 // The connection was lost: start again with a fresh one.
                 Ok(None) | Err(_) => {
@@ -270,28 +287,27 @@ async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
 }
 
 /// Reloads what another node may have changed unheard: registries, and the scheduler's view.
-fn reload(control: &Control) {
-    control.registry_epoch.send_modify(|v| *v += 1);
-    crate::runtime::scheduler::rearm(control);
+fn reload(control: &dyn Node) {
+    control.resync();
 }
 
 /// After a gap: reload what may have changed, and tell event-stream clients.
-fn resynchronise(control: &Control, down_since: i64) {
+fn resynchronise(control: &dyn Node, down_since: i64) {
     reload(control);
     let down_ms = crate::clock::now_ms() - down_since;
     tracing::info!(down_ms, "fan-out listener reconnected; registries reloaded");
-    control.events.publish(
+    control.events().publish(
         "system:fanout_resumed",
-        serde_json::json!({"downMs": down_ms, "node": &*control.node_id}),
+        serde_json::json!({"downMs": down_ms, "node": &**control.node_id()}),
     );
 }
 
-async fn receive(control: &Control, read: &PgPool, channel: &str, payload: &str) {
+async fn receive(control: &dyn Node, read: &PgPool, channel: &str, payload: &str) {
     let Ok(mut env) = serde_json::from_str::<Envelope>(payload) else {
         tracing::warn!(channel, "unreadable fan-out notification ignored");
         return;
     };
-    if env.from == *control.node_id {
+    if env.from == **control.node_id() {
         return;
     }
     if let Some(id) = env.spilled {
@@ -316,19 +332,16 @@ async fn receive(control: &Control, read: &PgPool, channel: &str, payload: &str)
         EVENTS => {
             for e in env.e {
                 control
-                    .events
+                    .events()
                     .publish_remote(e.n, e.t, e.o.map(Arc::from), e.d);
             }
         }
         PUSH => {
             if let (Some(c), Some(m), Some(p)) = (env.c, env.m, env.p) {
-                control.hub.notify_client(&c, &m, p);
+                control.hub().notify_client(&c, &m, p);
             }
         }
-        CONTROL if env.what.as_deref() == Some(crate::runtime::scheduler::ANNOUNCE) => {
-            crate::runtime::scheduler::rearm(control)
-        }
-        CONTROL => control.registry_epoch.send_modify(|v| *v += 1),
+        CONTROL => control.announced(env.what.as_deref()),
         _ => {}
     }
 }

@@ -2,6 +2,7 @@
 //! JSON-RPC over WebSocket (/ws) and HTTP (/rpc), generated from the method catalogue.
 
 pub mod api;
+pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
@@ -12,7 +13,6 @@ pub mod http;
 pub mod hub;
 pub mod logging;
 pub mod media;
-pub mod memory;
 pub mod metrics;
 pub mod obs;
 pub mod providers;
@@ -20,7 +20,6 @@ pub mod rpc;
 pub mod runtime;
 pub mod secrets;
 pub mod server;
-pub mod state;
 pub mod store;
 pub mod transport;
 pub mod webhooks;

@@ -374,7 +374,7 @@ async fn main() -> ExitCode {
         }
         // The same checks as a restart: loading, then the engine's dry run (in memory).
         Command::CheckConfig { config } => match agent_gateway::config::load(config.as_deref()) {
-            Ok(loaded) => match agent_gateway::server::check(&loaded.config, None).await {
+            Ok(loaded) => match agent_gateway::app::check::check(&loaded.config, None).await {
                 Ok(()) => {
                     println!("configuration ok");
                     ExitCode::SUCCESS

@@ -25,11 +25,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::error::GatewayError;
+use crate::app::state::{AppState, Control};
 use crate::auth::{self, TokenStore};
-use crate::config::{self, Config, Loaded};
+use crate::config::{self, Loaded};
 use crate::hub::ConnTicket;
 use crate::runtime::engine::Engine;
-use crate::state::{AppState, Control};
 use crate::store::Store;
 use crate::transport::watch::Watched;
 
@@ -83,7 +83,7 @@ enum Exit {
 /// (`config_writes::reconcile`), and the engine is opened on it.
 async fn build_state(
     file: Loaded,
-    settled: Option<crate::runtime::config_writes::Reconciled>,
+    settled: Option<crate::app::config_writes::Reconciled>,
     generation: u64,
     control: Arc<Control>,
 ) -> Result<AppState, String> {
@@ -99,7 +99,7 @@ async fn build_state(
     // A restart settled it already, on the same database (the store is file-only).
     let settled = match settled {
         Some(s) => s,
-        None => crate::runtime::config_writes::reconcile(&connected.0, file.clone()).await,
+        None => crate::app::config_writes::reconcile(&connected.0, file.clone()).await,
     };
     let loaded = settled.loaded;
     let mut tokens = loaded.config.gateway.tokens.clone();
@@ -134,36 +134,21 @@ async fn build_state(
     state.webhooks = webhooks;
     state.file_document = settled.file_document;
     state.set_config_sha(settled.sha);
-    crate::webhooks::resume_queued(
-        state.webhooks.as_deref(),
+    crate::runtime::queue::resume_queued(
+        state.webhooks.as_deref().map(|h| &h.queue),
         &state.engine,
         state.engine.store.live_since(),
     )
     .await;
-    crate::runtime::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
+    crate::app::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
     crate::runtime::scheduler::timer::start(&state.engine, state.stop.clone());
-    crate::memory::worker::start(&state.engine, state.stop.clone());
+    crate::runtime::memory::worker::start(&state.engine, state.stop.clone());
     tokio::spawn(auth::flush_last_use(
         Arc::downgrade(&state.engine.api_tokens),
         TOKEN_USE_FLUSH,
         state.stop.clone(),
     ));
     Ok(state)
-}
-
-/// The checks a configuration must pass before a generation is built on it, besides those of
-/// loading: providers, agents, models and the default agent (a dry run of the engine on an
-/// in-memory database) and the webhook routes. `check-config` and `gateway.restart` run it, so
-/// the two agree; no data directory is touched. A restart passes the running generation's
-/// store (`current`): providers and agents created through the API count as they would at
-/// startup, where `check-config` judges the file alone.
-pub async fn check(config: &Config, current: Option<&Store>) -> Result<(), String> {
-    Engine::check(config, current).await.map_err(|e| match e {
-        GatewayError::Internal(m) => m,
-        other => other.to_string(),
-    })?;
-    crate::webhooks::Webhooks::new(&config.webhooks).map_err(|e| e.to_string())?;
-    Ok(())
 }
 
 /// Waits for `gateway.restart` requests until one yields a next generation that is ready to
@@ -192,9 +177,9 @@ async fn next_generation(
             }
         };
         // Checked as it would run: the fleet's document on this file.
-        let mut settled =
-            crate::runtime::config_writes::reconcile(current_store, next.clone()).await;
-        if let Err(e) = check(&settled.loaded.config, Some(current_store)).await {
+        let mut settled = crate::app::config_writes::reconcile(current_store, next.clone()).await;
+        if let Err(e) = crate::app::check::check(&settled.loaded.config, Some(current_store)).await
+        {
             refused(e);
             continue;
         }
@@ -233,7 +218,7 @@ pub async fn run(
         tracing::warn!(%problem, "HTTP providers cannot be used until the trusted roots file is fixed");
     }
     let mut state = Arc::new(build_state(loaded.clone(), None, generation, control.clone()).await?);
-    crate::runtime::config_writes::follow(&state);
+    crate::app::config_writes::follow(&state);
     loop {
         control.admission.configure(&state.config.gateway.limits);
         tracing::info!(%addr, generation, "agent-gateway listening");
@@ -273,7 +258,7 @@ pub async fn run(
                 loaded = next;
                 generation += 1;
                 state = Arc::new(next_state);
-                crate::runtime::config_writes::follow(&state);
+                crate::app::config_writes::follow(&state);
                 tracing::info!(generation, "restarted in-process");
             }
         }

@@ -19,9 +19,9 @@ use crate::api::generated::types::{
     ConfigRollbackResult, ConfigSchemaParams, ConfigSchemaResult, ConfigSetParams, ConfigSetResult,
 };
 use crate::api::CallContext;
+use crate::app::config_writes::{self as writes, Change};
 use crate::config;
 use crate::config::agents;
-use crate::runtime::config_writes::{self as writes, Change};
 use crate::store::control_plane::AuditFilter;
 
 /// RFC 3339 (UTC, milliseconds) of epoch ms.

@@ -12,10 +12,10 @@ use crate::api::generated::types::*;
 use crate::api::tenancy::Tenant;
 use crate::api::CallContext;
 use crate::clock::now_ms;
-use crate::memory::consolidate::Answer;
-use crate::memory::portable::{self, Plan};
-use crate::memory::recall::{Hit, RecallFor};
-use crate::memory::write::Source;
+use crate::runtime::memory::consolidate::Answer;
+use crate::runtime::memory::portable::{self, Plan};
+use crate::runtime::memory::recall::{Hit, RecallFor};
+use crate::runtime::memory::write::Source;
 use crate::store::memory::{MemoryCounts, MemoryFilter, MemoryRow, NewMemory, RecallQuery};
 
 /// Characters of content in browse pages and search_files results.
@@ -25,7 +25,7 @@ fn entry(r: MemoryRow, max_chars: Option<usize>) -> MemoryEntry {
     MemoryEntry {
         id: r.id.to_string(),
         content: match max_chars {
-            Some(n) => crate::memory::preview(&r.content, n),
+            Some(n) => crate::runtime::memory::preview(&r.content, n),
             None => r.content,
         },
         tags: r.tags,
@@ -227,13 +227,13 @@ impl MemoryApi for Rpc {
             }),
             circuit_breaker: MemoryEmbeddingCacheResultCircuitBreaker {
                 state: match state {
-                    crate::memory::BreakerState::Closed => {
+                    crate::runtime::memory::BreakerState::Closed => {
                         MemoryEmbeddingCacheResultCircuitBreakerState::Closed
                     }
-                    crate::memory::BreakerState::Open => {
+                    crate::runtime::memory::BreakerState::Open => {
                         MemoryEmbeddingCacheResultCircuitBreakerState::Open
                     }
-                    crate::memory::BreakerState::HalfOpen => {
+                    crate::runtime::memory::BreakerState::HalfOpen => {
                         MemoryEmbeddingCacheResultCircuitBreakerState::HalfOpen
                     }
                 },
@@ -327,7 +327,7 @@ impl MemoryApi for Rpc {
         // The agent's memory files only (MEMORY.md, memory/**): operator content shared by
         // every tenant of the agent, so no tenant rule applies (memory/files.rs judges the path).
         let root = crate::runtime::agents::workspace_dir(&engine.data_dir, &agent.id);
-        let text = crate::memory::files::read(&root, &p.path).await?;
+        let text = crate::runtime::memory::files::read(&root, &p.path).await?;
         let lines: Vec<&str> = text.lines().collect();
         let total = lines.len() as i64;
         let end = p.end_line.unwrap_or(total).min(total);
@@ -512,7 +512,7 @@ impl MemoryApi for Rpc {
                 })
                 .collect();
             let ids = engine.memory_insert_checked(&tenant_id, &news).await?;
-            let checked: Vec<&crate::memory::write::Checked> =
+            let checked: Vec<&crate::runtime::memory::write::Checked> =
                 plans.iter().map(|(_, c)| c).collect();
             engine.memory_written(&tenant_id, &p.agent_id, &ids, Source::Import, &checked);
         }
@@ -631,7 +631,7 @@ impl MemoryApi for Rpc {
                 .into_iter()
                 .map(|h| MemorySearchFilesResultResultsItem {
                     id: h.row.id.to_string(),
-                    content: crate::memory::preview(&h.row.content, PREVIEW),
+                    content: crate::runtime::memory::preview(&h.row.content, PREVIEW),
                     score: h.score,
                     tags: h.row.tags,
                     created_at: h.row.created_at,

@@ -24,8 +24,8 @@ mod tokens;
 
 use std::sync::Arc;
 
+use crate::app::state::AppState;
 use crate::runtime::engine::Engine;
-use crate::state::AppState;
 
 /// The handler set the generated dispatch calls.
 #[derive(Clone)]

@@ -662,7 +662,7 @@ impl ObsApi for Rpc {
         let mut text = serde_json::to_string_pretty(&bundle)
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         // Secrets that ended up in a transcript (a pasted key) do not leave in a bundle.
-        for secret in crate::runtime::config_writes::known_secrets(&self.state) {
+        for secret in crate::app::config_writes::known_secrets(&self.state) {
             if let Ok(quoted) = serde_json::to_string(&secret) {
                 let inner = &quoted[1..quoted.len() - 1];
                 if !inner.is_empty() {

@@ -15,9 +15,9 @@ use poem_openapi::registry::{
 };
 use poem_openapi::{ApiResponse, Object, OpenApi, Tags};
 
+use crate::app::state::AppState;
 use crate::http::security::RestBearer;
 use crate::media::{MediaError, MediaFile};
-use crate::state::AppState;
 use crate::transport::problem::{Problem, RestError};
 
 #[derive(Tags)]

@@ -69,7 +69,7 @@ fn template(path: &str, hooks: Option<&str>) -> R {
     }
     if let Some(rest) = hooks.and_then(|base| under(path, base)) {
         let rest = rest.trim_matches('/');
-        return if rest.eq_ignore_ascii_case(crate::webhooks::routes::STRICT_PATH) {
+        return if rest.eq_ignore_ascii_case(crate::http::webhooks::STRICT_PATH) {
             R::HookStrict
         } else {
             R::HookMapped

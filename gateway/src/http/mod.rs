@@ -14,6 +14,7 @@ pub mod sse;
 pub mod strict_json;
 pub mod turns;
 pub mod v1;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +23,7 @@ use poem::endpoint::StaticFilesEndpoint;
 use poem::web::Redirect;
 use poem::{get, handler, post, Endpoint, EndpointExt, IntoResponse, Request, Response, Route};
 
-use crate::state::AppState;
+use crate::app::state::AppState;
 use limits::{read_gateway_body, BodyError};
 use problem::{Area, Problem};
 
@@ -193,7 +194,7 @@ pub fn app(state: Arc<AppState>) -> impl Endpoint<Output = Response> {
         .at("/rpc", post(crate::rpc::http::handle))
         .at("/metrics", get(metrics::scrape));
     if let Some(hooks) = &state.webhooks {
-        route = route.nest(&hooks.base, post(crate::webhooks::routes::hook));
+        route = route.nest(&hooks.base, post(crate::http::webhooks::hook));
     }
     if docs {
         route = route

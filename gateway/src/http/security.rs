@@ -13,7 +13,7 @@ use poem_openapi::{ApiExtractor, ApiExtractorType, ExtractParamOptions, Security
 
 use crate::api::generated::methods::Scope;
 use crate::api::principal::Principal;
-use crate::state::AppState;
+use crate::app::state::AppState;
 use crate::transport::problem::{Area, Problem};
 
 fn area_error(req: &Request, p: Problem) -> poem::Error {

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::envelope::{handle_text, Reply};
 use crate::api::RpcError;
-use crate::state::AppState;
+use crate::app::state::AppState;
 use crate::transport::limits::{read_gateway_body, BodyError, RateKey};
 use crate::transport::problem::Area;
 use crate::transport::{json_error, too_many_requests};

@@ -26,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 use super::envelope::{handle_text, Reply};
 use crate::api::principal::Principal;
 use crate::api::RpcError;
+use crate::app::state::AppState;
 use crate::handlers::Rpc;
 use crate::hub::{ConnTicket, Frame, Outbox, OUTBOUND_QUEUE};
-use crate::state::AppState;
 use crate::transport::json_error;
 use crate::transport::watch::Watched;
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::ws::{
     accept, close, refuse_too_big, Socket, CLOSE_GOING_AWAY, CLOSE_UNAUTHORIZED, SHUTDOWN_REASON,
 };
-use crate::state::AppState;
+use crate::app::state::AppState;
 
 /// Where the echo is mounted.
 pub const PATH: &str = "/ws-echo";

@@ -749,7 +749,7 @@ mod tests {
 
     #[test]
     fn untrusted_marker_matches_the_webhook_wrapping() {
-        let wrapped = crate::webhooks::untrusted("github", "hello");
+        let wrapped = crate::runtime::untrusted::untrusted("github", "hello");
         assert!(wrapped.contains(UNTRUSTED_MARKER));
     }
 

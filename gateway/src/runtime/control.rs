@@ -20,7 +20,7 @@ pub struct Control {
     pub process_start: Instant,
     /// The same instant as epoch milliseconds (`nodes.started_at`).
     pub started_at_ms: i64,
-    pub hub: Hub,
+    pub hub: Arc<Hub>,
     /// The in-process model provider: loaded once per process, shared by every generation.
     pub local: OnceLock<Arc<LocalProvider>>,
     /// System events for /api/events and /api/activity.
@@ -61,7 +61,7 @@ impl Control {
             restart: Notify::new(),
             process_start: Instant::now(),
             started_at_ms: crate::clock::now_ms(),
-            hub: Hub::default(),
+            hub: Arc::new(Hub::default()),
             local: OnceLock::new(),
             events: EventBus::default(),
             scheduler_epoch: tokio::sync::watch::Sender::new(0),
@@ -99,5 +99,33 @@ impl Control {
 impl Default for Control {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The fan-out delivers what other nodes send through the control block.
+impl crate::fanout::Node for Control {
+    fn node_id(&self) -> &Arc<str> {
+        &self.node_id
+    }
+
+    fn events(&self) -> &EventBus {
+        &self.events
+    }
+
+    fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    fn announced(&self, what: Option<&str>) {
+        if what == Some(crate::runtime::scheduler::ANNOUNCE) {
+            crate::runtime::scheduler::rearm(self);
+        } else {
+            self.registry_epoch.send_modify(|v| *v += 1);
+        }
+    }
+
+    fn resync(&self) {
+        self.registry_epoch.send_modify(|v| *v += 1);
+        crate::runtime::scheduler::rearm(self);
     }
 }

@@ -48,7 +48,7 @@ pub struct Engine {
     /// Observability settings and the last context budget per agent.
     pub obs: Arc<crate::obs::ObsState>,
     /// Long-term memory: the vector index, caches, breaker and recall counters.
-    pub memory: Arc<crate::memory::Memory>,
+    pub memory: Arc<crate::runtime::memory::Memory>,
     /// This engine, for background work it starts itself (set when its workers start).
     pub this: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
@@ -136,16 +136,14 @@ impl Engine {
     }
 
     /// Publishes an operator-only event (`audit:event`, `secret:*`): owned by
-    /// [`crate::runtime::config_writes::OPERATOR`], an id no token has, so only admin sees it.
+    /// [`crate::api::principal::OPERATOR`], an id no token has, so only admin sees it.
     pub fn emit_operator<T: serde::Serialize + Send + Sync + 'static>(
         &self,
         name: &'static str,
         data: T,
     ) {
         self.control.events.publish_owned(
-            Some(std::sync::Arc::from(
-                crate::runtime::config_writes::OPERATOR,
-            )),
+            Some(std::sync::Arc::from(crate::api::principal::OPERATOR)),
             name,
             data,
         );
@@ -226,7 +224,7 @@ impl Engine {
             crate::secrets::Secrets::open(&config.secrets, store.clone(), &data_dir).await?,
         );
         let api_tokens =
-            Arc::new(crate::auth::ApiTokens::open(store.clone(), control.clone()).await?);
+            Arc::new(crate::auth::ApiTokens::open(store.clone(), control.hub.clone()).await?);
         let local = local_provider(config, &control);
         let m = &config.media;
         let media = crate::media::MediaStore::open(
@@ -246,7 +244,7 @@ impl Engine {
         crate::obs::spawn_sweeper(Arc::downgrade(&obs), store.clone());
         let engine = Self {
             obs,
-            memory: crate::memory::Memory::new(config.memory.clone()),
+            memory: crate::runtime::memory::Memory::new(config.memory.clone()),
             this: std::sync::OnceLock::new(),
             media,
             providers: Providers::new(

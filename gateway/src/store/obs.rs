@@ -849,12 +849,12 @@ impl Store {
                     .col::<Option<String>>("tool_name")?
                     .unwrap_or_else(|| "unknown".to_owned());
                 let recall_hits = (tool_name == "memory_search" && !is_error)
-                    .then(|| crate::obs::recall_hits(&content));
+                    .then(|| crate::store::records::recall_hits(&content));
                 out.push(ToolResultFact {
                     seq: r.col("seq")?,
                     error_kind: is_error
-                        .then(|| crate::obs::classify_tool_error(&content).to_owned()),
-                    digest: crate::obs::digest(&content),
+                        .then(|| crate::store::records::classify_tool_error(&content).to_owned()),
+                    digest: crate::store::records::digest(&content),
                     bytes: content.len() as i64,
                     is_error,
                     tool_name,

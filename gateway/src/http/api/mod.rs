@@ -17,12 +17,12 @@ use poem_openapi::{OpenApi, Tags};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::api::principal::Principal;
+use crate::app::state::AppState;
 use crate::http::security::{RestBearer, SseAuth};
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
 use crate::runtime::sessions::{CallerKey, SessionIdent};
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
-use crate::state::AppState;
 use crate::store::sessions::SessionFilter;
 use crate::transport::problem::{Problem, RestError};
 use types::*;

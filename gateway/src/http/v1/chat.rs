@@ -14,11 +14,11 @@ use poem_openapi::ApiResponse;
 
 use super::types::*;
 use crate::api::principal::Principal;
+use crate::app::state::AppState;
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{openai_finish, resolve_target, run_to_end, Render, StreamingTurn};
 use crate::runtime::sessions::session_key;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
-use crate::state::AppState;
 use crate::transport::problem::{Area, Problem, V1Error};
 
 /// Channel and user labels of a compatible-API session (the peer is the completion id).

@@ -15,10 +15,10 @@ use poem_openapi::payload::Json;
 use poem_openapi::{OpenApi, Tags};
 use tokio_util::sync::CancellationToken;
 
+use crate::app::state::AppState;
 use crate::http::security::V1Auth;
 use crate::http::strict_json::StrictJson;
 use crate::runtime::embed::EmbedError;
-use crate::state::AppState;
 use crate::transport::problem::{Problem, V1Error};
 use types::*;
 

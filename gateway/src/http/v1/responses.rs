@@ -19,10 +19,10 @@ use serde_json::{json, Value};
 use super::chat::turn_for;
 use crate::api::generated::types::FinishReason;
 use crate::api::principal::Principal;
+use crate::app::state::AppState;
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{run_to_end, Render, StreamingTurn};
 use crate::runtime::turn::TurnOutcome;
-use crate::state::AppState;
 use crate::transport::problem::{Problem, V1Error};
 
 /// A content part of an input message: `input_text` (or `output_text` for earlier answers).

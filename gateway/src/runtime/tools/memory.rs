@@ -5,9 +5,9 @@ use serde_json::{json, Value};
 
 use super::{Tool, ToolContext, ToolResult};
 use crate::api::error::GatewayError;
-use crate::memory::recall::RecallFor;
-use crate::memory::write::Source;
 use crate::providers::BoxFuture;
+use crate::runtime::memory::recall::RecallFor;
+use crate::runtime::memory::write::Source;
 use crate::store::memory::NewMemory;
 
 pub struct MemoryStore;

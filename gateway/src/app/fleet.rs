@@ -104,7 +104,12 @@ async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Durati
             Err(e) => tracing::warn!(error = %e, "scheduler sweep failed"),
         }
         if hooks.is_some() {
-            crate::webhooks::resume_queued(hooks.as_deref(), &engine, live_since).await;
+            crate::runtime::queue::resume_queued(
+                hooks.as_deref().map(|h| &h.queue),
+                &engine,
+                live_since,
+            )
+            .await;
         }
         let ttl = i64::try_from(beat.as_millis()).unwrap_or(i64::MAX);
         if let Ok(true) = store.lease_claim("fleet_sweep", now, ttl).await {

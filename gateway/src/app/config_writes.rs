@@ -24,9 +24,9 @@ use sha2::{Digest, Sha256};
 
 use crate::api::error::GatewayError;
 use crate::api::CallContext;
+use crate::app::state::AppState;
 use crate::clock::now_ms;
 use crate::config::{self, document as doc, trust, Config, Loaded};
-use crate::state::AppState;
 use crate::store::control_plane::{AuditRow, VersionRow};
 use crate::store::Store;
 
@@ -400,7 +400,7 @@ async fn validate(
             .await?;
     }
     config::validate(&cfg).map_err(|e| invalid(e.0))?;
-    crate::server::check(&cfg, Some(&state.engine.store))
+    crate::app::check::check(&cfg, Some(&state.engine.store))
         .await
         .map_err(invalid)?;
     let stored = state.engine.store.tokens_all().await?;

@@ -11,18 +11,18 @@ use poem::web::Data;
 use poem::{handler, Body, IntoResponse, Request, Response};
 use serde_json::{json, Value};
 
-use super::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
-use super::{message_of, session_part, untrusted, RequestContext, Webhooks};
 use crate::api::generated::methods::Scope;
 use crate::api::principal::Principal;
+use crate::app::state::AppState;
 use crate::obs::recorder::webhook_event;
-use crate::runtime::engine::Engine;
 use crate::runtime::runs::RunSpec;
 use crate::runtime::sessions::{InternalChannel, SessionIdent};
-use crate::state::AppState;
-use crate::store::runs::{Delivery, RunRow};
+use crate::runtime::untrusted::untrusted;
+use crate::store::runs::Delivery;
 use crate::transport::json_error;
 use crate::transport::limits::{read_body, BodyError};
+use crate::webhooks::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
+use crate::webhooks::{message_of, session_part, RequestContext, Webhooks};
 
 /// The strict endpoint's path below the base.
 pub const STRICT_PATH: &str = "webhook";
@@ -164,7 +164,7 @@ pub async fn hook(req: &Request, body: Body, state: Data<&Arc<AppState>>) -> Res
         let expires = now.saturating_add(hooks.replay_window.as_millis() as i64);
         match engine
             .store
-            .webhook_delivery_seen(d, now, expires, super::REPLAY_CAPACITY)
+            .webhook_delivery_seen(d, now, expires, crate::webhooks::REPLAY_CAPACITY)
             .await
         {
             Ok(Delivery::First) => {}
@@ -276,7 +276,7 @@ async fn act(
         return None;
     }
     // A place in the queue first: a delivery refused for a full queue leaves nothing behind.
-    let Some(place) = hooks.reserve() else {
+    let Some(place) = hooks.queue.reserve() else {
         crate::metrics::rate_limited(crate::metrics::Limiter::WebhookQueue);
         webhook_event(
             &engine.store,
@@ -326,41 +326,11 @@ async fn act(
         )),
         delivery,
     };
-    let row = super::queued_row(&spec);
-    let resume = match serde_json::to_string(&super::Resume::of(&spec)) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "webhook run record not encoded");
-            return Some(internal());
-        }
-    };
-    if let Err(e) = engine.store.run_insert_queued(&row, &resume).await {
+    if let Err(e) = crate::runtime::queue::enqueue(engine, place, spec).await {
         tracing::error!(mapping = %m.id, error = %e, "webhook run not queued");
         return Some(internal());
     }
-    tokio::spawn(run_queued(engine.clone(), place, row, spec));
     None
-}
-
-/// Waits for a run slot, then runs the queued run to its end (the slot is held until then).
-pub(crate) async fn run_queued(
-    engine: Arc<Engine>,
-    mut place: super::QueuePlace,
-    row: RunRow,
-    spec: RunSpec,
-) {
-    let Some(_slot) = place.run_slot().await else {
-        return;
-    };
-    let (agent, run) = (spec.agent.id.clone(), row.run_id.clone());
-    match engine.start_queued_run(row, spec).await {
-        Ok(started) => {
-            if let Err(e) = started.done.await {
-                tracing::error!(%agent, %run, error = %e, "webhook run task failed");
-            }
-        }
-        Err(e) => tracing::warn!(%agent, %run, error = %e, "webhook run not started"),
-    }
 }
 
 /// Request headers by lowercase name (first value; secrets are left to the template rules).
@@ -380,7 +350,7 @@ fn query_map(req: &Request) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     if let Some(q) = req.uri().query() {
         for (k, v) in url::form_urlencoded::parse(q.as_bytes()) {
-            let value = if super::template::is_sensitive_header(&k.to_lowercase()) {
+            let value = if crate::webhooks::template::is_sensitive_header(&k.to_lowercase()) {
                 String::new()
             } else {
                 v.into_owned()
