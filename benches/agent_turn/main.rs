@@ -1,6 +1,10 @@
 //! Gateway overhead of one agent.execute turn on the scripted provider (no model time):
 //! latency percentiles and calls/s over one WebSocket and over 16, for ephemeral turns and
 //! for turns in stored sessions, against the release binary on loopback. See README.md.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests and benches own the tasks they start"
+)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::{Child, Command};

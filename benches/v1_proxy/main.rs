@@ -6,6 +6,10 @@
 //! One binary, three roles: without arguments it is the bench (load generator and report);
 //! re-executed as `<exe> --v1-proxy-role upstream` it is the upstream, and as
 //! `<exe> --v1-proxy-role proxy <upstream port>` the bare proxy, each in its own process.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests and benches own the tasks they start"
+)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::convert::Infallible;

@@ -1,6 +1,10 @@
 //! ws_rpc: JSON-RPC `system.ping` over `/ws` at N connections (one call in flight each):
 //! messages per second and the gateway's CPU per message, for a gateway binary and optionally
 //! a baseline binary in the same run, alternating rounds. README.md has the command.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests and benches own the tasks they start"
+)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "../ws_idle/gateway.rs"]

@@ -53,7 +53,7 @@ pub struct EnvelopeRig {
 
 impl EnvelopeRig {
     pub async fn new() -> Result<Self, String> {
-        use agent_gateway::{auth, config, runtime::engine::Engine, state};
+        use agent_gateway::{app::state, auth, config, runtime::engine::Engine};
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let data = dir.path().join("data");
         let yaml = format!(

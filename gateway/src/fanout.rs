@@ -114,8 +114,16 @@ impl Fanout {
         let (events_tx, events_rx) = mpsc::channel(QUEUE);
         let (push_tx, push_rx) = mpsc::channel(QUEUE);
         control.events().forward_to(events_tx);
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "process-wide: the sender ends when its channel closes, the listener when the control block is dropped"
+        )]
         tokio::spawn(send_loop(send.clone(), node.clone(), events_rx, push_rx));
         let weak: Weak<dyn Node> = Arc::downgrade(control) as Weak<N>;
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "process-wide: the sender ends when its channel closes, the listener when the control block is dropped"
+        )]
         tokio::spawn(listen_loop(listen, send, weak));
         Self {
             push: push_tx,

@@ -422,6 +422,10 @@ async fn main() -> ExitCode {
                 }
             };
             let shutdown = running.shutdown.clone();
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "the signal watcher lives as long as the process"
+            )]
             tokio::spawn(async move {
                 shutdown_signal().await;
                 tracing::info!("shutdown requested");

@@ -444,6 +444,7 @@ impl Secrets {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::config::secrets::decode_key;
 
     #[test]
     fn sealed_values_open_only_with_the_same_key_and_name() {

@@ -55,6 +55,10 @@ pub async fn start(config_path: Option<PathBuf>) -> Result<Running, String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let shutdown = CancellationToken::new();
     let control = Arc::new(Control::new());
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the composition root owns the lifetimes of the server loop and each generation"
+    )]
     let done = tokio::spawn(run(
         listener,
         config_path,
@@ -143,6 +147,10 @@ async fn build_state(
     crate::app::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
     crate::runtime::scheduler::timer::start(&state.engine, state.stop.clone());
     crate::runtime::memory::worker::start(&state.engine, state.stop.clone());
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the composition root owns the lifetimes of the server loop and each generation"
+    )]
     tokio::spawn(auth::flush_last_use(
         Arc::downgrade(&state.engine.api_tokens),
         TOKEN_USE_FLUSH,

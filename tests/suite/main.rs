@@ -3,6 +3,10 @@
 //! grouped by area in folders (see README.md); `common` and `pg` are the shared helpers. Run
 //! one area or module with `cargo test --test suite -- <area>::[<module>::]`, e.g.
 //! `cargo test --test suite -- rpc::` or `cargo test --test suite -- engine::e2e_agents::`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests and benches own the tasks they start"
+)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -56,7 +56,7 @@ fn prose(text: &str) -> String {
         out.push_str(first);
     }
     let rest: Vec<&str> = parts.collect();
-    let balanced = rest.len() % 2 == 0;
+    let balanced = rest.len().is_multiple_of(2);
     for part in rest {
         if !balanced {
             out.push('`');

@@ -612,6 +612,10 @@ async fn apply(state: &AppState, cfg: &Config, sections: &[String], sha: &str) -
     // The answer goes out first; the server loop then builds the next generation (and keeps
     // this one serving should that fail).
     let control = state.control.clone();
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "ends with the generation (stop token) or hands over to the server loop"
+    )]
     tokio::spawn(async move {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         control.restart_requested.notify_one();
@@ -627,6 +631,10 @@ pub fn follow(state: &Arc<AppState>) {
     let mut changes = state.control.registry_epoch.subscribe();
     changes.mark_unchanged();
     let stop = state.stop.clone();
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "ends with the generation (stop token) or hands over to the server loop"
+    )]
     tokio::spawn(async move {
         loop {
             tokio::select! {

@@ -17,9 +17,17 @@ pub const RESYNC_EVERY: Duration = Duration::from_secs(30);
 
 /// Starts the generation's fleet tasks.
 pub fn follow(engine: &Arc<Engine>, hooks: Option<Arc<Webhooks>>, store: &StoreConfig) {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the node follower holds the generation weakly and ends with it"
+    )]
     tokio::spawn(reload_on_change(Arc::downgrade(engine)));
     if engine.store.is_shared() {
         let beat = Duration::from_millis(store.node_heartbeat_ms);
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the node follower holds the generation weakly and ends with it"
+        )]
         tokio::spawn(reaper(Arc::downgrade(engine), hooks, beat));
     }
 }

@@ -30,6 +30,10 @@ impl GatewayApi for Rpc {
         tracing::info!(client = %ctx.client_id, "restart requested");
         let control = self.state.control.clone();
         // The answer goes out first; the server loop then closes this generation.
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the restart request outlives this call by design; the server loop owns what follows"
+        )]
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             control.restart_requested.notify_one();

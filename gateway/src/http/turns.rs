@@ -108,6 +108,10 @@ impl StreamingTurn {
         let watch = engine.api_tokens.watch(&req.caller);
         req.sink = Some(tx.into());
         req.cancel = cancel.clone();
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the streamed turn ends with its turn; the response holds its handle"
+        )]
         let done = tokio::spawn(async move { engine.run_turn(req).await });
         Self {
             rx,

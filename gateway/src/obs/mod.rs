@@ -57,6 +57,10 @@ impl ObsState {
 
 /// Sweeps expired observability rows every `sweepIntervalSeconds` while `state` lives.
 pub fn spawn_sweeper(state: Weak<ObsState>, store: Store) {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the sweeper holds the observability state weakly and ends with it"
+    )]
     tokio::spawn(async move {
         loop {
             let Some(every) = state

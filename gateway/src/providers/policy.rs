@@ -226,6 +226,7 @@ fn classify_v6(ip: Ipv6Addr) -> Option<Class> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::config::provider_policy::validate;
 
     fn policy(loopback: bool, private: bool) -> ApiPolicy {
         ApiPolicy::new(&ProviderPolicyConfig {

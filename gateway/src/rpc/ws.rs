@@ -127,6 +127,10 @@ where
             });
         }
         None => {
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a connection or call outside the server's tracker ends when its socket closes"
+            )]
             tokio::spawn(socket);
         }
     }
@@ -418,6 +422,10 @@ async fn connection(
                 // the socket keeps being read. It is polled again there at once, with that
                 // task's waker.
                 if (&mut call).now_or_never().is_none() {
+                    #[allow(
+                        clippy::disallowed_methods,
+                        reason = "a connection or call outside the server's tracker ends when its socket closes"
+                    )]
                     tokio::spawn(call);
                 }
             }

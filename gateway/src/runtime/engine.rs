@@ -98,6 +98,10 @@ fn spawn_media_sweeper(
     db: Store,
     every: std::time::Duration,
 ) {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "ends with the generation: it holds the engine weakly"
+    )]
     tokio::spawn(async move {
         loop {
             {

@@ -97,6 +97,10 @@ pub async fn enqueue(
     let resume = serde_json::to_string(&Resume::of(&spec))
         .map_err(|e| GatewayError::Internal(format!("run record not encoded: {e}")))?;
     engine.store.run_insert_queued(&row, &resume).await?;
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a queued run ends with its turn; its row makes it resumable after a restart"
+    )]
     tokio::spawn(run_queued(engine.clone(), place, row, spec));
     Ok(())
 }
@@ -205,6 +209,10 @@ pub async fn resume_queued(
         };
         if let Some(queue) = queue {
             let place = queue.reserve_owed();
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a queued run ends with its turn; its row makes it resumable after a restart"
+            )]
             tokio::spawn(run_queued(engine.clone(), place, row, spec));
         }
     }

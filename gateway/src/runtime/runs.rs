@@ -116,6 +116,10 @@ impl Engine {
     ) -> Started {
         let engine = self.clone();
         let mut finished = row.clone();
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "a background run ends with its turn (cancelled on timeout or session.stop); its row records the outcome"
+        )]
         let done = tokio::spawn(async move {
             let cancel = tokio_util::sync::CancellationToken::new();
             let _timer = spec.timeout.map(|t| {

@@ -161,7 +161,7 @@ pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
 
 /// The vector of little-endian f32 bytes; None when the length is not a multiple of 4.
 pub fn bytes_vector(b: &[u8]) -> Option<Vec<f32>> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return None;
     }
     Some(

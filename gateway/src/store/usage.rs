@@ -75,6 +75,10 @@ impl UsageQueue {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let queued_obs = Arc::new(AtomicUsize::new(0));
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the usage writer ends when its channel closes (the store is dropped)"
+        )]
         tokio::spawn(write_loop(pool, rx, queued.clone(), queued_obs.clone()));
         Self {
             tx,

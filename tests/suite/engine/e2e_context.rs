@@ -165,7 +165,7 @@ fn check_prompt_of(body: &Value, n: usize, text: &dyn Fn(usize) -> String) {
     for (i, (role, sent)) in before.iter().enumerate() {
         // The recent messages alternate: a user message, then the answer "Hello!".
         let index = 2 * n - recent + i;
-        if index % 2 == 0 {
+        if index.is_multiple_of(2) {
             assert_eq!(
                 (role.as_str(), sent.clone()),
                 ("user", text(index / 2)),

@@ -1,5 +1,6 @@
 //! What an operator relies on: the admin boundary, admission and limits, failures, hardening,
-//! metrics and observability, the real binary as a process, and the fuzz harness.
+//! metrics and observability, the real binary as a process, the fuzz harness, and the floor plan
+//! of the sources (layering).
 
 mod e2e_admin_boundary;
 mod e2e_admission;
@@ -10,3 +11,4 @@ mod e2e_metrics;
 mod e2e_obs;
 mod e2e_process;
 mod fuzz_harness;
+mod layering;

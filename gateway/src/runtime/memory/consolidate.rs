@@ -233,6 +233,10 @@ impl Engine {
             return;
         };
         let (owner, agent) = (owner.to_owned(), agent.to_owned());
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "one consolidation per tenant and agent, ended by its provider call's timeout"
+        )]
         tokio::spawn(async move {
             let due = engine
                 .store

@@ -2115,8 +2115,10 @@ mod tests {
     }
 
     fn golden() -> Golden {
-        serde_saphyr::from_str(include_str!("../../../tests/golden/memory/injection.yaml"))
-            .expect("injection.yaml parses")
+        serde_saphyr::from_str(include_str!(
+            "../../../../tests/golden/memory/injection.yaml"
+        ))
+        .expect("injection.yaml parses")
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
     let (tx, rx) = tokio::sync::mpsc::channel(engine.memory.config.embed_queue.max(1));
     engine.memory.set_queue(tx);
     let weak = Arc::downgrade(engine);
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the generation's embedding worker: it holds the engine weakly and ends on the generation's stop token"
+    )]
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}

@@ -390,6 +390,10 @@ fn spawn_tick(
     reason: &'static str,
     slot: Slot,
 ) {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a heartbeat tick ends with its turn and holds its slot until then"
+    )]
     tokio::spawn(async move {
         let _slot = slot;
         let owner = owner();

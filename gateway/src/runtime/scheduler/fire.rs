@@ -36,6 +36,10 @@ pub fn spawn(
     trigger: &'static str,
     slot: Slot,
 ) {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a fire ends with its turn and holds its fire slot until then"
+    )]
     tokio::spawn(async move {
         let _slot = slot;
         fire(&engine, &job, claimed, trigger).await;

@@ -1639,7 +1639,7 @@ mod tests {
             let fields = [5, 5, 5, 6, 6, 1, 7][(rng.next() % 7) as usize];
             let expr: Vec<&str> = (0..fields)
                 .map(|_| {
-                    if rng.next() % 4 == 0 {
+                    if rng.next().is_multiple_of(4) {
                         rng.pick(&cron_atoms)
                     } else {
                         rng.pick(&usual_atoms)

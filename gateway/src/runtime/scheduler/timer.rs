@@ -19,6 +19,10 @@ pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
     }
     let weak = Arc::downgrade(engine);
     let mut epoch = engine.control.scheduler_epoch.subscribe();
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the generation's timer: it holds the engine weakly and ends on the generation's stop token"
+    )]
     tokio::spawn(async move {
         if let Some(engine) = weak.upgrade() {
             if let Err(e) = engine.sync_heartbeats().await {
