@@ -53,7 +53,7 @@ pub struct EnvelopeRig {
 
 impl EnvelopeRig {
     pub async fn new() -> Result<Self, String> {
-        use agent_gateway::{app::state, auth, config, runtime::engine::Engine};
+        use agent_gateway::{app::state, auth, config};
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let data = dir.path().join("data");
         let yaml = format!(
@@ -66,9 +66,10 @@ impl EnvelopeRig {
         let loaded = config::load(Some(&path)).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
         let control = Arc::new(state::Control::new());
-        let engine = Engine::open(&loaded.config, data.clone(), control.clone())
-            .await
-            .map_err(|e| e.to_string())?;
+        let engine =
+            agent_gateway::server::open_engine_at(&loaded.config, data.clone(), control.clone())
+                .await
+                .map_err(|e| e.to_string())?;
         let tokens = auth::TokenStore::new(&loaded.config.gateway.tokens);
         let ctx = tokens
             .verify("fuzz-secret-0123456789abcdefghijklmnopq")

@@ -656,6 +656,37 @@ async fn list_names(dir: &Path) -> Result<Vec<String>, MediaError> {
     Ok(names)
 }
 
+/// Sweeps expired media files every `every`, until the store is dropped (its generation ended).
+/// Nodes sharing a database (and a media volume) take turns: a sweep runs on the node holding
+/// the `media_sweep` lease.
+pub fn spawn_sweeper(
+    store: std::sync::Weak<crate::media::MediaStore>,
+    db: crate::store::Store,
+    every: std::time::Duration,
+) {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "ends with its generation: it holds the media store weakly"
+    )]
+    tokio::spawn(async move {
+        loop {
+            {
+                let Some(store) = store.upgrade() else { return };
+                let now = crate::clock::now_ms();
+                let ttl = i64::try_from(every.as_millis()).unwrap_or(i64::MAX) / 2;
+                if db.takes_turn("media_sweep", now, ttl).await {
+                    match store.sweep(now).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(removed = n, "expired media files swept"),
+                        Err(e) => tracing::warn!(error = %e, "media sweep failed"),
+                    }
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -113,7 +113,7 @@ async fn build_state(
                 .map_err(|e| format!("cannot write the local token: {e}"))?,
         );
     }
-    let engine = Engine::open_on(
+    let engine = open_engine(
         connected,
         &loaded.config,
         &file.config,
@@ -157,6 +157,95 @@ async fn build_state(
         state.stop.clone(),
     ));
     Ok(state)
+}
+
+/// Opens the engine of a generation on a connected store (`Store::connect`): this node's
+/// bookkeeping on the database (alive, fan-out, what the previous process left), then every
+/// service the engine works with (secrets, API tokens, media and its sweeper, observability and
+/// its sweeper, memory), handed to [`Engine::new`] with the configuration in force (`config`)
+/// and this node's file (`file`).
+pub async fn open_engine(
+    connected: (Store, String),
+    config: &crate::config::Config,
+    file: &crate::config::Config,
+    data_dir: PathBuf,
+    control: Arc<Control>,
+) -> Result<Engine, GatewayError> {
+    let (store, key) = connected;
+    let store = store.for_node(control.node_id.clone());
+    let now = crate::clock::now_ms();
+    if store.is_shared() {
+        // Alive before anything it holds is written: other nodes' sweeps spare its runs.
+        store.node_seen(now, control.started_at_ms).await?;
+        if let crate::store::Pool::Postgres(pool) = store.pool() {
+            control
+                .fanout
+                .get_or_init(|| crate::fanout::Fanout::start(&pool.connect_options(), &control));
+        }
+    }
+    // Once per process and database: a restart's new generation must not orphan the runs
+    // the previous generation of this process still runs (they are this node's). Queued
+    // webhook runs are resumed instead (runtime::queue::resume_queued).
+    if control.first_open_of(key) {
+        let orphaned = store
+            .runs_orphan_unresumable(now, store.live_since())
+            .await?;
+        if orphaned > 0 {
+            tracing::warn!(
+                orphaned,
+                "runs left unfinished by the previous process are marked orphaned"
+            );
+        }
+        let released = store
+            .scheduler_release_dead(now, store.live_since())
+            .await?;
+        if released > 0 {
+            tracing::warn!(
+                released,
+                "cron fires left unfinished by the previous process are recorded as errors"
+            );
+        }
+    }
+    let secrets =
+        Arc::new(crate::secrets::Secrets::open(&config.secrets, store.clone(), &data_dir).await?);
+    let api_tokens =
+        Arc::new(crate::auth::ApiTokens::open(store.clone(), control.hub.clone()).await?);
+    let m = &config.media;
+    let media = crate::media::MediaStore::open(
+        data_dir.join(crate::runtime::engine::MEDIA_DIR),
+        (m.ttl_seconds > 0).then(|| std::time::Duration::from_secs(m.ttl_seconds)),
+        m.max_file_bytes,
+    )
+    .await
+    .map_err(|e| GatewayError::Internal(format!("cannot open the media store: {e}")))?;
+    let media = Arc::new(media);
+    crate::media::spawn_sweeper(
+        Arc::downgrade(&media),
+        store.clone(),
+        std::time::Duration::from_secs(m.sweep_interval_seconds.max(1)),
+    );
+    let obs = crate::obs::ObsState::new(config.observability.clone());
+    crate::obs::spawn_sweeper(Arc::downgrade(&obs), store.clone());
+    let services = crate::runtime::engine::Services {
+        store,
+        secrets,
+        api_tokens,
+        media,
+        obs,
+        memory: crate::runtime::memory::Memory::new(config.memory.clone()),
+    };
+    Engine::new(services, config, file, data_dir, control).await
+}
+
+/// Opens the engine for `config` on its own store (tests and the fuzz harness): the file is
+/// the configuration in force.
+pub async fn open_engine_at(
+    config: &crate::config::Config,
+    data_dir: PathBuf,
+    control: Arc<Control>,
+) -> Result<Engine, GatewayError> {
+    let connected = Store::connect(&config.store, &data_dir).await?;
+    open_engine(connected, config, config, data_dir, control).await
 }
 
 /// Waits for `gateway.restart` requests until one yields a next generation that is ready to

@@ -17,7 +17,7 @@ from conftest import HELLO_REPLY
 ROOT = Path(__file__).resolve().parents[2]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# The route templates of `agentgw_http_*` (gateway/src/obs/metrics.rs `ROUTES`).
+# The route templates of `agentgw_http_*` (gateway/src/metrics.rs `ROUTES`).
 ROUTES = {
     "other", "/", "/health", "/metrics", "/rpc", "/ws", "/api/health", "/api/agents",
     "/api/channels", "/api/activity", "/api/memory/search", "/api/memory/stats",

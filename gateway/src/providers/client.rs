@@ -976,7 +976,7 @@ mod tls_tests {
 
     const CA: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/gateway/src/runtime/providers/testdata/ca.pem"
+        "/gateway/src/providers/testdata/ca.pem"
     );
     const SERVER_CERT: &[u8] = include_bytes!("testdata/server.pem");
     const SERVER_KEY: &[u8] = include_bytes!("testdata/server.key");

@@ -29,6 +29,16 @@ pub const EMBEDDED_PROVIDER: &str = "local";
 /// Id of the agent defined when the configuration names none.
 pub const EMBEDDED_AGENT: &str = "default";
 
+/// The services of a generation the engine works with, opened by the composition root.
+pub struct Services {
+    pub store: Store,
+    pub secrets: Arc<crate::secrets::Secrets>,
+    pub api_tokens: Arc<crate::auth::ApiTokens>,
+    pub media: Arc<crate::media::MediaStore>,
+    pub obs: Arc<crate::obs::ObsState>,
+    pub memory: Arc<crate::runtime::memory::Memory>,
+}
+
 pub struct Engine {
     pub store: Store,
     pub providers: Providers,
@@ -49,8 +59,6 @@ pub struct Engine {
     pub obs: Arc<crate::obs::ObsState>,
     /// Long-term memory: the vector index, caches, breaker and recall counters.
     pub memory: Arc<crate::runtime::memory::Memory>,
-    /// This engine, for background work it starts itself (set when its workers start).
-    pub this: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
 
 /// The media store's directory under the data directory.
@@ -88,37 +96,6 @@ fn check_entry<T: serde::de::DeserializeOwned>(
 ) -> Result<T, GatewayError> {
     invoke::parse_params(method.info(), Some(value))
         .map_err(|e| GatewayError::InvalidParams(format!("{what}: {}", e.message)))
-}
-
-/// Sweeps expired media files every `every`, until the store is dropped (its generation ended).
-/// Nodes sharing a database (and a media volume) take turns: a sweep runs on the node holding
-/// the `media_sweep` lease.
-fn spawn_media_sweeper(
-    store: std::sync::Weak<crate::media::MediaStore>,
-    db: Store,
-    every: std::time::Duration,
-) {
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "ends with the generation: it holds the engine weakly"
-    )]
-    tokio::spawn(async move {
-        loop {
-            {
-                let Some(store) = store.upgrade() else { return };
-                let now = crate::clock::now_ms();
-                let ttl = i64::try_from(every.as_millis()).unwrap_or(i64::MAX) / 2;
-                if db.takes_turn("media_sweep", now, ttl).await {
-                    match store.sweep(now).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(removed = n, "expired media files swept"),
-                        Err(e) => tracing::warn!(error = %e, "media sweep failed"),
-                    }
-                }
-            }
-            tokio::time::sleep(every).await;
-        }
-    });
 }
 
 impl Engine {
@@ -167,89 +144,30 @@ impl Engine {
 }
 
 impl Engine {
-    /// Opens the database and seeds providers and agents from the configuration (which is
-    /// also the file: a configuration without a stored fleet document).
-    pub async fn open(
-        config: &Config,
-        data_dir: PathBuf,
-        control: Arc<Control>,
-    ) -> Result<Self, GatewayError> {
-        let connected = Store::connect(&config.store, &data_dir).await?;
-        Self::open_on(connected, config, config, data_dir, control).await
-    }
-
-    /// Opens the engine on a connected store (`Store::connect`), seeding providers and agents
-    /// from `config` (the configuration in force: the fleet's document on this node's file).
-    /// What the API may set for providers comes from `file`, this node's configuration file
-    /// as read, never from a document an API write changed.
-    pub async fn open_on(
-        connected: (Store, String),
+    /// The engine of a generation on the services the composition root (`server.rs`) opened
+    /// for it, seeding providers and agents from `config` (the configuration in force: the
+    /// fleet's document on this node's file). What the API may set for providers comes from
+    /// `file`, this node's configuration file as read, never from a document an API write
+    /// changed.
+    pub async fn new(
+        services: Services,
         config: &Config,
         file: &Config,
         data_dir: PathBuf,
         control: Arc<Control>,
     ) -> Result<Self, GatewayError> {
-        let (store, key) = connected;
-        let store = store.for_node(control.node_id.clone());
-        let now = crate::clock::now_ms();
-        if store.is_shared() {
-            // Alive before anything it holds is written: other nodes' sweeps spare its runs.
-            store.node_seen(now, control.started_at_ms).await?;
-            if let crate::store::Pool::Postgres(pool) = store.pool() {
-                control.fanout.get_or_init(|| {
-                    crate::fanout::Fanout::start(&pool.connect_options(), &control)
-                });
-            }
-        }
-        // Once per process and database: a restart's new generation must not orphan the runs
-        // the previous generation of this process still runs (they are this node's). Queued
-        // webhook runs are resumed instead (webhooks::resume_queued).
-        if control.first_open_of(key) {
-            let orphaned = store
-                .runs_orphan_unresumable(now, store.live_since())
-                .await?;
-            if orphaned > 0 {
-                tracing::warn!(
-                    orphaned,
-                    "runs left unfinished by the previous process are marked orphaned"
-                );
-            }
-            let released = store
-                .scheduler_release_dead(now, store.live_since())
-                .await?;
-            if released > 0 {
-                tracing::warn!(
-                    released,
-                    "cron fires left unfinished by the previous process are recorded as errors"
-                );
-            }
-        }
-        let secrets = Arc::new(
-            crate::secrets::Secrets::open(&config.secrets, store.clone(), &data_dir).await?,
-        );
-        let api_tokens =
-            Arc::new(crate::auth::ApiTokens::open(store.clone(), control.hub.clone()).await?);
+        let Services {
+            store,
+            secrets,
+            api_tokens,
+            media,
+            obs,
+            memory,
+        } = services;
         let local = local_provider(config, &control);
-        let m = &config.media;
-        let media = crate::media::MediaStore::open(
-            data_dir.join(MEDIA_DIR),
-            (m.ttl_seconds > 0).then(|| std::time::Duration::from_secs(m.ttl_seconds)),
-            m.max_file_bytes,
-        )
-        .await
-        .map_err(|e| GatewayError::Internal(format!("cannot open the media store: {e}")))?;
-        let media = Arc::new(media);
-        spawn_media_sweeper(
-            Arc::downgrade(&media),
-            store.clone(),
-            std::time::Duration::from_secs(m.sweep_interval_seconds.max(1)),
-        );
-        let obs = crate::obs::ObsState::new(config.observability.clone());
-        crate::obs::spawn_sweeper(Arc::downgrade(&obs), store.clone());
         let engine = Self {
             obs,
-            memory: crate::runtime::memory::Memory::new(config.memory.clone()),
-            this: std::sync::OnceLock::new(),
+            memory,
             media,
             providers: Providers::new(
                 store.clone(),

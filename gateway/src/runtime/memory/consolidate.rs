@@ -227,33 +227,29 @@ impl Engine {
     }
 
     /// Starts a consolidation of (owner, agent) in the background when enough of its entries
-    /// wait for one and none runs.
+    /// wait for one and none runs: the memory worker, which holds the engine, takes the hint.
     pub fn memory_maybe_consolidate(&self, owner: &str, agent: &str) {
-        let Some(engine) = self.this.get().and_then(std::sync::Weak::upgrade) else {
+        self.memory.hint_consolidation(owner, agent);
+    }
+
+    /// Consolidates (owner, agent) when enough of its entries wait and no consolidation of it
+    /// runs (the worker runs this on a task of its own per hint).
+    pub async fn memory_consolidate_if_due(&self, owner: &str, agent: &str) {
+        let due = self
+            .store
+            .memory_unconsolidated_count(owner, agent)
+            .await
+            .unwrap_or(0);
+        if due < i64::from(self.memory.config.consolidate_after) {
             return;
-        };
-        let (owner, agent) = (owner.to_owned(), agent.to_owned());
-        #[allow(
-            clippy::disallowed_methods,
-            reason = "one consolidation per tenant and agent, ended by its provider call's timeout"
-        )]
-        tokio::spawn(async move {
-            let due = engine
-                .store
-                .memory_unconsolidated_count(&owner, &agent)
-                .await
-                .unwrap_or(0);
-            if due < i64::from(engine.memory.config.consolidate_after) {
-                return;
-            }
-            if !engine.memory.begin_consolidation(&owner, &agent) {
-                return;
-            }
-            if let Err(e) = engine.memory_consolidate(&owner, &agent).await {
-                tracing::warn!(error = %e, agent = %agent, "memory consolidation failed");
-            }
-            engine.memory.end_consolidation(&owner, &agent);
-        });
+        }
+        if !self.memory.begin_consolidation(owner, agent) {
+            return;
+        }
+        if let Err(e) = self.memory_consolidate(owner, agent).await {
+            tracing::warn!(error = %e, agent = %agent, "memory consolidation failed");
+        }
+        self.memory.end_consolidation(owner, agent);
     }
 
     /// Consolidates the waiting entries of (owner, agent), a batch per model call.

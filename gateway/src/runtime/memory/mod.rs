@@ -99,6 +99,9 @@ pub struct Memory {
     counters: Mutex<HashMap<(String, String), RecallCounters>>,
     /// Scopes (tenant, agent) being consolidated now.
     consolidating: Mutex<HashSet<(String, String)>>,
+    /// Scopes (tenant, agent) that may be due for a consolidation, for the worker (set when it
+    /// starts; the worker holds the engine, so memory never points back at it).
+    consolidations: Mutex<Option<tokio::sync::mpsc::Sender<(String, String)>>>,
 }
 
 impl Memory {
@@ -116,6 +119,7 @@ impl Memory {
             overflowed: AtomicBool::new(false),
             counters: Mutex::new(HashMap::new()),
             consolidating: Mutex::new(HashSet::new()),
+            consolidations: Mutex::new(None),
         });
         // The per-tenant gauge on /metrics reads the index at each scrape.
         let sizes: Arc<dyn crate::metrics::IndexSizes> = memory.clone();
@@ -144,6 +148,22 @@ impl Memory {
 
     pub(crate) fn set_queue(&self, tx: tokio::sync::mpsc::Sender<i64>) {
         if let Ok(mut q) = self.queue.lock() {
+            *q = Some(tx);
+        }
+    }
+
+    /// Tells the worker that (owner, agent) may be due for a consolidation; never waits. A full
+    /// queue drops the hint: the next write of that scope gives it again.
+    pub fn hint_consolidation(&self, owner: &str, agent: &str) {
+        if let Ok(q) = self.consolidations.lock() {
+            if let Some(tx) = q.as_ref() {
+                let _ = tx.try_send((owner.to_owned(), agent.to_owned()));
+            }
+        }
+    }
+
+    pub(crate) fn set_consolidations(&self, tx: tokio::sync::mpsc::Sender<(String, String)>) {
+        if let Ok(mut q) = self.consolidations.lock() {
             *q = Some(tx);
         }
     }

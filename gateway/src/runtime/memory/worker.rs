@@ -20,11 +20,20 @@ const RETRY: Duration = Duration::from_secs(2);
 /// How often the table is swept anyway (and old recall records deleted).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
+/// Consolidation hints waiting at most (one per memory write of a scope; duplicates are cheap).
+const CONSOLIDATION_HINTS: usize = 256;
+
 /// Starts the worker; it ends with `stop` or when the engine is dropped.
 pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
-    let _ = engine.this.set(Arc::downgrade(engine));
     let (tx, rx) = tokio::sync::mpsc::channel(engine.memory.config.embed_queue.max(1));
     engine.memory.set_queue(tx);
+    let (hints, hinted) = tokio::sync::mpsc::channel(CONSOLIDATION_HINTS);
+    engine.memory.set_consolidations(hints);
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the generation's consolidation loop: it holds the engine weakly and ends on the generation's stop token"
+    )]
+    tokio::spawn(consolidations(Arc::downgrade(engine), hinted, stop.clone()));
     let weak = Arc::downgrade(engine);
     #[allow(
         clippy::disallowed_methods,
@@ -216,5 +225,28 @@ async fn sweep_recalls(e: &Engine) {
     };
     if let Err(err) = e.store.memory_recalls_sweep(before).await {
         tracing::warn!(error = %err, "old recall records not swept");
+    }
+}
+
+/// Runs a consolidation check per hint, each on a task of its own (a consolidation calls a
+/// model; the memory state lets only one run per scope).
+async fn consolidations(
+    engine: Weak<Engine>,
+    mut hinted: tokio::sync::mpsc::Receiver<(String, String)>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (owner, agent) = tokio::select! {
+            _ = stop.cancelled() => return,
+            got = hinted.recv() => match got { Some(h) => h, None => return },
+        };
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "one consolidation per tenant and agent, ended by its provider call's timeout"
+        )]
+        tokio::spawn(async move { engine.memory_consolidate_if_due(&owner, &agent).await });
     }
 }
