@@ -52,3 +52,11 @@ fn storage_unreachable(e: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+impl GatewayError {
+    /// The one wording of a missing record: `<What> not found: <id>` (what clients and tests
+    /// match on, the same for every kind of record).
+    pub fn not_found(what: &str, id: impl std::fmt::Display) -> Self {
+        Self::NotFound(format!("{what} not found: {id}"))
+    }
+}

@@ -97,9 +97,7 @@ impl ContextApi for Rpc {
         let s = store
             .session_get(ctx.tenant(), &p.conversation_id)
             .await?
-            .ok_or_else(|| {
-                GatewayError::NotFound(format!("Session not found: {}", p.conversation_id))
-            })?;
+            .ok_or_else(|| GatewayError::not_found("Session", &p.conversation_id))?;
         let (rows, truncated) = store.context_tree(ctx.tenant(), &s.key, p.limit).await?;
         Ok(ContextTreeResult {
             conversation_id: s.key,

@@ -67,7 +67,7 @@ fn entry_id(id: &str) -> Result<i64, GatewayError> {
 
 fn not_found(id: &str) -> GatewayError {
     let shown: String = id.chars().take(200).filter(|c| !c.is_control()).collect();
-    GatewayError::NotFound(format!("Memory entry not found: {shown}"))
+    GatewayError::not_found("Memory entry", shown)
 }
 
 fn map(pairs: Vec<(String, i64)>) -> BTreeMap<String, i64> {

@@ -69,10 +69,11 @@ impl ModelsApi for Rpc {
     ) -> Result<ModelsTestResult, GatewayError> {
         let engine = self.engine();
         let snap = engine.providers.snapshot();
-        let entry =
-            snap.providers.get(&p.provider).cloned().ok_or_else(|| {
-                GatewayError::NotFound(format!("Provider not found: {}", p.provider))
-            })?;
+        let entry = snap
+            .providers
+            .get(&p.provider)
+            .cloned()
+            .ok_or_else(|| GatewayError::not_found("Provider", &p.provider))?;
         let model_id = match &p.model {
             Some(m) => m.clone(),
             None => entry

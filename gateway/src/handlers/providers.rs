@@ -42,7 +42,7 @@ impl Rpc {
         let entry = snap
             .providers
             .get(id)
-            .ok_or_else(|| GatewayError::NotFound(format!("Provider not found: {id}")))?;
+            .ok_or_else(|| GatewayError::not_found("Provider", id))?;
         Ok(provider_record(entry, self.agents_using(id)))
     }
 }

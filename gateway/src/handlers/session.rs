@@ -86,7 +86,7 @@ impl Rpc {
             .store
             .session_get(ctx.tenant(), key)
             .await?
-            .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {key}")))
+            .ok_or_else(|| GatewayError::not_found("Session", key))
     }
 }
 
@@ -180,7 +180,7 @@ impl SessionApi for Rpc {
             .store
             .session_clear(ctx.tenant(), &s.key)
             .await?
-            .ok_or_else(|| GatewayError::NotFound(format!("Session not found: {}", s.key)))?;
+            .ok_or_else(|| GatewayError::not_found("Session", &s.key))?;
         crate::obs::recorder::session_event(
             &self.engine().store,
             "session.reset",
@@ -226,7 +226,7 @@ impl SessionApi for Rpc {
             .store
             .run_get(ctx.tenant(), &p.run_id)
             .await?
-            .ok_or_else(|| GatewayError::NotFound(format!("Run not found: {}", p.run_id)))?;
+            .ok_or_else(|| GatewayError::not_found("Run", &p.run_id))?;
         let end = r.completed_at.unwrap_or_else(crate::clock::now_ms);
         Ok(SessionRunStatusResult {
             status: run_status(&r.status),

@@ -426,7 +426,7 @@ impl Providers {
             .providers
             .get(id)
             .map(|p| p.config.clone())
-            .ok_or_else(|| GatewayError::NotFound(format!("Provider not found: {id}")))?;
+            .ok_or_else(|| GatewayError::not_found("Provider", id))?;
         if change.type_.is_some_and(|t| Some(t) != current.type_) {
             return Err(GatewayError::Conflict(format!(
                 "The type of provider {id} cannot change; delete it and create a new one"
@@ -458,7 +458,7 @@ impl Providers {
             .providers
             .get(id)
             .map(|p| p.config.clone())
-            .ok_or_else(|| GatewayError::NotFound(format!("Provider not found: {id}")))?;
+            .ok_or_else(|| GatewayError::not_found("Provider", id))?;
         if current.enabled == Some(enabled) {
             return Ok(false);
         }
@@ -473,7 +473,7 @@ impl Providers {
     pub async fn delete(&self, id: &str) -> Result<(), GatewayError> {
         let _w = self.write.lock().await;
         if !self.store.registry_delete(Table::Providers, id).await? {
-            return Err(GatewayError::NotFound(format!("Provider not found: {id}")));
+            return Err(GatewayError::not_found("Provider", id));
         }
         self.reload().await
     }

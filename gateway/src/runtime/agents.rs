@@ -221,7 +221,7 @@ impl Agents {
     /// Like `get`, NotFound naming the agent.
     pub fn require(&self, id: &str) -> Result<Arc<Agent>, GatewayError> {
         self.get(id)
-            .ok_or_else(|| GatewayError::NotFound(format!("Agent not found: {id}")))
+            .ok_or_else(|| GatewayError::not_found("Agent", id))
     }
 
     pub fn ids(&self) -> Vec<String> {
@@ -357,7 +357,7 @@ impl Agents {
             .store
             .agent_set_suspended(id, suspended)
             .await?
-            .ok_or_else(|| GatewayError::NotFound(format!("Agent not found: {id}")))?;
+            .ok_or_else(|| GatewayError::not_found("Agent", id))?;
         self.reload().await?;
         Ok(changed)
     }

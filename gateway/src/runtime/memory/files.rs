@@ -27,7 +27,7 @@ fn refused(why: &str) -> GatewayError {
 
 fn missing(path: &str) -> GatewayError {
     let shown: String = path.chars().take(200).filter(|c| !c.is_control()).collect();
-    GatewayError::NotFound(format!("File not found: {shown}"))
+    GatewayError::not_found("File", shown)
 }
 
 /// Whether `segments` (a relative path split on `/`) name a memory file: `MEMORY.md`, or a

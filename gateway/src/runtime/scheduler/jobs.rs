@@ -212,7 +212,7 @@ impl Engine {
         self.store
             .cron_job(tenant, caller, name)
             .await?
-            .ok_or_else(|| GatewayError::NotFound(format!("Cron job not found: {name}")))
+            .ok_or_else(|| GatewayError::not_found("Cron job", name))
     }
 
     /// cron.update: the given members change; whether anything did, and the job after.
