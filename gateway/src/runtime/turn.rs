@@ -26,7 +26,7 @@ use crate::providers::models::ModelInfo;
 use crate::providers::retry::{chat_with_retry, RetryPolicy};
 use crate::providers::{
     ChatMessage, ChatRequest, ChatResponse, DeltaSink, ErrorKind, ProviderError, ProviderKind,
-    Usage,
+    ToolSpec, Usage,
 };
 use crate::runtime::agents::Agent;
 use crate::runtime::context_tree::{compose_system, TurnContext, TurnSide};
@@ -244,25 +244,118 @@ pub(crate) struct Called {
     pub model: ModelInfo,
 }
 
+/// Who a turn serves and with which models, settled at its start.
+struct Opening {
+    agent: Arc<Agent>,
+    session_key: Option<String>,
+    /// The turn's events belong to the session's owner (an ephemeral turn's to its caller).
+    owner: Arc<str>,
+    /// The primary model, then the agent's fallbacks.
+    chain: Vec<String>,
+    /// The primary model: its window sizes the context.
+    context_model: ModelInfo,
+}
+
+/// The prompt and transcript a turn's first step sends.
+struct Assembled {
+    agent_prompt: String,
+    summary: Option<String>,
+    /// The system prompt as sent (the agent's prompt with the conversation summary).
+    system: String,
+    /// The kept history, then the user's message.
+    messages: Vec<ChatMessage>,
+    /// Index of the user's message: what this turn adds starts here.
+    first_new: usize,
+    /// Whether this turn created its session.
+    created: bool,
+}
+
+/// What the step loop produced besides the outcome: the transcript with this turn's messages
+/// and which of them carry a model call's usage.
+struct Stepped {
+    out: TurnOutcome,
+    messages: Vec<ChatMessage>,
+    step_usage: Vec<(usize, String, Usage)>,
+}
+
 impl Engine {
     /// Runs one turn. Errors are for turns that could not start (suspended agent, no usable
     /// provider); a provider failure during the turn ends it with finishReason error.
+    ///
+    /// The steps, in order: admit, open (models and the `message:received` event), open or
+    /// continue the session, assemble the context, plan the tools, the step loop, persist,
+    /// announce.
     pub async fn run_turn(&self, req: TurnRequest) -> Result<TurnOutcome, GatewayError> {
         let _permit = self.control.admission.admit_turn(&req)?;
         let mut trace = TurnTrace::start();
-        let agent = req.agent.clone();
-        if agent.suspended {
+        let _guard = self.admit(&req).await?;
+        let opening = self.open_turn(&req)?;
+        let user = ChatMessage::user(req.message.clone());
+        let user_tokens = sessions::message_tokens(&user);
+        let reserve = opening
+            .context_model
+            .max_output_tokens
+            .unwrap_or(1024)
+            .min(opening.context_model.context_window / 4);
+        let agent_prompt = req
+            .system
+            .clone()
+            .or_else(|| opening.agent.config.system_prompt.clone())
+            .unwrap_or_default();
+        let (context, created) = self
+            .open_session(&req, &opening, &agent_prompt, user_tokens, reserve)
+            .await?;
+        let mut assembled = assemble_context(
+            &opening,
+            agent_prompt,
+            context,
+            created,
+            user,
+            user_tokens,
+            reserve,
+            &mut trace,
+        );
+        let tools = self.plan_tools(&req, &opening.agent);
+        let messages = std::mem::take(&mut assembled.messages);
+        let stepped = self
+            .step_loop(
+                &req,
+                &opening,
+                &assembled.system,
+                messages,
+                &tools,
+                &mut trace,
+            )
+            .await?;
+        let first_seq = self.persist(&req, &assembled, &stepped).await?;
+        self.announce(
+            &req, &opening, &assembled, &tools, stepped, first_seq, trace,
+        )
+    }
+
+    /// Admit: a suspended agent does not run; a stored session runs one turn at a time (the
+    /// returned guard holds its lock).
+    async fn admit(
+        &self,
+        req: &TurnRequest,
+    ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, GatewayError> {
+        if req.agent.suspended {
             return Err(GatewayError::Conflict(format!(
                 "Agent {} is suspended; agents.resume lets it run again",
-                agent.id
+                req.agent.id
             )));
         }
-        let _guard = match &req.session {
+        Ok(match &req.session {
             Some(s) => Some(self.locks.lock_for(&s.key).lock_owned().await),
             None => None,
-        };
+        })
+    }
+
+    /// Open: whom the turn's events belong to (announced as `message:received`), and the
+    /// model chain (the primary model must be in the catalogue).
+    fn open_turn(&self, req: &TurnRequest) -> Result<Opening, GatewayError> {
+        let agent = req.agent.clone();
         let session_key = req.session.as_ref().map(|s| s.key.clone());
-        // The turn's events belong to the session's owner (an ephemeral turn's to its caller).
         let owner: Arc<str> = Arc::from(
             req.session
                 .as_ref()
@@ -288,104 +381,108 @@ impl Engine {
             .model(&primary)
             .cloned()
             .ok_or_else(|| GatewayError::Unavailable(format!("Model not found: {primary}")))?;
+        Ok(Opening {
+            agent,
+            session_key,
+            owner,
+            chain,
+            context_model,
+        })
+    }
 
-        let system = req
-            .system
-            .clone()
-            .or_else(|| agent.config.system_prompt.clone())
-            .unwrap_or_default();
-        let agent_prompt = system;
-        let user = ChatMessage::user(req.message.clone());
-        let user_tokens = sessions::message_tokens(&user);
-        let reserve = context_model
-            .max_output_tokens
-            .unwrap_or(1024)
-            .min(context_model.context_window / 4);
-        let mut context = TurnContext::default();
-        let mut created = false;
-        if let Some(s) = &req.session {
-            // The key was authorized for its owner; a row stored under it for another owner
-            // (written before ownership rules existed) is never continued.
-            let reach = Tenant::owner(&s.tenant_id);
-            let exists = match self
-                .store
-                .lookup(RecordKind::Session, &s.key, &reach)
-                .await?
-            {
-                Lookup::Exists(owner) if owner.as_deref() == Some(s.tenant_id.as_str()) => true,
-                Lookup::Exists(_) => {
-                    return Err(GatewayError::NotFound(format!(
-                        "{}: {}",
-                        RecordKind::Session.not_found(),
-                        s.key
-                    )))
-                }
-                Lookup::Missing { .. } => false,
-            };
-            if exists {
-                // The summary tree and the messages it does not cover (grown first when the
-                // history no longer fits its share of the window).
-                context = self
-                    .turn_context(
-                        TurnSide {
-                            agent: &agent,
-                            key: &s.key,
-                            channel: &s.channel,
-                            owner: &owner,
-                            agent_prompt: &agent_prompt,
-                            user_tokens,
-                            input_window: context_model.context_window.saturating_sub(reserve),
-                            cancel: &req.cancel,
-                        },
-                        &reach,
-                    )
-                    .await?;
-            } else {
-                // A new session is created before the first step, since tools (notes) write
-                // rows that reference it.
-                created = true;
-                self.store
-                    .session_ensure(&NewSession {
-                        key: &s.key,
-                        agent_id: &s.agent_id,
-                        channel: &s.channel,
-                        tenant_id: Some(&s.tenant_id),
-                        user_id: Some(&s.user_id),
-                    })
-                    .await?;
-                self.emit_owned(
-                    &owner,
-                    "session:created",
-                    json!({"sessionKey": s.key, "agentId": s.agent_id, "channel": s.channel}),
-                );
+    /// Open or continue the session: a stored session's summary tree and the messages it does
+    /// not cover, or a new session row (created before the first step, since tools write rows
+    /// that reference it). Returns the context and whether the session was created.
+    async fn open_session(
+        &self,
+        req: &TurnRequest,
+        opening: &Opening,
+        agent_prompt: &str,
+        user_tokens: u64,
+        reserve: u64,
+    ) -> Result<(TurnContext, bool), GatewayError> {
+        let Some(s) = &req.session else {
+            return Ok((TurnContext::default(), false));
+        };
+        // The key was authorized for its owner; a row stored under it for another owner
+        // (written before ownership rules existed) is never continued.
+        let reach = Tenant::owner(&s.tenant_id);
+        let exists = match self
+            .store
+            .lookup(RecordKind::Session, &s.key, &reach)
+            .await?
+        {
+            Lookup::Exists(owner) if owner.as_deref() == Some(s.tenant_id.as_str()) => true,
+            Lookup::Exists(_) => {
+                return Err(GatewayError::NotFound(format!(
+                    "{}: {}",
+                    RecordKind::Session.not_found(),
+                    s.key
+                )))
             }
+            Lookup::Missing { .. } => false,
+        };
+        if exists {
+            // The summary tree and the messages it does not cover (grown first when the
+            // history no longer fits its share of the window).
+            let context = self
+                .turn_context(
+                    TurnSide {
+                        agent: &opening.agent,
+                        key: &s.key,
+                        channel: &s.channel,
+                        owner: &opening.owner,
+                        agent_prompt,
+                        user_tokens,
+                        input_window: opening.context_model.context_window.saturating_sub(reserve),
+                        cancel: &req.cancel,
+                    },
+                    &reach,
+                )
+                .await?;
+            return Ok((context, false));
         }
-        let summary = context.summary;
-        let system = compose_system(&agent_prompt, summary.as_deref());
-        let fixed = crate::providers::tokens::estimate_tokens(&system) + user_tokens;
-        let budget = context_model
-            .context_window
-            .saturating_sub(reserve)
-            .saturating_sub(fixed);
-        let history_len = context.history.len();
-        let mut messages = sessions::trim_history(context.history, budget);
-        let first_new = messages.len();
-        messages.push(user);
-        trace.budget(context_budget(
-            &context_model,
-            reserve,
-            fixed,
-            user_tokens,
-            budget,
-            &messages[..first_new],
-            history_len,
-        ));
+        self.store
+            .session_ensure(&NewSession {
+                key: &s.key,
+                agent_id: &s.agent_id,
+                channel: &s.channel,
+                tenant_id: Some(&s.tenant_id),
+                user_id: Some(&s.user_id),
+            })
+            .await?;
+        self.emit_owned(
+            &opening.owner,
+            "session:created",
+            json!({"sessionKey": s.key, "agentId": s.agent_id, "channel": s.channel}),
+        );
+        Ok((TurnContext::default(), true))
+    }
 
-        let tools = self.tools.specs(|name, scope| {
+    /// Plan the tools: the agent's tools, narrowed to the request's list and to the turn's
+    /// scopes.
+    fn plan_tools(&self, req: &TurnRequest, agent: &Agent) -> Vec<ToolSpec> {
+        self.tools.specs(|name, scope| {
             agent.allows_tool(name)
                 && req.only_tools.as_ref().is_none_or(|o| o.contains(name))
                 && req.scopes.allows(scope)
-        });
+        })
+    }
+
+    /// The step loop: a model call (the chain in order, each with its retries), then the tool
+    /// calls it asked for, until an answer or a limit (steps, budget, repeated call, circuit
+    /// breaker, the caller going away). A provider failure at the first step that leaves no
+    /// usable model is an error; later ones end the turn with finishReason error.
+    async fn step_loop(
+        &self,
+        req: &TurnRequest,
+        opening: &Opening,
+        system: &str,
+        mut messages: Vec<ChatMessage>,
+        tools: &[ToolSpec],
+        trace: &mut TurnTrace,
+    ) -> Result<Stepped, GatewayError> {
+        let agent = &opening.agent;
         let max_steps = req.max_steps.unwrap_or_else(|| agent.max_steps()).max(1);
         let limits = agent.budget();
         let breaker = self.agents.defaults().circuit_breaker_threshold.max(1);
@@ -403,7 +500,6 @@ impl Engine {
             engine: self,
             trace_id: &tool_trace_id,
         };
-
         let mut out = TurnOutcome {
             response: String::new(),
             input_tokens: 0,
@@ -411,7 +507,7 @@ impl Engine {
             finish: FinishReason::Stop,
             cost_usd: 0.0,
             steps: 0,
-            model: context_model.id(),
+            model: opening.context_model.id(),
             failure: None,
             tool_calls: 0,
             trace_id: String::new(),
@@ -427,15 +523,15 @@ impl Engine {
             out.steps += 1;
             let request = ChatRequest {
                 model: String::new(),
-                system: (!system.is_empty()).then(|| system.clone()),
+                system: (!system.is_empty()).then(|| system.to_owned()),
                 messages: messages.clone(),
-                tools: tools.clone(),
+                tools: tools.to_vec(),
                 max_tokens: req.max_tokens,
                 temperature: req.temperature,
             };
             let called = match self
                 .call_step(
-                    &chain,
+                    &opening.chain,
                     request,
                     req.sink.as_ref(),
                     &req.cancel,
@@ -446,7 +542,7 @@ impl Engine {
                             .as_ref()
                             .map(|s| s.key.as_str())
                             .or(req.usage_label.as_deref()),
-                        owner: Some(&owner),
+                        owner: Some(&opening.owner),
                         operation: "chat",
                     },
                 )
@@ -547,12 +643,32 @@ impl Engine {
                 break;
             }
         }
-        let stored: Vec<_> = messages[first_new..]
+        Ok(Stepped {
+            out,
+            messages,
+            step_usage,
+        })
+    }
+
+    /// Persist: this turn's messages (each model answer with its usage) and the turn's totals
+    /// are appended to a stored session in one transaction; the first new sequence number is
+    /// returned (None for an ephemeral turn).
+    async fn persist(
+        &self,
+        req: &TurnRequest,
+        assembled: &Assembled,
+        stepped: &Stepped,
+    ) -> Result<Option<i64>, GatewayError> {
+        let Some(s) = &req.session else {
+            return Ok(None);
+        };
+        let (out, first_new) = (&stepped.out, assembled.first_new);
+        let stored: Vec<_> = stepped.messages[first_new..]
             .iter()
             .enumerate()
             .map(|(i, m)| {
                 let at = first_new + i;
-                let usage = step_usage.iter().find(|(idx, _, _)| *idx == at);
+                let usage = stepped.step_usage.iter().find(|(idx, _, _)| *idx == at);
                 sessions::to_row(
                     m,
                     usage.map(|(_, id, _)| id.as_str()),
@@ -560,27 +676,44 @@ impl Engine {
                 )
             })
             .collect();
+        let first_seq = self
+            .store
+            .session_append(
+                &s.key,
+                &stored,
+                &TurnTotals {
+                    input_tokens: out.input_tokens as i64,
+                    output_tokens: out.output_tokens as i64,
+                    cost_usd: out.cost_usd,
+                    steps: i64::from(out.steps),
+                    model: Some(out.model.clone()),
+                    finish_reason: Some(out.finish.as_str()),
+                    error_kind: out.failure.map(|f| f.kind.as_str()),
+                },
+            )
+            .await?;
+        Ok(Some(first_seq))
+    }
+
+    /// Announce: the turn's metrics, its context budget, the system prompt report and the
+    /// session index row (behind the request), and `message:sent`.
+    #[allow(clippy::too_many_arguments)]
+    fn announce(
+        &self,
+        req: &TurnRequest,
+        opening: &Opening,
+        assembled: &Assembled,
+        tools: &[ToolSpec],
+        stepped: Stepped,
+        first_seq: Option<i64>,
+        trace: TurnTrace,
+    ) -> Result<TurnOutcome, GatewayError> {
+        let Stepped {
+            mut out, messages, ..
+        } = stepped;
+        let agent = &opening.agent;
+        let first_new = assembled.first_new;
         let error_kind = out.failure.map(|f| f.kind.as_str());
-        let first_seq = match &req.session {
-            Some(s) => Some(
-                self.store
-                    .session_append(
-                        &s.key,
-                        &stored,
-                        &TurnTotals {
-                            input_tokens: out.input_tokens as i64,
-                            output_tokens: out.output_tokens as i64,
-                            cost_usd: out.cost_usd,
-                            steps: i64::from(out.steps),
-                            model: Some(out.model.clone()),
-                            finish_reason: Some(out.finish.as_str()),
-                            error_kind,
-                        },
-                    )
-                    .await?,
-            ),
-            None => None,
-        };
         out.trace_id = trace.trace_id.clone();
         crate::metrics::turn_finished(out.finish.as_str());
         if let Some(b) = trace.budget_of() {
@@ -604,17 +737,17 @@ impl Engine {
                 &s.key,
                 &trace.trace_id,
                 PromptParts {
-                    whole: &system,
+                    whole: &assembled.system,
                     sections: vec![
-                        ("agent", agent_prompt.as_str(), false),
+                        ("agent", assembled.agent_prompt.as_str(), false),
                         (
                             "conversation summary",
-                            summary.as_deref().unwrap_or(""),
+                            assembled.summary.as_deref().unwrap_or(""),
                             false,
                         ),
                     ],
                     tool_count: tools.len(),
-                    tool_schema_chars: serde_json::to_string(&tools).map_or(0, |t| t.len()),
+                    tool_schema_chars: serde_json::to_string(tools).map_or(0, |t| t.len()),
                     model: out.model.clone(),
                 },
             );
@@ -623,7 +756,7 @@ impl Engine {
             &self.store,
             &TurnEnd {
                 session_key: &label,
-                tenant: &owner,
+                tenant: &opening.owner,
                 agent_id: &agent.id,
                 channel: &channel,
                 first_seq,
@@ -634,8 +767,8 @@ impl Engine {
                 tokens: (out.input_tokens + out.output_tokens) as i64,
                 cost_usd: out.cost_usd,
                 steps: out.steps,
-                fallback: out.model != context_model.id(),
-                created,
+                fallback: out.model != opening.context_model.id(),
+                created: assembled.created,
                 answered: out.finish != FinishReason::Error
                     && messages
                         .last()
@@ -643,11 +776,11 @@ impl Engine {
             },
         );
         self.emit_owned(
-            &owner,
+            &opening.owner,
             "message:sent",
             MessageSent {
                 agent_id: agent.id.clone(),
-                session_key,
+                session_key: opening.session_key.clone(),
                 finish_reason: out.finish.as_str(),
                 model: out.model.clone(),
                 steps: out.steps,
@@ -888,5 +1021,50 @@ pub fn turn_error_kind(kind: ErrorKind) -> TurnErrorKind {
         ErrorKind::Unavailable => TurnErrorKind::Unavailable,
         ErrorKind::InvalidRequest => TurnErrorKind::InvalidRequest,
         ErrorKind::Cancelled => TurnErrorKind::Cancelled,
+    }
+}
+
+/// Assemble the context: the system prompt with the conversation summary, the history trimmed
+/// to what the window leaves after the prompt, the user's message and the reserved output;
+/// the context budget is recorded on the trace.
+#[allow(clippy::too_many_arguments)]
+fn assemble_context(
+    opening: &Opening,
+    agent_prompt: String,
+    context: TurnContext,
+    created: bool,
+    user: ChatMessage,
+    user_tokens: u64,
+    reserve: u64,
+    trace: &mut TurnTrace,
+) -> Assembled {
+    let summary = context.summary;
+    let system = compose_system(&agent_prompt, summary.as_deref());
+    let fixed = crate::providers::tokens::estimate_tokens(&system) + user_tokens;
+    let budget = opening
+        .context_model
+        .context_window
+        .saturating_sub(reserve)
+        .saturating_sub(fixed);
+    let history_len = context.history.len();
+    let mut messages = sessions::trim_history(context.history, budget);
+    let first_new = messages.len();
+    messages.push(user);
+    trace.budget(context_budget(
+        &opening.context_model,
+        reserve,
+        fixed,
+        user_tokens,
+        budget,
+        &messages[..first_new],
+        history_len,
+    ));
+    Assembled {
+        agent_prompt,
+        summary,
+        system,
+        messages,
+        first_new,
+        created,
     }
 }
