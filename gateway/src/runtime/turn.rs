@@ -1068,3 +1068,84 @@ fn assemble_context(
         created,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::config::agents::AgentSettings;
+    use crate::providers::tokens::estimate_tokens;
+    use crate::providers::Role;
+
+    fn opening(window: u64) -> Opening {
+        Opening {
+            agent: Arc::new(Agent {
+                id: "a".into(),
+                config: AgentSettings::default(),
+                suspended: false,
+                created_at: 0,
+                updated_at: 0,
+            }),
+            session_key: None,
+            owner: Arc::from("me"),
+            chain: vec!["p/m".into()],
+            context_model: ModelInfo {
+                provider: "p".into(),
+                model_id: "m".into(),
+                aliases: Vec::new(),
+                context_window: window,
+                max_output_tokens: None,
+                input_price: 0.0,
+                output_price: 0.0,
+                capabilities: Vec::new(),
+            },
+        }
+    }
+
+    /// The assemble step alone: the newest history that fits the window after the prompt and
+    /// the reserved output, starting at a user message, then the user's message; the summary
+    /// joins the agent's prompt; the budget is on the trace.
+    #[test]
+    fn assembling_keeps_the_newest_history_that_fits_and_ends_with_the_message() {
+        let history: Vec<ChatMessage> = (0..20)
+            .map(|i| {
+                if i % 2 == 0 {
+                    ChatMessage::user(format!("question {i} {}", "x".repeat(200)))
+                } else {
+                    ChatMessage::assistant(format!("answer {i} {}", "y".repeat(200)), Vec::new())
+                }
+            })
+            .collect();
+        let user = ChatMessage::user("now");
+        let user_tokens = sessions::message_tokens(&user);
+        let mut trace = TurnTrace::start();
+        let context = TurnContext {
+            summary: Some("earlier talk".into()),
+            history,
+        };
+        let (window, reserve) = (1000, 250);
+        let a = assemble_context(
+            &opening(window),
+            "be brief".into(),
+            context,
+            false,
+            user,
+            user_tokens,
+            reserve,
+            &mut trace,
+        );
+        assert_eq!(a.messages.last().unwrap().content, "now");
+        assert_eq!(a.first_new, a.messages.len() - 1);
+        assert!(a.first_new > 0 && a.first_new < 20, "{}", a.first_new);
+        assert_eq!(a.messages[0].role, Role::User);
+        assert!(a.system.contains("be brief") && a.system.contains("earlier talk"));
+        let kept: u64 = a.messages[..a.first_new]
+            .iter()
+            .map(sessions::message_tokens)
+            .sum();
+        let fixed = estimate_tokens(&a.system) + user_tokens;
+        assert!(kept <= window - reserve - fixed, "{kept}");
+        assert!(trace.budget_of().is_some());
+        assert!(!a.created);
+    }
+}

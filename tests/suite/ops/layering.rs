@@ -332,6 +332,44 @@ fn no_import_runs_up_a_floor() {
     assert!(problems.is_empty(), "the floor plan is broken:\n{report}");
 }
 
+/// The domain error reaches the wire in exactly two files: the JSON-RPC mapping
+/// (`rpc/error.rs`) and the REST and `/v1` one (`transport/problem.rs`). A conversion of
+/// `GatewayError` into a wire type (`RpcError`, `Problem`) anywhere else fails.
+#[test]
+fn the_domain_error_is_mapped_to_the_wire_in_two_files() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway/src");
+    let mut found = Vec::new();
+    for p in sources(&src) {
+        let rel = p
+            .strip_prefix(&src)
+            .expect("under src")
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(&p).expect("read source");
+        for (no, line) in without_tests(&text) {
+            let l = line.trim();
+            for wire in ["RpcError", "Problem"] {
+                if l.starts_with("impl From<")
+                    && l.contains("GatewayError>")
+                    && l.contains(&format!(" for {wire} "))
+                {
+                    found.push(format!("{rel}:{no}: {wire}"));
+                }
+            }
+        }
+    }
+    found.sort();
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with("rpc/error.rs:") && found[0].ends_with("RpcError"),
+        "{found:?}"
+    );
+    assert!(
+        found[1].starts_with("transport/problem.rs:") && found[1].ends_with("Problem"),
+        "{found:?}"
+    );
+}
+
 /// The scanner is not blind: planted upward imports of every shape are reported, and test
 /// modules and downward imports are not.
 #[test]
