@@ -10,11 +10,11 @@
 use std::time::{Duration, Instant};
 
 use agent_gateway::api::tenancy::Tenant;
+use agent_gateway::config::memory::MEMORY_RANK_WINDOW;
 use agent_gateway::runtime::memory::index::VectorIndex;
 use agent_gateway::runtime::memory::recall::{run_lanes, LaneQuery};
 use agent_gateway::runtime::memory::{fuse, keyword_text};
 use agent_gateway::store::memory::NewMemory;
-use agent_gateway::store::search::MEMORY_RANK_WINDOW;
 use agent_gateway::store::Store;
 
 const DIMS: usize = 384;

@@ -30,7 +30,7 @@ use crate::hub::Hub;
 
 pub const EVENTS: &str = "gw_events";
 pub const PUSH: &str = "gw_push";
-pub use crate::store::nodes::CONTROL;
+use crate::store::nodes::CONTROL;
 
 /// Largest payload sent inline (PostgreSQL's limit is 8000 bytes).
 pub const INLINE_MAX: usize = 7000;

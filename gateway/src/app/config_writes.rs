@@ -30,8 +30,7 @@ use crate::config::{self, document as doc, trust, Config, Loaded};
 use crate::store::control_plane::{AuditRow, VersionRow};
 use crate::store::Store;
 
-pub use crate::api::principal::OPERATOR;
-/// What other nodes are told when the fleet's document changed (`fanout::CONTROL`).
+/// What other nodes are told when the fleet's document changed (`store::nodes::CONTROL`).
 pub const ANNOUNCE_CONFIG: &str = "config";
 /// Sections a change applies to without a restart.
 const LIVE_SECTIONS: &[&str] = &["agents", "providers"];

@@ -1014,7 +1014,7 @@ mod tests {
                 seq,
                 tool_name: (*tool).to_owned(),
                 is_error: kind.is_some(),
-                digest: crate::obs::digest(&text),
+                digest: crate::store::records::digest(&text),
                 bytes: text.len() as i64,
                 // An ok result's kind is never looked at.
                 error_kind: Some(kind.unwrap_or(MARKER).to_owned()),

@@ -6,8 +6,6 @@ pub mod explain;
 pub mod health;
 pub mod recorder;
 
-pub use crate::store::records::{classify_tool_error, digest, recall_hits};
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -91,7 +89,7 @@ pub fn spawn_sweeper(state: Weak<ObsState>, store: Store) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::store::records::{classify_tool_error, digest};
 
     #[test]
     fn tool_errors_are_classified_by_their_wording() {

@@ -87,9 +87,9 @@ impl TurnTrace {
             name: name.to_owned(),
             is_error,
             duration_ms: took.as_millis() as i64,
-            digest: super::digest(result),
+            digest: crate::store::records::digest(result),
             bytes: result.len() as i64,
-            error_kind: is_error.then(|| super::classify_tool_error(result)),
+            error_kind: is_error.then(|| crate::store::records::classify_tool_error(result)),
         });
     }
 

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-pub use crate::config::provider_policy::{valid_env_name, ProviderPolicyConfig};
+use crate::config::provider_policy::ProviderPolicyConfig;
 
 /// How long resolving a `baseUrl`'s host may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -226,7 +226,7 @@ fn classify_v6(ip: Ipv6Addr) -> Option<Class> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::config::provider_policy::validate;
+    use crate::config::provider_policy::{valid_env_name, validate};
 
     fn policy(loopback: bool, private: bool) -> ApiPolicy {
         ApiPolicy::new(&ProviderPolicyConfig {

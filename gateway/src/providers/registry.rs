@@ -9,9 +9,10 @@ use std::time::Duration;
 use crate::api::error::GatewayError;
 use crate::config::agents::{ProviderSettings, ProviderType};
 use crate::config::engine::ModelConfig;
+use crate::config::provider_policy::ProviderPolicyConfig;
 use crate::providers::local::{LocalProvider, LocalStatus};
 use crate::providers::models::{self, ModelInfo};
-use crate::providers::policy::{ApiPolicy, ProviderPolicyConfig};
+use crate::providers::policy::ApiPolicy;
 use crate::providers::{
     anthropic::AnthropicProvider, openai::OpenAiProvider, scripted::ScriptedProvider, Provider,
     ProviderKind,
@@ -79,7 +80,7 @@ fn default_models(kind: ProviderKind) -> Vec<String> {
     let ids: &[&str] = match kind {
         ProviderKind::Local => &[
             crate::providers::local::CHAT_MODEL_ID,
-            crate::providers::local::EMBED_MODEL_ID,
+            crate::config::engine::EMBED_MODEL_ID,
         ],
         ProviderKind::Scripted => &["echo"],
         ProviderKind::Openai => &["gpt-4o-mini"],

@@ -328,9 +328,9 @@ impl Engine {
             )
             .await?;
         let first_seq = self.persist(&req, &assembled, &stepped).await?;
-        self.announce(
+        Ok(self.announce(
             &req, &opening, &assembled, &tools, stepped, first_seq, trace,
-        )
+        ))
     }
 
     /// Admit: a suspended agent does not run; a stored session runs one turn at a time (the
@@ -707,7 +707,7 @@ impl Engine {
         stepped: Stepped,
         first_seq: Option<i64>,
         trace: TurnTrace,
-    ) -> Result<TurnOutcome, GatewayError> {
+    ) -> TurnOutcome {
         let Stepped {
             mut out, messages, ..
         } = stepped;
@@ -791,7 +791,7 @@ impl Engine {
                 },
             },
         );
-        Ok(out)
+        out
     }
 
     /// One model step: the models of the chain in order, each with its provider's retries;

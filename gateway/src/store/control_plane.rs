@@ -5,7 +5,7 @@
 use super::{now_ms, on_pool, Store, StoreRow};
 use crate::api::error::GatewayError;
 
-/// What other nodes are told to reload when a token changes (`fanout::CONTROL`).
+/// What other nodes are told to reload when a token changes (`store::nodes::CONTROL`).
 pub const ANNOUNCE_TOKENS: &str = "tokens";
 /// ... and when a secret changes.
 pub const ANNOUNCE_SECRETS: &str = "secrets";

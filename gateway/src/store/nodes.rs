@@ -62,7 +62,7 @@ impl Store {
     }
 
     /// Tells the other nodes that `what` (`agents`, `providers`) changed, so they reload it
-    /// (`fanout::CONTROL`); nothing to tell on SQLite. Best effort: a node that misses it
+    /// (`store::nodes::CONTROL`); nothing to tell on SQLite. Best effort: a node that misses it
     /// still reloads on its periodic resynchronisation.
     pub async fn announce(&self, what: &str) {
         let Pool::Postgres(p) = self.pool() else {

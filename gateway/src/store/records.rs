@@ -88,7 +88,7 @@ pub struct ToolResultFact {
     pub digest: String,
     /// Size of the result text in bytes.
     pub bytes: i64,
-    /// For failures: the classification of [`crate::obs::classify_tool_error`].
+    /// For failures: the classification of [`classify_tool_error`].
     pub error_kind: Option<String>,
     /// For memory_search results: how many memories were returned.
     pub recall_hits: Option<i64>,

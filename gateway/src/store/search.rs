@@ -133,7 +133,7 @@ const MESSAGES_POSTGRES: &str = "SELECT s.session_key, s.agent_id, s.channel, h.
      JOIN sessions s ON s.session_key = h.session_key \
      ORDER BY h.score DESC, h.id";
 
-pub use crate::config::memory::MEMORY_RANK_WINDOW;
+use crate::config::memory::MEMORY_RANK_WINDOW;
 
 /// Memory search on SQLite: `$1` query, `$2` agent or NULL, `$3` tenant or NULL, `$4` limit,
 /// `$5` rank window. FTS5 walks the matches newest first (rowid order, no sort), so only the

@@ -29,7 +29,9 @@ use super::{
 
 /// The chat model id (without the provider prefix).
 pub const CHAT_MODEL_ID: &str = "smollm2-135m-instruct";
-/// The embedding model id (without the provider prefix).
+/// The embedding model id (without the provider prefix). It is a setting default too
+/// (`memory.embeddingModel`), so it is declared in `config`; the local provider names it beside
+/// its chat model.
 pub use crate::config::engine::EMBED_MODEL_ID;
 
 /// Where the local provider is in its start-up.

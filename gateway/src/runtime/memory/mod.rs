@@ -279,8 +279,6 @@ pub fn content_hash(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-pub use crate::store::memory::normalise_name;
-
 /// Words too common to say anything in a keyword search (English).
 const STOP_WORDS: &[&str] = &[
     "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be",
@@ -333,6 +331,7 @@ impl crate::metrics::IndexSizes for Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::normalise_name;
 
     #[test]
     fn keyword_text_drops_stop_words_unless_nothing_is_left() {

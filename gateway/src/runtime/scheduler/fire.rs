@@ -8,8 +8,9 @@ use serde_json::json;
 
 use crate::api::generated::types::FinishReason;
 use crate::clock::now_ms;
+use crate::config::scheduler::GateSpec;
 use crate::runtime::engine::Engine;
-use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv, GateSpec};
+use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv};
 use crate::runtime::scheduler::{summary_of, Slot};
 use crate::runtime::sessions::{InternalChannel, SessionIdent};
 use crate::store::scheduler::{Claimed, FireOutcome, JobRow};

@@ -54,7 +54,7 @@ const READ_CHUNK: usize = 8192;
 /// Mode of a gate's home and of the directories above it that the gateway creates.
 const HOME_MODE: u32 = 0o700;
 
-pub use crate::config::scheduler::GateSpec;
+use crate::config::scheduler::GateSpec;
 
 /// What the gate is told about the fire, through `GATEWAY_*` environment variables.
 #[derive(Debug, Clone, Copy)]
