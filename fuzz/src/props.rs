@@ -12,12 +12,13 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use agent_gateway::api::CallContext;
+use agent_gateway::config::webhooks::Algorithm;
 use agent_gateway::handlers::Rpc;
 use agent_gateway::media::{self, MediaError, MediaStore};
 use agent_gateway::rpc::envelope::{handle_text, Reply};
 use agent_gateway::store::filter::{self, Column, Filter};
 use agent_gateway::webhooks::template::{self, Context, MAX_OUTPUT_BYTES};
-use agent_gateway::webhooks::verify::{Algorithm, Rejection, Verifier};
+use agent_gateway::webhooks::verify::{Rejection, Verifier};
 use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
@@ -65,7 +66,7 @@ impl EnvelopeRig {
         std::fs::write(&path, yaml).map_err(|e| e.to_string())?;
         let loaded = config::load(Some(&path)).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
-        let control = Arc::new(state::Control::new());
+        let control = Arc::new(agent_gateway::runtime::control::Control::new());
         let engine =
             agent_gateway::server::open_engine_at(&loaded.config, data.clone(), control.clone())
                 .await

@@ -886,8 +886,9 @@ mod tests {
 
     #[test]
     fn memory_index_gauge_reads_the_live_indexes() {
-        let memory =
-            crate::runtime::memory::Memory::new(crate::config::memory::MemoryConfig::default());
+        let memory = crate::runtime::memory::MemoryState::new(
+            crate::config::memory::MemoryConfig::default(),
+        );
         let tenant = "gauge-unit-test-tenant \"q\"";
         if let Ok(mut ix) = memory.index.write() {
             assert!(ix.upsert(tenant, "a", 1, &[1.0, 0.0]));

@@ -25,10 +25,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::error::GatewayError;
-use crate::app::state::{AppState, Control};
+use crate::app::state::AppState;
 use crate::auth::{self, TokenStore};
 use crate::config::{self, Loaded};
 use crate::hub::ConnTicket;
+use crate::runtime::control::Control;
 use crate::runtime::engine::Engine;
 use crate::store::Store;
 use crate::transport::watch::Watched;
@@ -140,13 +141,13 @@ async fn build_state(
     state.set_config_sha(settled.sha);
     crate::runtime::queue::resume_queued(
         state.webhooks.as_deref().map(|h| &h.queue),
-        &state.engine,
+        &state.engine.runs,
         state.engine.store.live_since(),
     )
     .await;
     crate::app::fleet::follow(&state.engine, state.webhooks.clone(), &state.config.store);
-    crate::runtime::scheduler::timer::start(&state.engine, state.stop.clone());
-    crate::runtime::memory::worker::start(&state.engine, state.stop.clone());
+    crate::runtime::scheduler::timer::start(&state.engine.scheduler, state.stop.clone());
+    crate::runtime::memory::worker::start(&state.engine.memory, state.stop.clone());
     #[allow(
         clippy::disallowed_methods,
         reason = "the composition root owns the lifetimes of the server loop and each generation"
@@ -232,7 +233,7 @@ pub async fn open_engine(
         api_tokens,
         media,
         obs,
-        memory: crate::runtime::memory::Memory::new(config.memory.clone()),
+        memory: crate::runtime::memory::MemoryState::new(config.memory.clone()),
     };
     Engine::new(services, config, file, data_dir, control).await
 }

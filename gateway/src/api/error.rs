@@ -59,4 +59,13 @@ impl GatewayError {
     pub fn not_found(what: &str, id: impl std::fmt::Display) -> Self {
         Self::NotFound(format!("{what} not found: {id}"))
     }
+
+    /// A missing record of a kind the catalogue's ownership rule names, in the words the
+    /// ownership check answers with (`Session not found: <id>`).
+    pub fn record_not_found(
+        kind: crate::api::generated::methods::RecordKind,
+        id: impl std::fmt::Display,
+    ) -> Self {
+        Self::NotFound(format!("{}: {id}", kind.not_found()))
+    }
 }

@@ -360,9 +360,7 @@ pub async fn fleet_document(state: &AppState) -> Result<(Value, Option<String>),
 pub async fn version(store: &Store, sha: &str) -> Result<VersionRow, GatewayError> {
     let mut found = store.config_versions_by_prefix(sha).await?;
     match found.len() {
-        0 => Err(GatewayError::NotFound(format!(
-            "Configuration commit not found: {sha}"
-        ))),
+        0 => Err(GatewayError::not_found("Configuration commit", sha)),
         1 => Ok(found.remove(0)),
         _ => Err(invalid(format!(
             "'{sha}' names more than one commit; give more digits"
@@ -490,10 +488,10 @@ async fn changed(
             value,
         } => {
             if !config::sections().iter().any(|s| s == section) {
-                return Err(GatewayError::NotFound(format!(
-                    "Unknown configuration section '{section}' (sections: {})",
-                    config::sections().join(", ")
-                )));
+                return Err(GatewayError::not_found(
+                    "Configuration section",
+                    format_args!("{section} (sections: {})", config::sections().join(", ")),
+                ));
             }
             let mut at = vec![section.as_str()];
             at.extend(doc::segments(key).map_err(invalid)?);

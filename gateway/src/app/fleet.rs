@@ -114,7 +114,7 @@ async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Durati
         if hooks.is_some() {
             crate::runtime::queue::resume_queued(
                 hooks.as_deref().map(|h| &h.queue),
-                &engine,
+                &engine.runs,
                 live_since,
             )
             .await;

@@ -11,7 +11,7 @@ use crate::hub::Hub;
 use crate::runtime::engine::Engine;
 use crate::transport::limits::RateLimiter;
 
-pub use crate::runtime::control::Control;
+use crate::runtime::control::Control;
 
 pub struct AppState {
     pub config: Config,

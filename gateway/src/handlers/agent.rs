@@ -85,6 +85,7 @@ impl Rpc {
         let scopes = Self::turn_scopes(ctx, scopes.as_deref())?;
         let outcome = self
             .engine()
+            .turns
             .run_turn(TurnRequest {
                 session,
                 scopes,

@@ -53,7 +53,7 @@ fn check_heartbeat(id: &str, config: &AgentSettings) -> Result<(), GatewayError>
 /// Heartbeat ticks follow the agents' settings (best effort: the timer resynchronises at the
 /// next start too).
 async fn resync_heartbeats(engine: &std::sync::Arc<crate::runtime::engine::Engine>) {
-    if let Err(e) = engine.sync_heartbeats().await {
+    if let Err(e) = engine.scheduler.sync_heartbeats().await {
         tracing::warn!(error = %e, "heartbeat schedules not synchronised");
     }
 }

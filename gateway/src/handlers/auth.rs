@@ -57,10 +57,7 @@ impl AuthApi for Rpc {
             .providers
             .contains_key(&params.provider)
         {
-            return Err(GatewayError::NotFound(format!(
-                "Provider not found: {}",
-                params.provider
-            )));
+            return Err(GatewayError::not_found("Provider", &params.provider));
         }
         let plain = serde_json::json!({"access": params.access, "refresh": params.refresh});
         let (nonce, ciphertext) =

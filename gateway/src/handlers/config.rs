@@ -59,10 +59,10 @@ fn unified(old: &str, new: &str, from: &str, to: &str) -> String {
 }
 
 fn unknown_section(name: &str) -> GatewayError {
-    GatewayError::NotFound(format!(
-        "Unknown configuration section '{name}' (sections: {})",
-        config::sections().join(", ")
-    ))
+    GatewayError::not_found(
+        "Configuration section",
+        format_args!("{name} (sections: {})", config::sections().join(", ")),
+    )
 }
 
 fn object(v: Value) -> BTreeMap<String, Value> {

@@ -22,6 +22,7 @@ impl CronApi for Rpc {
     ) -> Result<CronAddResult, GatewayError> {
         let job = self
             .engine()
+            .scheduler
             .cron_add(
                 &ctx.client_id,
                 &p.name,
@@ -55,9 +56,10 @@ impl CronApi for Rpc {
     ) -> Result<CronRemoveResult, GatewayError> {
         let engine = self.engine();
         let job = engine
+            .scheduler
             .cron_require(ctx.tenant(), &ctx.client_id, &p.name)
             .await?;
-        engine.cron_remove(&job).await?;
+        engine.scheduler.cron_remove(&job).await?;
         Ok(CronRemoveResult {
             name: job.name,
             id: job.job_id,
@@ -79,10 +81,11 @@ impl CronApi for Rpc {
                     ));
                 };
                 let job = engine
+                    .scheduler
                     .cron_require(ctx.tenant(), &ctx.client_id, &name)
                     .await?;
                 let job_name = job.name.clone();
-                engine.cron_force(job).await?;
+                engine.scheduler.cron_force(job).await?;
                 Ok(CronRunResult {
                     triggered: true,
                     mode: CronRunResultMode::Force,
@@ -92,7 +95,10 @@ impl CronApi for Rpc {
             }
             CronRunParamsMode::Due => {
                 let owner = ctx.tenant().only();
-                let started = engine.fire_due(now_ms(), owner, Some("due")).await?;
+                let started = engine
+                    .scheduler
+                    .fire_due(now_ms(), owner, Some("due"))
+                    .await?;
                 Ok(CronRunResult {
                     triggered: true,
                     mode: CronRunResultMode::Due,
@@ -129,10 +135,7 @@ impl CronApi for Rpc {
             .cron_runs(ctx.tenant(), key, p.agent_id.as_deref(), p.limit)
             .await?;
         if runs.is_empty() && job.is_none() {
-            return Err(GatewayError::NotFound(format!(
-                "Cron job not found: {}",
-                p.job_name
-            )));
+            return Err(GatewayError::not_found("Cron job", &p.job_name));
         }
         Ok(CronRunsResult {
             runs: runs.iter().map(fire_to_wire).collect(),
@@ -146,6 +149,7 @@ impl CronApi for Rpc {
     ) -> Result<CronStatusResult, GatewayError> {
         let job = self
             .engine()
+            .scheduler
             .cron_require(ctx.tenant(), &ctx.client_id, &p.name)
             .await?;
         job_to_wire(&job)
@@ -158,9 +162,10 @@ impl CronApi for Rpc {
     ) -> Result<CronUpdateResult, GatewayError> {
         let engine = self.engine();
         let job = engine
+            .scheduler
             .cron_require(ctx.tenant(), &ctx.client_id, &p.name)
             .await?;
-        let (updated, job) = engine.cron_update(job, &p).await?;
+        let (updated, job) = engine.scheduler.cron_update(job, &p).await?;
         Ok(CronUpdateResult {
             id: job.job_id.clone(),
             updated,

@@ -22,7 +22,7 @@ impl HeartbeatApi for Rpc {
         Ok(HeartbeatGetResult {
             agent_id: agent.id.clone(),
             per_agent: agent.config.heartbeat.clone().unwrap_or_default().into(),
-            effective: engine.heartbeat_of(&agent).into(),
+            effective: engine.scheduler.heartbeat_of(&agent).into(),
         })
     }
 
@@ -32,7 +32,7 @@ impl HeartbeatApi for Rpc {
         _p: HeartbeatStatesParams,
     ) -> Result<HeartbeatStatesResult, GatewayError> {
         Ok(HeartbeatStatesResult {
-            agents: self.engine().heartbeat_states().await?,
+            agents: self.engine().scheduler.heartbeat_states().await?,
         })
     }
 
@@ -44,6 +44,7 @@ impl HeartbeatApi for Rpc {
         let agent = self.agent_or_default(p.agent_id.as_deref())?.id.clone();
         let triggered = self
             .engine()
+            .scheduler
             .heartbeat_wake(&agent, "trigger", None, true)
             .await?;
         Ok(HeartbeatTriggerResult {
@@ -85,7 +86,11 @@ impl HeartbeatApi for Rpc {
             target_chat_id: p.target_chat_id,
             target_is_dm: p.target_is_dm,
         });
-        let (updated, own) = self.engine().heartbeat_update(&agent, change).await?;
+        let (updated, own) = self
+            .engine()
+            .scheduler
+            .heartbeat_update(&agent, change)
+            .await?;
         Ok(HeartbeatUpdateResult {
             agent_id: agent,
             config: own.into(),

@@ -82,9 +82,10 @@ pub(crate) async fn stats(
     agent: Option<&str>,
 ) -> Result<MemoryStats, GatewayError> {
     let c: MemoryCounts = engine.store.memory_counts(tenant, agent).await?;
-    let vector_indexed = engine.memory.model().is_some()
+    let vector_indexed = engine.memory.state.model().is_some()
         && engine
             .memory
+            .state
             .index_loaded
             .load(std::sync::atomic::Ordering::Relaxed);
     Ok(MemoryStats {
@@ -115,7 +116,8 @@ pub(crate) async fn search(
     limit: usize,
 ) -> Result<Vec<MemorySearchHit>, GatewayError> {
     let recall = engine
-        .memory_recall(tenant_id, query, limit, RecallFor::default())
+        .memory
+        .recall(tenant_id, query, limit, RecallFor::default())
         .await?;
     Ok(recall.hits.into_iter().map(hit).collect())
 }
@@ -133,7 +135,8 @@ impl MemoryApi for Rpc {
             abstained,
         } = self
             .engine()
-            .memory_ask(&tenant_id, &p.question, p.limit as usize)
+            .memory
+            .ask(&tenant_id, &p.question, p.limit as usize)
             .await?;
         Ok(MemoryAskResult {
             answer,
@@ -181,7 +184,7 @@ impl MemoryApi for Rpc {
         let (tenant, _) = ctx.tenant_named(p.tenant_id.as_deref());
         let ids: Vec<i64> = p.ids.iter().filter_map(|i| entry_id(i).ok()).collect();
         let deleted = self.engine().store.memory_delete_ids(&tenant, &ids).await?;
-        self.engine().memory.unindex(&deleted);
+        self.engine().memory.state.unindex(&deleted);
         let total = p.ids.len() as i64;
         Ok(MemoryDeleteResult {
             deleted: deleted.len() as i64,
@@ -196,7 +199,7 @@ impl MemoryApi for Rpc {
         _p: MemoryEmbeddingCacheParams,
     ) -> Result<MemoryEmbeddingCacheResult, GatewayError> {
         let engine = self.engine();
-        let m = &engine.memory;
+        let m = &engine.memory.state;
         let (entries, max_entries) = m.l1_size();
         let load =
             |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed) as i64;
@@ -207,7 +210,7 @@ impl MemoryApi for Rpc {
         Ok(MemoryEmbeddingCacheResult {
             enabled,
             provider: m.model().map(str::to_owned),
-            vec_available: engine.memory_embedder_ready(),
+            vec_available: engine.memory.embedder_ready(),
             l1: enabled.then(|| MemoryEmbeddingCacheResultL1 {
                 entries: entries as i64,
                 max_entries: max_entries as i64,
@@ -304,7 +307,7 @@ impl MemoryApi for Rpc {
             .store
             .memory_flush(&tenant, p.agent_id.as_deref())
             .await?;
-        if let Ok(mut ix) = engine.memory.index.write() {
+        if let Ok(mut ix) = engine.memory.state.index.write() {
             ix.remove_scope(&tenant_id, p.agent_id.as_deref());
         }
         Ok(MemoryFlushResult {
@@ -496,7 +499,7 @@ impl MemoryApi for Rpc {
         let imported = plans.len() as i64;
         if p.dry_run {
             // A dry run predicts the real one, the per-tenant limit included.
-            engine.memory_check_room(&tenant_id, plans.len()).await?;
+            engine.memory.check_room(&tenant_id, plans.len()).await?;
         } else if !plans.is_empty() {
             let news: Vec<NewMemory<'_>> = plans
                 .iter()
@@ -511,10 +514,12 @@ impl MemoryApi for Rpc {
                     created_at: e.created_at.unwrap_or(now),
                 })
                 .collect();
-            let ids = engine.memory_insert_checked(&tenant_id, &news).await?;
+            let ids = engine.memory.insert_checked(&tenant_id, &news).await?;
             let checked: Vec<&crate::runtime::memory::write::Checked> =
                 plans.iter().map(|(_, c)| c).collect();
-            engine.memory_written(&tenant_id, &p.agent_id, &ids, Source::Import, &checked);
+            engine
+                .memory
+                .written(&tenant_id, &p.agent_id, &ids, Source::Import, &checked);
         }
         Ok(MemoryPortabilityImportResult {
             imported,
@@ -534,6 +539,7 @@ impl MemoryApi for Rpc {
         let c = self
             .engine()
             .memory
+            .state
             .counters(&tenant_id, p.agent_id.as_deref());
         Ok(MemoryRecallStatsResult {
             lane_usage: MemoryRecallStatsResultLaneUsage {
@@ -615,7 +621,8 @@ impl MemoryApi for Rpc {
         let engine = self.engine();
         let agent = engine.agents.require_or_default(p.agent_id.as_deref())?;
         let recall = engine
-            .memory_recall(
+            .memory
+            .recall(
                 &tenant_id,
                 &p.query,
                 p.limit as usize,
@@ -660,7 +667,8 @@ impl MemoryApi for Rpc {
         let tags = p.tags.unwrap_or_default();
         let trust = p.trust_level.as_str();
         let (id, _) = engine
-            .memory_write(
+            .memory
+            .write(
                 &tenant_id,
                 NewMemory {
                     agent_id: &agent.id,

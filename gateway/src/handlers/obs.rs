@@ -616,10 +616,7 @@ impl ObsApi for Rpc {
         let session = store.session_get(ctx.tenant(), &p.session_id).await?;
         let (trace, _) = store.trace_of_session(&p.session_id).await?;
         if session.is_none() && trace.is_empty() {
-            return Err(GatewayError::NotFound(format!(
-                "Session not found: {}",
-                p.session_id
-            )));
+            return Err(GatewayError::not_found("Session", &p.session_id));
         }
         let messages = match &session {
             Some(_) => {

@@ -24,7 +24,7 @@ impl SchedulerApi for Rpc {
         let engine = self.engine();
         let agent = self.agent_or_default(p.agent_id.as_deref())?;
         // A disabled heartbeat is the operator's decision: only admin runs its turn anyway.
-        if !admin && engine.heartbeat_of(&agent).enabled != Some(true) {
+        if !admin && engine.scheduler.heartbeat_of(&agent).enabled != Some(true) {
             return Ok(SchedulerWakeResult {
                 woke: false,
                 reason: Some(SchedulerWakeResultReason::HeartbeatDisabled),
@@ -34,6 +34,7 @@ impl SchedulerApi for Rpc {
         // The catalogue's pattern has made `source` a short label; it is recorded, never
         // placed in the tick's prompt (beat.rs).
         let woke = engine
+            .scheduler
             .heartbeat_wake(&agent.id, &p.source, None, false)
             .await?;
         Ok(SchedulerWakeResult {

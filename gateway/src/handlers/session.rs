@@ -144,10 +144,7 @@ impl SessionApi for Rpc {
         let store = &self.engine().store;
         let rows = store.session_all_messages(ctx.tenant(), &s.key).await?;
         if !store.session_delete(ctx.tenant(), &s.key).await? {
-            return Err(GatewayError::NotFound(format!(
-                "Session not found: {}",
-                s.key
-            )));
+            return Err(GatewayError::not_found("Session", &s.key));
         }
         crate::obs::recorder::session_event(
             store,
@@ -173,7 +170,7 @@ impl SessionApi for Rpc {
         p: SessionResetParams,
     ) -> Result<SessionResetResult, GatewayError> {
         let s = self.session_row(ctx, &p.session_key).await?;
-        let lock = self.engine().locks.lock_for(&s.key);
+        let lock = self.engine().turns.session_lock(&s.key);
         let _turns = lock.lock().await;
         let previous = self
             .engine()
@@ -276,6 +273,7 @@ impl SessionApi for Rpc {
         let engine = self.engine();
         let agent = engine.agents.require(&s.agent_id)?;
         let c = engine
+            .turns
             .compact(
                 ctx.tenant(),
                 s.tenant_id.as_deref(),
@@ -310,7 +308,7 @@ impl SessionApi for Rpc {
         let store = &engine.store;
         // Best effort per layer: an absent session is not an error (a storage failure is).
         let (cleared, attached) = {
-            let lock = engine.locks.lock_for(&p.session_key);
+            let lock = engine.turns.session_lock(&p.session_key);
             let _turns = lock.lock().await;
             // Counted under the turn lock; the delete cascades to messages and notes (the
             // summary nodes are deleted first, to be counted).
@@ -329,7 +327,8 @@ impl SessionApi for Rpc {
             Some(
                 match self
                     .engine()
-                    .memory_forget_session(ctx.tenant(), &p.session_key, p.purge_derived)
+                    .memory
+                    .forget_session(ctx.tenant(), &p.session_key, p.purge_derived)
                     .await
                 {
                     Ok(n) => n,
@@ -374,10 +373,10 @@ impl SessionApi for Rpc {
             }
             None => {
                 let Some(agent_id) = &p.agent_id else {
-                    return Err(GatewayError::NotFound(format!(
-                        "Session not found: {} (give agent_id to create it)",
-                        p.session_key
-                    )));
+                    return Err(GatewayError::not_found(
+                        "Session",
+                        format_args!("{} (give agent_id to create it)", p.session_key),
+                    ));
                 };
                 let agent = engine.agents.require(agent_id)?;
                 // A canonical key is created as named (in the caller's tenant, or any tenant
@@ -401,6 +400,7 @@ impl SessionApi for Rpc {
             }
         };
         let started = engine
+            .runs
             .start_run(RunSpec {
                 agent,
                 session,
@@ -492,7 +492,7 @@ impl SessionApi for Rpc {
             only = Some(set);
         }
         for t in p.required_tools.iter().flatten() {
-            let offered = engine.tools.names().contains(&t.as_str())
+            let offered = engine.turns.tools().names().contains(&t.as_str())
                 && agent.allows_tool(t)
                 && only.as_ref().is_none_or(|o| o.contains(t));
             if !offered {
@@ -525,6 +525,7 @@ impl SessionApi for Rpc {
         };
         let session = SessionIdent::for_caller(ctx, &agent.id, child).map_err(|r| r.at("agent"))?;
         let started = engine
+            .runs
             .start_run(RunSpec {
                 agent: agent.clone(),
                 session,

@@ -188,10 +188,7 @@ impl TokensApi for Rpc {
             .token_revoke(&params.id, now_ms())
             .await?
         {
-            return Err(GatewayError::NotFound(format!(
-                "Token not found: {}",
-                params.id
-            )));
+            return Err(GatewayError::not_found("Token", &params.id));
         }
         // Closes the token's WebSockets here (other nodes on the announcement).
         self.engine().api_tokens.reload().await?;
@@ -218,10 +215,7 @@ impl TokensApi for Rpc {
             .token_rotate(&params.id, &hex::encode(digest(&secret)), now)
             .await?
         else {
-            return Err(GatewayError::NotFound(format!(
-                "Token not found: {}",
-                params.id
-            )));
+            return Err(GatewayError::not_found("Token", &params.id));
         };
         self.engine().api_tokens.reload().await?;
         tracing::info!(token = %crate::logging::escaped(&params.id), client = %ctx.principal.client_id, "token rotated");

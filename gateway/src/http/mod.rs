@@ -8,7 +8,7 @@ pub mod media;
 pub mod metrics;
 pub mod openapi;
 /// Body limits and error bodies, shared with the JSON-RPC routes (`crate::transport`).
-pub use crate::transport::{json_error, limits, problem, too_many_requests};
+use crate::transport::{limits, problem, too_many_requests};
 pub mod security;
 pub mod sse;
 pub mod strict_json;

@@ -67,7 +67,7 @@ pub async fn run_to_end(engine: &Engine, mut req: TurnRequest) -> Result<TurnOut
     let cancel = CancellationToken::new();
     req.cancel = cancel.clone();
     let _cancel_on_drop = cancel.drop_guard();
-    let outcome = engine.run_turn(req).await?;
+    let outcome = engine.turns.run_turn(req).await?;
     match failure_problem(&outcome) {
         Some(p) => Err(p),
         None => Ok(outcome),
@@ -112,7 +112,7 @@ impl StreamingTurn {
             clippy::disallowed_methods,
             reason = "the streamed turn ends with its turn; the response holds its handle"
         )]
-        let done = tokio::spawn(async move { engine.run_turn(req).await });
+        let done = tokio::spawn(async move { engine.turns.run_turn(req).await });
         Self {
             rx,
             done: Some(done),

@@ -14,14 +14,17 @@ use serde_json::{json, Value};
 use crate::api::generated::methods::Scope;
 use crate::api::principal::Principal;
 use crate::app::state::AppState;
+use crate::config::webhooks::{
+    self as settings, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS,
+};
 use crate::obs::recorder::webhook_event;
 use crate::runtime::runs::RunSpec;
-use crate::runtime::sessions::{InternalChannel, SessionIdent};
+use crate::runtime::sessions::SessionIdent;
 use crate::runtime::untrusted::untrusted;
 use crate::store::runs::Delivery;
+use crate::store::sessions::InternalChannel;
 use crate::transport::json_error;
 use crate::transport::limits::{read_body, BodyError};
-use crate::webhooks::settings::{self, Action, MappingConfig, WakeMode, DEFAULT_TIMEOUT_SECS};
 use crate::webhooks::{message_of, session_part, RequestContext, Webhooks};
 
 /// The strict endpoint's path below the base.
@@ -258,9 +261,13 @@ async fn act(
     if m.action == Action::Wake {
         let source = format!("webhook:{}", m.id);
         let done = if m.wake_mode == WakeMode::NextHeartbeat {
-            engine.heartbeat_event(&agent.id, &source, &text).await
+            engine
+                .scheduler
+                .heartbeat_event(&agent.id, &source, &text)
+                .await
         } else {
             engine
+                .scheduler
                 .heartbeat_wake(&agent.id, &source, Some(&text), false)
                 .await
                 .map(drop)
@@ -269,9 +276,11 @@ async fn act(
             tracing::error!(mapping = %m.id, error = %e, "webhook wake not recorded");
             return Some(internal());
         }
-        let session =
-            crate::runtime::scheduler::beat::session_for(&agent.id, &engine.heartbeat_of(&agent))
-                .ok();
+        let session = crate::runtime::scheduler::beat::session_for(
+            &agent.id,
+            &engine.scheduler.heartbeat_of(&agent),
+        )
+        .ok();
         received(session.as_ref().map(|s| s.key.as_str()));
         return None;
     }
@@ -326,7 +335,7 @@ async fn act(
         )),
         delivery,
     };
-    if let Err(e) = crate::runtime::queue::enqueue(engine, place, spec).await {
+    if let Err(e) = crate::runtime::queue::enqueue(&engine.runs, place, spec).await {
         tracing::error!(mapping = %m.id, error = %e, "webhook run not queued");
         return Some(internal());
     }

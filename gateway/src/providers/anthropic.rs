@@ -10,7 +10,7 @@ use super::client::{self, null_default, Http};
 use super::sse::SseReader;
 use super::{
     BoxFuture, ChatMessage, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
-    ProviderError, ProviderSettings, Role, StopReason, ToolCall, Usage,
+    ProviderConnection, ProviderError, Role, StopReason, ToolCall, Usage,
 };
 
 /// The public endpoint, used when the settings give no base URL.
@@ -41,7 +41,7 @@ impl std::fmt::Debug for AnthropicProvider {
 impl AnthropicProvider {
     /// Builds the provider and its pooled HTTP client. A missing key is reported by each call
     /// (as MissingKey), so the provider can exist before its key is set.
-    pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
+    pub fn new(settings: ProviderConnection) -> Result<Self, ProviderError> {
         let base = client::base_url(&settings, DEFAULT_BASE_URL)?;
         let mut http =
             Http::new(&settings, &base)?.with_header("anthropic-version", API_VERSION, false)?;

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::policy::ApiPolicy;
 use super::retry::MAX_RETRY_WAIT;
-use super::{ErrorKind, ProviderError, ProviderSettings};
+use super::{ErrorKind, ProviderConnection, ProviderError};
 
 /// Longest wait for a TCP/TLS connection (capped by the call timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -238,7 +238,10 @@ impl Http {
     /// Builds the pooled client for `base_url` (already validated by [`base_url`]), through the
     /// proxies the environment names (none for a loopback base URL: a local model server is
     /// never reached through a proxy).
-    pub(crate) fn new(settings: &ProviderSettings, base_url: &str) -> Result<Self, ProviderError> {
+    pub(crate) fn new(
+        settings: &ProviderConnection,
+        base_url: &str,
+    ) -> Result<Self, ProviderError> {
         let proxies = (!is_loopback(base_url)).then(Matcher::from_env);
         Self::with_network(settings, proxies, shared_tls_config())
     }
@@ -246,7 +249,7 @@ impl Http {
     /// The client through `proxies`, with the TLS settings `tls` (or the reason there are
     /// none).
     fn with_network(
-        settings: &ProviderSettings,
+        settings: &ProviderConnection,
         proxies: Option<Matcher>,
         tls: Result<rustls::ClientConfig, String>,
     ) -> Result<Self, ProviderError> {
@@ -482,7 +485,7 @@ pub(crate) fn endpoint(id: &str, base: &str, path: &str) -> Result<Uri, Provider
 
 /// The configured base URL (or `default`), validated, without a trailing slash.
 pub(crate) fn base_url(
-    settings: &ProviderSettings,
+    settings: &ProviderConnection,
     default: &str,
 ) -> Result<String, ProviderError> {
     let raw = settings
@@ -846,8 +849,8 @@ mod proxy_tests {
         (port, task)
     }
 
-    fn settings() -> ProviderSettings {
-        ProviderSettings {
+    fn settings() -> ProviderConnection {
+        ProviderConnection {
             address_guard: None,
             id: "p".into(),
             kind: super::super::ProviderKind::Openai,
@@ -1022,8 +1025,8 @@ mod tls_tests {
         port
     }
 
-    fn settings() -> ProviderSettings {
-        ProviderSettings {
+    fn settings() -> ProviderConnection {
+        ProviderConnection {
             address_guard: None,
             id: "p".into(),
             kind: super::super::ProviderKind::Openai,

@@ -374,7 +374,7 @@ pub trait Provider: Send + Sync {
 
 /// What a provider instance is built from (a providers.* record with its key resolved).
 #[derive(Clone)]
-pub struct ProviderSettings {
+pub struct ProviderConnection {
     pub id: String,
     pub kind: ProviderKind,
     /// API base URL; None means the kind's public endpoint.
@@ -391,9 +391,9 @@ pub struct ProviderSettings {
     pub address_guard: Option<std::sync::Arc<policy::ApiPolicy>>,
 }
 
-impl std::fmt::Debug for ProviderSettings {
+impl std::fmt::Debug for ProviderConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProviderSettings")
+        f.debug_struct("ProviderConnection")
             .field("id", &self.id)
             .field("kind", &self.kind)
             .field("base_url", &self.base_url)

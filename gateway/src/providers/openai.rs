@@ -11,7 +11,7 @@ use super::client::{self, null_default, Http};
 use super::sse::SseReader;
 use super::{
     BoxFuture, ChatMessage, ChatRequest, ChatResponse, DeltaSink, Embeddings, ErrorKind, Provider,
-    ProviderError, ProviderSettings, Role, StopReason, ToolCall, Usage,
+    ProviderConnection, ProviderError, Role, StopReason, ToolCall, Usage,
 };
 
 /// The public endpoint, used when the settings give no base URL.
@@ -39,7 +39,7 @@ impl std::fmt::Debug for OpenAiProvider {
 impl OpenAiProvider {
     /// Builds the provider and its pooled HTTP client. Without an API key, calls are sent
     /// without an Authorization header (local servers need none).
-    pub fn new(settings: ProviderSettings) -> Result<Self, ProviderError> {
+    pub fn new(settings: ProviderConnection) -> Result<Self, ProviderError> {
         let base = client::base_url(&settings, DEFAULT_BASE_URL)?;
         let mut http = Http::new(&settings, &base)?;
         if let Some(key) = http.api_key().map(str::to_owned) {

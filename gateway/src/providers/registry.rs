@@ -144,8 +144,8 @@ fn build_entry(
         })
         .filter(|k| !k.trim().is_empty());
     let key_configured = config.api_key_env.is_none() || api_key.is_some();
-    // The connection settings of an HTTP provider (not the stored `ProviderSettings`).
-    let settings = crate::providers::ProviderSettings {
+    // The connection settings of an HTTP provider (a `ProviderConnection`, not the stored `ProviderSettings`).
+    let settings = crate::providers::ProviderConnection {
         id: id.to_owned(),
         kind,
         base_url: config.base_url.clone(),

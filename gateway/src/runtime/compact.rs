@@ -9,7 +9,7 @@ use crate::api::error::GatewayError;
 use crate::api::tenancy::Tenant;
 use crate::runtime::agents::Agent;
 use crate::runtime::context_tree::{max_raw, view, Builder, Goal};
-use crate::runtime::engine::Engine;
+use crate::runtime::turn::Turns;
 
 /// What a compaction did; counts and tokens are of what the model would get (each top-level
 /// summary one message, then the messages no summary covers).
@@ -21,7 +21,7 @@ pub struct Compaction {
     pub tokens: u64,
 }
 
-impl Engine {
+impl Turns {
     /// Compacts a session (holding its turn lock): leaves over the messages older than the
     /// last `keepRecentMessages`, and every condensation they make due. Not triggered when
     /// nothing is old enough.

@@ -14,9 +14,9 @@ use crate::config::context::ContextConfig;
 use crate::providers::tokens::estimate_tokens;
 use crate::providers::{ChatMessage, ChatRequest, ProviderError};
 use crate::runtime::agents::Agent;
-use crate::runtime::engine::Engine;
+use crate::runtime::calls::CallFor;
 use crate::runtime::sessions;
-use crate::runtime::turn::CallFor;
+use crate::runtime::turn::Turns;
 use crate::store::context::{NewSummary, SummaryRow};
 use crate::store::sessions::MessageRow;
 
@@ -246,7 +246,7 @@ impl std::fmt::Display for BuildError {
 
 /// One build of a conversation's tree (holding its turn lock).
 pub(crate) struct Builder<'a> {
-    engine: &'a Engine,
+    turns: &'a Turns,
     agent: &'a Agent,
     key: &'a str,
     owner: Option<&'a Arc<str>>,
@@ -268,7 +268,7 @@ pub(crate) struct Builder<'a> {
 impl<'a> Builder<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        engine: &'a Engine,
+        turns: &'a Turns,
         agent: &'a Agent,
         key: &'a str,
         channel: &str,
@@ -281,7 +281,7 @@ impl<'a> Builder<'a> {
             .operation_model("summarize")
             .unwrap_or(agent.model())
             .to_owned();
-        let window = engine
+        let window = turns
             .providers
             .snapshot()
             .model(&model)
@@ -291,7 +291,7 @@ impl<'a> Builder<'a> {
             .saturating_sub(estimate_tokens(LEAF_PROMPT) + 64)
             .max(256);
         Self {
-            engine,
+            turns,
             agent,
             key,
             owner,
@@ -381,7 +381,7 @@ impl<'a> Builder<'a> {
                 message_count: stop as i64,
                 untrusted,
             };
-            let Some(row) = self.engine.store.context_insert_leaf(&node).await? else {
+            let Some(row) = self.turns.store.context_insert_leaf(&node).await? else {
                 // Another gateway node summarised these messages first: its tree stands.
                 return Ok(());
             };
@@ -431,7 +431,7 @@ impl<'a> Builder<'a> {
             };
             let ids: Vec<String> = children.iter().map(|n| n.id.clone()).collect();
             let Some(row) = self
-                .engine
+                .turns
                 .store
                 .context_insert_condensed(&node, &ids)
                 .await?
@@ -461,7 +461,8 @@ impl<'a> Builder<'a> {
             temperature: None,
         };
         let called = self
-            .engine
+            .turns
+            .calls
             .call_chain(
                 std::slice::from_ref(&self.model),
                 request,
@@ -494,7 +495,7 @@ impl<'a> Builder<'a> {
         }
         let depth = top.iter().map(|n| n.depth).max().unwrap_or(0) + 1;
         crate::obs::recorder::session_event(
-            &self.engine.store,
+            &self.turns.store,
             "session.compacted",
             self.owner.map(|o| &**o),
             self.key,
@@ -530,7 +531,7 @@ pub(crate) struct TurnSide<'a> {
     pub cancel: &'a CancellationToken,
 }
 
-impl Engine {
+impl Turns {
     /// A conversation's top-level summaries and the messages after the last one covered.
     pub(crate) async fn context_load(
         &self,

@@ -15,9 +15,12 @@ use crate::config::Config;
 use crate::providers::local::{self, LocalOptions, LocalProvider};
 use crate::providers::registry::Providers;
 use crate::runtime::agents::Agents;
+use crate::runtime::calls::ModelCalls;
 use crate::runtime::control::Control;
-use crate::runtime::sessions::SessionLocks;
-use crate::runtime::tools::Tools;
+use crate::runtime::memory::{Memory, MemoryState};
+use crate::runtime::runs::Runs;
+use crate::runtime::scheduler::Scheduler;
+use crate::runtime::turn::Turns;
 use crate::store::registry::Table;
 use crate::store::Store;
 
@@ -36,29 +39,36 @@ pub struct Services {
     pub api_tokens: Arc<crate::auth::ApiTokens>,
     pub media: Arc<crate::media::MediaStore>,
     pub obs: Arc<crate::obs::ObsState>,
-    pub memory: Arc<crate::runtime::memory::Memory>,
+    pub memory: Arc<MemoryState>,
 }
 
+/// The engine of one server generation: a plain bundle of its registries and of the services
+/// over them (model calls, memory, turns, runs, scheduler), each holding exactly the handles
+/// it uses. Handlers and routes reach everything through it; nothing in it points back at it.
 pub struct Engine {
     pub store: Store,
-    pub providers: Providers,
-    pub agents: Agents,
-    pub tools: Tools,
-    pub locks: SessionLocks,
+    pub providers: Arc<Providers>,
+    pub agents: Arc<Agents>,
     pub data_dir: PathBuf,
     pub control: Arc<Control>,
     /// Files saved by agents and tools (`<dataDir>/media`), served under /media/.
     pub media: Arc<crate::media::MediaStore>,
-    /// `scheduler`: this generation's timer settings, file jobs and heartbeat defaults.
-    pub scheduler: crate::config::scheduler::SchedulerConfig,
     /// Stored secrets and the resolver of secret names.
     pub secrets: Arc<crate::secrets::Secrets>,
     /// The API tokens of the store (checked on every request with the file's).
     pub api_tokens: Arc<crate::auth::ApiTokens>,
     /// Observability settings and the last context budget per agent.
     pub obs: Arc<crate::obs::ObsState>,
-    /// Long-term memory: the vector index, caches, breaker and recall counters.
-    pub memory: Arc<crate::runtime::memory::Memory>,
+    /// Chat steps and embeddings, with their usage rows.
+    pub calls: ModelCalls,
+    /// Long-term memory: writes, recall, consolidation (its state: index, caches, breaker).
+    pub memory: Arc<Memory>,
+    /// Agent turns and the conversations' summary trees.
+    pub turns: Arc<Turns>,
+    /// Background runs (session.spawn, session.send, webhooks, scheduled turns).
+    pub runs: Arc<Runs>,
+    /// Cron jobs and heartbeats.
+    pub scheduler: Arc<Scheduler>,
 }
 
 /// The media store's directory under the data directory.
@@ -165,37 +175,73 @@ impl Engine {
             memory,
         } = services;
         let local = local_provider(config, &control);
-        let engine = Self {
-            obs,
+        let providers = Arc::new(Providers::new(
+            store.clone(),
+            config.models.clone(),
+            local,
+            config.local.preload,
+            &config.provider_policy,
+            Some(secrets.clone()),
+        ));
+        let agents = Arc::new(Agents::new(
+            store.clone(),
+            config.agent_defaults.clone(),
+            config.default_agent.clone(),
+        ));
+        let calls = ModelCalls::new(store.clone(), providers.clone(), control.clone());
+        let memory = Arc::new(Memory::new(
             memory,
-            media,
-            providers: Providers::new(
-                store.clone(),
-                config.models.clone(),
-                local,
-                config.local.preload,
-                &config.provider_policy,
-                Some(secrets.clone()),
-            ),
-            agents: Agents::new(
-                store.clone(),
-                config.agent_defaults.clone(),
-                config.default_agent.clone(),
-            ),
-            tools: Tools::builtin(),
-            locks: SessionLocks::default(),
+            store.clone(),
+            agents.clone(),
+            calls.clone(),
+            control.clone(),
+        ));
+        let turns = Arc::new(Turns::new(
+            store.clone(),
+            providers.clone(),
+            agents.clone(),
+            media.clone(),
+            obs.clone(),
+            control.clone(),
+            calls.clone(),
+            memory.clone(),
+        ));
+        let runs = Arc::new(Runs::new(
+            store.clone(),
+            agents.clone(),
+            control.clone(),
+            turns.clone(),
+        ));
+        let scheduler = Arc::new(Scheduler::new(
+            config.scheduler.clone(),
+            store.clone(),
+            agents.clone(),
+            providers.clone(),
+            control.clone(),
+            runs.clone(),
+            data_dir.clone(),
+        ));
+        let engine = Self {
             store,
+            providers,
+            agents,
             data_dir,
             control,
-            scheduler: config.scheduler.clone(),
+            media,
             secrets,
             api_tokens,
+            obs,
+            calls,
+            memory,
+            turns,
+            runs,
+            scheduler,
         };
         engine
             .providers
             .trust_file(&file.providers, (EMBEDDED_PROVIDER, &embedded_provider()));
         engine.seed(config).await?;
-        engine.seed_jobs().await?;
+        engine.scheduler.seed_jobs().await?;
         Ok(engine)
     }
 
@@ -361,6 +407,105 @@ mod tests {
             store.registry_list(Table::Providers).await?,
             store.registry_list(Table::Agents).await?,
         ))
+    }
+
+    /// The turn service runs on exactly the handles it is given, with no engine around it: a
+    /// scripted turn on a stored session answers, and its transcript and usage row land in the
+    /// store it holds; a background run of the run service does the same through it.
+    #[tokio::test]
+    async fn the_turn_and_run_services_work_on_their_own_handles() {
+        let config = crate::config::parse(
+            "providers:\n  p:\n    type: scripted\n    models: [echo]\n    script:\n      \
+             - steps:\n          - reply: Hello from the script.\n\
+             agents:\n  a:\n    model: p/echo\n",
+        )
+        .unwrap();
+        let store = Store::open_in_memory().await.unwrap();
+        let (providers, agents) = dry_registries(&store, &config);
+        seed(&providers, &agents, &config).await.unwrap();
+        let (providers, agents) = (Arc::new(providers), Arc::new(agents));
+        let control = Arc::new(Control::new());
+        let media_dir = tempfile::tempdir().unwrap();
+        let media = Arc::new(
+            crate::media::MediaStore::open(media_dir.path().to_path_buf(), None, 1 << 20)
+                .await
+                .unwrap(),
+        );
+        let calls = ModelCalls::new(store.clone(), providers.clone(), control.clone());
+        let memory = Arc::new(Memory::new(
+            MemoryState::new(config.memory.clone()),
+            store.clone(),
+            agents.clone(),
+            calls.clone(),
+            control.clone(),
+        ));
+        let turns = Arc::new(Turns::new(
+            store.clone(),
+            providers,
+            agents.clone(),
+            media,
+            crate::obs::ObsState::new(config.observability.clone()),
+            control.clone(),
+            calls,
+            memory,
+        ));
+        let caller = crate::api::principal::Principal::internal("tenant-1").context(None);
+        let agent = agents.require("a").unwrap();
+        let key = crate::store::sessions::session_key("a", "api", "tenant-1", "u");
+        let session = || {
+            crate::runtime::sessions::SessionIdent::stored(
+                key.clone(),
+                "a".into(),
+                "api".into(),
+                "tenant-1".into(),
+                "u".into(),
+            )
+        };
+        let out = turns
+            .run_turn(crate::runtime::turn::TurnRequest {
+                session: Some(session()),
+                ..crate::runtime::turn::TurnRequest::new(agent.clone(), "hi".into(), &caller)
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.response, "Hello from the script.");
+        let reach = crate::api::tenancy::Tenant::owner("tenant-1");
+        let (rows, _) = store
+            .session_messages(&reach, &key, None, 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.len(),
+            2,
+            "the user's message and the answer are stored"
+        );
+        store.usage_flush().await.unwrap();
+
+        let runs = Arc::new(Runs::new(store.clone(), agents, control, turns));
+        let started = runs
+            .start_run(crate::runtime::runs::RunSpec {
+                agent,
+                session: session(),
+                task: "again".into(),
+                caller: caller.clone(),
+                scopes: caller.scopes,
+                parent_run_id: None,
+                max_steps: None,
+                model: None,
+                only_tools: None,
+                timeout: None,
+                delivery: None,
+            })
+            .await
+            .unwrap();
+        let (row, outcome) = started.done.await.unwrap();
+        assert_eq!(row.status, "completed");
+        assert_eq!(outcome.unwrap().response, "Hello from the script.");
+        let (rows, _) = store
+            .session_messages(&reach, &key, None, 10)
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 4);
     }
 
     #[tokio::test]

@@ -2,10 +2,10 @@
 
 pub mod admission;
 pub mod agents;
+pub mod calls;
 pub mod compact;
 pub mod context_tree;
 pub mod control;
-pub mod embed;
 pub mod engine;
 pub mod memory;
 pub mod method_limits;

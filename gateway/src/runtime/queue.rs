@@ -14,8 +14,8 @@ use crate::api::error::GatewayError;
 use crate::api::generated::methods::Scope;
 use crate::api::generated::types::SubagentRunStatus;
 use crate::api::principal::Principal;
-use crate::runtime::engine::Engine;
 use crate::runtime::runs::RunSpec;
+use crate::runtime::runs::Runs;
 use crate::runtime::sessions::SessionIdent;
 use crate::store::runs::{ResumableRun, RunRow};
 
@@ -89,29 +89,29 @@ impl Drop for QueuePlace {
 /// Queues `spec`'s run in `place`: its row is written as queued (so a restart resumes it), then
 /// the run waits for a slot in the background. An error leaves nothing queued.
 pub async fn enqueue(
-    engine: &Arc<Engine>,
+    runs: &Arc<Runs>,
     place: QueuePlace,
     spec: RunSpec,
 ) -> Result<(), GatewayError> {
     let row = queued_row(&spec);
     let resume = serde_json::to_string(&Resume::of(&spec))
         .map_err(|e| GatewayError::Internal(format!("run record not encoded: {e}")))?;
-    engine.store.run_insert_queued(&row, &resume).await?;
+    runs.store().run_insert_queued(&row, &resume).await?;
     #[allow(
         clippy::disallowed_methods,
         reason = "a queued run ends with its turn; its row makes it resumable after a restart"
     )]
-    tokio::spawn(run_queued(engine.clone(), place, row, spec));
+    tokio::spawn(run_queued(runs.clone(), place, row, spec));
     Ok(())
 }
 
 /// Waits for a run slot, then runs the queued run to its end (the slot is held until then).
-async fn run_queued(engine: Arc<Engine>, mut place: QueuePlace, row: RunRow, spec: RunSpec) {
+async fn run_queued(runs: Arc<Runs>, mut place: QueuePlace, row: RunRow, spec: RunSpec) {
     let Some(_slot) = place.run_slot().await else {
         return;
     };
     let (agent, run) = (spec.agent.id.clone(), row.run_id.clone());
-    match engine.start_queued_run(row, spec).await {
+    match runs.start_queued_run(row, spec).await {
         Ok(started) => {
             if let Err(e) = started.done.await {
                 tracing::error!(%agent, %run, error = %e, "webhook run task failed");
@@ -171,12 +171,8 @@ pub fn queued_row(spec: &RunSpec) -> RunRow {
 /// webhooks are off, or a run's agent is gone or its record unreadable, the run is marked
 /// failed with the reason. On a shared database the fleet reaper calls it every beat with the
 /// same `live_since` its orphan sweep used.
-pub async fn resume_queued(
-    queue: Option<&RunQueue>,
-    engine: &Arc<Engine>,
-    live_since: Option<i64>,
-) {
-    let claimed = match engine.store.runs_claim_queued(live_since).await {
+pub async fn resume_queued(queue: Option<&RunQueue>, runs: &Arc<Runs>, live_since: Option<i64>) {
+    let claimed = match runs.store().runs_claim_queued(live_since).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "queued webhook runs could not be read; they stay queued");
@@ -191,11 +187,11 @@ pub async fn resume_queued(
         "resuming webhook runs queued before the restart"
     );
     for ResumableRun { row, resume } in claimed {
-        let spec = match (queue, resumed_spec(engine, &row, &resume)) {
+        let spec = match (queue, resumed_spec(runs, &row, &resume)) {
             (Some(_), Ok(spec)) => spec,
             (None, _) => {
                 fail(
-                    engine,
+                    runs,
                     row,
                     "webhooks are disabled; the queued run was not resumed",
                 )
@@ -203,7 +199,7 @@ pub async fn resume_queued(
                 continue;
             }
             (Some(_), Err(why)) => {
-                fail(engine, row, &why).await;
+                fail(runs, row, &why).await;
                 continue;
             }
         };
@@ -213,15 +209,15 @@ pub async fn resume_queued(
                 clippy::disallowed_methods,
                 reason = "a queued run ends with its turn; its row makes it resumable after a restart"
             )]
-            tokio::spawn(run_queued(engine.clone(), place, row, spec));
+            tokio::spawn(run_queued(runs.clone(), place, row, spec));
         }
     }
 }
 
-fn resumed_spec(engine: &Engine, row: &RunRow, resume: &str) -> Result<RunSpec, String> {
+fn resumed_spec(runs: &Runs, row: &RunRow, resume: &str) -> Result<RunSpec, String> {
     let r: Resume = serde_json::from_str(resume)
         .map_err(|e| format!("the queued run's record is unreadable ({e})"))?;
-    let agent = engine
+    let agent = runs
         .agents
         .require(&r.agent_id)
         .map_err(|e| format!("the queued run cannot start: {e}"))?;
@@ -248,12 +244,12 @@ fn resumed_spec(engine: &Engine, row: &RunRow, resume: &str) -> Result<RunSpec, 
     })
 }
 
-async fn fail(engine: &Engine, mut row: RunRow, why: &str) {
+async fn fail(runs: &Runs, mut row: RunRow, why: &str) {
     tracing::warn!(run = %row.run_id, reason = why, "queued webhook run not resumed");
     row.status = SubagentRunStatus::Failed.as_str().to_owned();
     row.completed_at = Some(crate::clock::now_ms());
     row.error = Some(why.to_owned());
-    if let Err(e) = engine.store.run_finish(&row).await {
+    if let Err(e) = runs.store().run_finish(&row).await {
         tracing::error!(run = %row.run_id, error = %e, "run outcome not recorded");
     }
 }

@@ -10,10 +10,12 @@ use crate::api::error::GatewayError;
 use crate::api::generated::types::SubagentRunStatus;
 use crate::api::CallContext;
 use crate::runtime::agents::Agent;
-use crate::runtime::engine::Engine;
+use crate::runtime::agents::Agents;
+use crate::runtime::control::Control;
 use crate::runtime::sessions::SessionIdent;
-use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use crate::runtime::turn::{TurnOutcome, TurnRequest, Turns};
 use crate::store::runs::RunRow;
+use crate::store::Store;
 
 /// A run to start.
 pub struct RunSpec {
@@ -41,7 +43,36 @@ pub struct Started {
     pub done: tokio::task::JoinHandle<(RunRow, Option<TurnOutcome>)>,
 }
 
-impl Engine {
+/// Background runs: their rows, admission, and the turn each one runs.
+pub struct Runs {
+    store: Store,
+    /// A resumed run's agent is looked up again (`queue.rs`).
+    pub(super) agents: Arc<Agents>,
+    /// Admission, and the push to the client that started a run.
+    control: Arc<Control>,
+    turns: Arc<Turns>,
+}
+
+impl Runs {
+    pub fn new(
+        store: Store,
+        agents: Arc<Agents>,
+        control: Arc<Control>,
+        turns: Arc<Turns>,
+    ) -> Self {
+        Self {
+            store,
+            agents,
+            control,
+            turns,
+        }
+    }
+
+    /// The store the runs are recorded in.
+    pub(super) fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// Records the run as running and starts it on its own task (it keeps running when the
     /// caller stops waiting).
     pub async fn start_run(self: &Arc<Self>, spec: RunSpec) -> Result<Started, GatewayError> {
@@ -114,7 +145,7 @@ impl Engine {
         spec: RunSpec,
         permit: crate::runtime::admission::Permit,
     ) -> Started {
-        let engine = self.clone();
+        let runs = self.clone();
         let mut finished = row.clone();
         #[allow(
             clippy::disallowed_methods,
@@ -129,7 +160,8 @@ impl Engine {
                     cancel.cancel();
                 }))
             });
-            let outcome = engine
+            let outcome = runs
+                .turns
                 .run_turn(TurnRequest {
                     session: Some(spec.session.clone()),
                     max_steps: spec.max_steps,
@@ -162,10 +194,10 @@ impl Engine {
                     json!({"error": msg})
                 }
             };
-            if let Err(e) = engine.store.run_finish(&finished).await {
+            if let Err(e) = runs.store.run_finish(&finished).await {
                 tracing::error!(run = %finished.run_id, error = %e, "run outcome not recorded");
             }
-            engine.control.push_client(
+            runs.control.push_client(
                 &finished.client_id,
                 "session.completed",
                 json!({

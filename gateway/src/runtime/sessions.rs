@@ -42,7 +42,7 @@ pub struct SessionIdent {
 struct Sealed;
 
 use crate::store::sessions::is_internal_principal;
-pub use crate::store::sessions::{session_key, InternalChannel};
+use crate::store::sessions::{session_key, InternalChannel};
 
 /// The parts of a session key as an API caller names them; an absent part takes its default
 /// (channel [`DEFAULT_CHANNEL`], the caller's own tenant, user [`DEFAULT_USER`]).

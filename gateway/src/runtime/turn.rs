@@ -23,18 +23,18 @@ use crate::api::tenancy::{Lookup, Owners, Tenant};
 use crate::api::CallContext;
 use crate::obs::recorder::{prompt_report, PromptParts, TurnEnd, TurnTrace};
 use crate::providers::models::ModelInfo;
-use crate::providers::retry::{chat_with_retry, RetryPolicy};
-use crate::providers::{
-    ChatMessage, ChatRequest, ChatResponse, DeltaSink, ErrorKind, ProviderError, ProviderKind,
-    ToolSpec, Usage,
-};
+use crate::providers::{ChatMessage, ChatRequest, DeltaSink, ErrorKind, ToolSpec, Usage};
 use crate::runtime::agents::Agent;
+use crate::runtime::agents::Agents;
+use crate::runtime::calls::{CallFor, Called, ModelCalls};
 use crate::runtime::context_tree::{compose_system, TurnContext, TurnSide};
-use crate::runtime::engine::Engine;
+use crate::runtime::control::Control;
+use crate::runtime::memory::Memory;
 use crate::runtime::sessions::{self, SessionIdent};
 use crate::runtime::tools::ToolContext;
+use crate::runtime::tools::Tools;
 use crate::store::sessions::{NewSession, TurnTotals};
-use crate::store::usage::UsageRow;
+use crate::store::Store;
 
 /// One turn to run.
 pub struct TurnRequest {
@@ -196,54 +196,6 @@ struct Tokens {
     total: u64,
 }
 
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct TokenUsage {
-    agent_id: String,
-    provider: String,
-    model: String,
-    operation: String,
-    input_tokens: i64,
-    output_tokens: i64,
-    cached_tokens: i64,
-    cost_usd: f64,
-    latency_ms: i64,
-    ok: bool,
-}
-
-impl TokenUsage {
-    fn of(row: &UsageRow) -> Self {
-        Self {
-            agent_id: row.agent_id.clone(),
-            provider: row.provider.clone(),
-            model: row.model.clone(),
-            operation: row.operation.clone(),
-            input_tokens: row.input_tokens,
-            output_tokens: row.output_tokens,
-            cached_tokens: row.cached_tokens,
-            cost_usd: row.cost_usd,
-            latency_ms: row.latency_ms,
-            ok: row.ok,
-        }
-    }
-}
-
-/// Whom a model call's usage is recorded for.
-pub(crate) struct CallFor<'a> {
-    pub agent_id: &'a str,
-    pub session_key: Option<&'a str>,
-    /// The tenant whose session the call serves (its events are that tenant's); None for a
-    /// call that serves no tenant's session.
-    pub owner: Option<&'a Arc<str>>,
-    /// chat, summarize, ...
-    pub operation: &'a str,
-}
-
-pub(crate) struct Called {
-    pub response: ChatResponse,
-    pub model: ModelInfo,
-}
-
 /// Who a turn serves and with which models, settled at its start.
 struct Opening {
     agent: Arc<Agent>,
@@ -278,7 +230,74 @@ struct Stepped {
     step_usage: Vec<(usize, String, Usage)>,
 }
 
-impl Engine {
+/// Runs agent turns, and grows and compacts the conversations they continue (the summary
+/// tree: `context_tree.rs`, `compact.rs`). It holds exactly what a turn touches.
+pub struct Turns {
+    pub(super) store: Store,
+    pub(super) providers: Arc<crate::providers::registry::Providers>,
+    pub(super) agents: Arc<Agents>,
+    pub(super) tools: Tools,
+    /// One turn at a time per stored session (compaction takes the same lock).
+    pub(super) locks: sessions::SessionLocks,
+    pub(super) media: Arc<crate::media::MediaStore>,
+    /// Where each agent's last context budget is kept.
+    pub(super) obs: Arc<crate::obs::ObsState>,
+    /// Turn admission and the event bus.
+    pub(super) control: Arc<Control>,
+    pub(super) calls: ModelCalls,
+    /// For the memory tools.
+    pub(super) memory: Arc<Memory>,
+}
+
+impl Turns {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: Store,
+        providers: Arc<crate::providers::registry::Providers>,
+        agents: Arc<Agents>,
+        media: Arc<crate::media::MediaStore>,
+        obs: Arc<crate::obs::ObsState>,
+        control: Arc<Control>,
+        calls: ModelCalls,
+        memory: Arc<Memory>,
+    ) -> Self {
+        Self {
+            store,
+            providers,
+            agents,
+            tools: Tools::builtin(),
+            locks: sessions::SessionLocks::default(),
+            media,
+            obs,
+            control,
+            calls,
+            memory,
+        }
+    }
+
+    /// The lock a stored session's turns hold: resetting or deleting the session takes it
+    /// too, so that no turn writes into a session being cleared.
+    pub fn session_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock_for(key)
+    }
+
+    /// The built-in tools turns offer.
+    pub fn tools(&self) -> &Tools {
+        &self.tools
+    }
+
+    /// Publishes an event of `owner`'s session: only that tenant (and admin) sees it.
+    fn emit_owned<T: serde::Serialize + Send + Sync + 'static>(
+        &self,
+        owner: &Arc<str>,
+        name: &'static str,
+        data: T,
+    ) {
+        self.control
+            .events
+            .publish_owned(Some(owner.clone()), name, data);
+    }
+
     /// Runs one turn. Errors are for turns that could not start (suspended agent, no usable
     /// provider); a provider failure during the turn ends it with finishReason error.
     ///
@@ -414,11 +433,7 @@ impl Engine {
         {
             Lookup::Exists(owner) if owner.as_deref() == Some(s.tenant_id.as_str()) => true,
             Lookup::Exists(_) => {
-                return Err(GatewayError::NotFound(format!(
-                    "{}: {}",
-                    RecordKind::Session.not_found(),
-                    s.key
-                )))
+                return Err(GatewayError::record_not_found(RecordKind::Session, &s.key))
             }
             Lookup::Missing { .. } => false,
         };
@@ -497,7 +512,7 @@ impl Engine {
                 .session
                 .as_ref()
                 .map_or(req.caller.client_id.as_str(), |s| s.tenant_id.as_str()),
-            engine: self,
+            memory: &self.memory,
             trace_id: &tool_trace_id,
         };
         let mut out = TurnOutcome {
@@ -530,6 +545,7 @@ impl Engine {
                 temperature: req.temperature,
             };
             let called = match self
+                .calls
                 .call_step(
                     &opening.chain,
                     request,
@@ -793,175 +809,6 @@ impl Engine {
         );
         out
     }
-
-    /// One model step: the models of the chain in order, each with its provider's retries;
-    /// every call's usage is recorded.
-    pub(crate) async fn call_chain(
-        &self,
-        chain: &[String],
-        request: ChatRequest,
-        sink: Option<&DeltaSink>,
-        cancel: &CancellationToken,
-        who: CallFor<'_>,
-    ) -> Result<Called, ProviderError> {
-        self.call_step(chain, request, sink, cancel, who)
-            .await
-            .map_err(|f| f.error)
-    }
-
-    /// [`Self::call_chain`], saying whether the step had streamed text before it failed: then
-    /// no fallback model runs (the caller has seen the first model's words; a second model's
-    /// would be mixed into the same answer).
-    pub(crate) async fn call_step(
-        &self,
-        chain: &[String],
-        mut request: ChatRequest,
-        sink: Option<&DeltaSink>,
-        cancel: &CancellationToken,
-        who: CallFor<'_>,
-    ) -> Result<Called, StepFailed> {
-        // One sink for the step: it knows whether any attempt of any model streamed text.
-        let step_sink = sink.map(DeltaSink::attempt);
-        let sink = step_sink.as_ref();
-        let streamed = || step_sink.as_ref().is_some_and(DeltaSink::sent_any);
-        let snap = self.providers.snapshot();
-        let mut last = ProviderError::new(ErrorKind::Unavailable, "no model configured");
-        for (index, name) in chain.iter().enumerate() {
-            let Some(model) = snap.model(name).cloned() else {
-                last = ProviderError::new(ErrorKind::NotFound, format!("Model not found: {name}"));
-                continue;
-            };
-            let Some(entry) = snap.providers.get(&model.provider).cloned() else {
-                continue;
-            };
-            if !entry.enabled() {
-                last = ProviderError::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "Provider {} is disabled (providers.enable turns it back on)",
-                        entry.id
-                    ),
-                );
-                continue;
-            }
-            if !entry.key_configured {
-                last = ProviderError::new(
-                    ErrorKind::MissingKey,
-                    format!(
-                        "Provider {} has no API key: store it with env.set or secrets.set, or set the environment variable, {}",
-                        entry.id,
-                        entry
-                            .config
-                            .api_key_env
-                            .as_deref()
-                            .unwrap_or("named by apiKeyEnv")
-                    ),
-                );
-                continue;
-            }
-            let instance = match &entry.instance {
-                Ok(i) => i.clone(),
-                Err(e) => {
-                    last = ProviderError::new(ErrorKind::Unavailable, e.clone());
-                    continue;
-                }
-            };
-            if entry.kind == ProviderKind::Local {
-                self.providers.ensure_local(entry.timeout()).await;
-            }
-            request.model = model.model_id.clone();
-            let started = Instant::now();
-            let policy = RetryPolicy::new(entry.max_retries(), entry.timeout());
-            let (result, _attempts) =
-                chat_with_retry(instance.as_ref(), &request, sink, policy, cancel).await;
-            let usage = result.as_ref().map(|r| r.usage).unwrap_or(Usage::default());
-            let latency = started.elapsed();
-            let row = UsageRow {
-                ts: crate::clock::now_ms(),
-                agent_id: who.agent_id.to_owned(),
-                session_key: who.session_key.map(str::to_owned),
-                provider: entry.id.clone(),
-                model: model.id(),
-                operation: who.operation.to_owned(),
-                input_tokens: usage.input as i64,
-                output_tokens: usage.output as i64,
-                cached_tokens: usage.cached_input as i64,
-                cache_write_tokens: usage.cache_write as i64,
-                cost_usd: model.cost(&usage),
-                cache_saved_usd: model.cache_saving(&usage),
-                latency_ms: latency.as_millis() as i64,
-                ok: result.is_ok(),
-                error_kind: result.as_ref().err().map(|e| e.kind.as_str().to_owned()),
-            };
-            crate::metrics::model_call(
-                &row.provider,
-                &row.model,
-                row.ok,
-                usage.input,
-                usage.output,
-                usage.cached_input,
-                row.cost_usd,
-                latency,
-            );
-            if let Some(kind) = &row.error_kind {
-                crate::obs::recorder::model_call_failed(
-                    &self.store,
-                    who.owner,
-                    who.agent_id,
-                    &row.provider,
-                    &row.model,
-                    kind,
-                    row.latency_ms,
-                );
-            }
-            self.emit_for(who.owner, "observability:token_usage", TokenUsage::of(&row));
-            if let Err(e) = self.store.usage_record(row) {
-                tracing::error!(error = %e, "usage not recorded");
-            }
-            match result {
-                Ok(response) => return Ok(Called { response, model }),
-                Err(e) if e.kind == ErrorKind::Cancelled || streamed() => {
-                    if e.kind != ErrorKind::Cancelled && index + 1 < chain.len() {
-                        tracing::warn!(model = %model.id(), kind = e.kind.as_str(), "model failed after streaming text; no fallback model runs");
-                    }
-                    return Err(StepFailed {
-                        error: e,
-                        after_output: streamed(),
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(model = %model.id(), kind = e.kind.as_str(), "model failed; trying the next fallback if any");
-                    if index + 1 < chain.len() {
-                        self.emit_for(
-                            who.owner,
-                            "model:fallback_attempt",
-                            json!({"agentId": who.agent_id, "failed": model.id(),
-                                   "next": chain[index + 1], "reason": e.kind.as_str()}),
-                        );
-                    }
-                    last = e;
-                }
-            }
-        }
-        if chain.len() > 1 {
-            self.emit_for(
-                who.owner,
-                "model:fallback_exhausted",
-                json!({"agentId": who.agent_id, "models": chain, "reason": last.kind.as_str()}),
-            );
-        }
-        Err(StepFailed {
-            error: last,
-            after_output: false,
-        })
-    }
-}
-
-/// A model step that failed.
-pub(crate) struct StepFailed {
-    pub error: ProviderError,
-    /// Text of this step had reached the caller.
-    pub after_output: bool,
 }
 
 /// How the context window of a turn's first model call was budgeted (token counts only).

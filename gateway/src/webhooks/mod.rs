@@ -5,7 +5,7 @@
 //! is `runtime/queue.rs`). A delivery becomes a run request (`RunSpec`) here.
 
 /// The `webhooks` configuration keys (owned by `config`, read here).
-pub use crate::config::webhooks as settings;
+use crate::config::webhooks as settings;
 pub mod template;
 pub mod verify;
 

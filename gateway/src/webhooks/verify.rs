@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderName};
 use sha2::{Sha256, Sha384, Sha512};
 use subtle::ConstantTimeEq;
 
-pub use crate::config::webhooks::Algorithm;
+use crate::config::webhooks::Algorithm;
 
 /// The longest digest (SHA-512) in bytes: room for any decoded signature.
 const MAX_DIGEST_BYTES: usize = 64;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use agent_gateway::providers::anthropic::AnthropicProvider;
 use agent_gateway::providers::openai::OpenAiProvider;
 use agent_gateway::providers::{
-    ChatMessage, ChatRequest, ChatResponse, ErrorKind, Provider, ProviderError, ProviderKind,
-    ProviderSettings, StopReason, ToolCall, ToolSpec, Usage,
+    ChatMessage, ChatRequest, ChatResponse, ErrorKind, Provider, ProviderConnection, ProviderError,
+    ProviderKind, StopReason, ToolCall, ToolSpec, Usage,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -315,8 +315,8 @@ fn anthropic_sse(events: &[Value]) -> String {
 
 // ---------------------------------------------------------------- helpers
 
-fn settings(kind: ProviderKind, base: String, key: Option<&str>) -> ProviderSettings {
-    ProviderSettings {
+fn settings(kind: ProviderKind, base: String, key: Option<&str>) -> ProviderConnection {
+    ProviderConnection {
         address_guard: None,
         id: format!("test-{}", kind.as_str()),
         kind,
@@ -517,7 +517,7 @@ async fn refused_base(suffix: &str) -> String {
 /// A server that stalls (before answering, and mid-stream) past a 300 ms timeout gives
 /// Timeout, promptly.
 async fn check_timeouts(
-    make: impl Fn(ProviderSettings) -> Box<dyn Provider>,
+    make: impl Fn(ProviderConnection) -> Box<dyn Provider>,
     kind: ProviderKind,
     stream_start: &str,
     suffix: &str,

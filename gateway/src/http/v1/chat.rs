@@ -17,8 +17,8 @@ use crate::api::principal::Principal;
 use crate::app::state::AppState;
 use crate::http::sse::{self, Sse};
 use crate::http::turns::{openai_finish, resolve_target, run_to_end, Render, StreamingTurn};
-use crate::runtime::sessions::session_key;
 use crate::runtime::turn::{TurnOutcome, TurnRequest};
+use crate::store::sessions::session_key;
 use crate::transport::problem::{Area, Problem, V1Error};
 
 /// Channel and user labels of a compatible-API session (the peer is the completion id).

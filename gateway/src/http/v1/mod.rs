@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::app::state::AppState;
 use crate::http::security::V1Auth;
 use crate::http::strict_json::StrictJson;
-use crate::runtime::embed::EmbedError;
+use crate::runtime::calls::EmbedError;
 use crate::transport::problem::{Problem, V1Error};
 use types::*;
 
@@ -163,7 +163,7 @@ impl V1Api {
         }
         let cancel = CancellationToken::new();
         let _cancel_on_drop = cancel.clone().drop_guard();
-        let (model, out) = match state.engine.embed(&req.model, &inputs, &cancel).await {
+        let (model, out) = match state.engine.calls.embed(&req.model, &inputs, &cancel).await {
             Ok(v) => v,
             Err(EmbedError::NoEmbeddingProvider) => {
                 return Err(Problem::not_found("No embedding provider configured").into())

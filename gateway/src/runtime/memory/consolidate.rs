@@ -9,12 +9,12 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::Memory;
 use crate::api::error::GatewayError;
 use crate::api::tenancy::Tenant;
 use crate::providers::{ChatMessage, ChatRequest};
 use crate::runtime::agents::Agent;
-use crate::runtime::engine::Engine;
-use crate::runtime::turn::CallFor;
+use crate::runtime::calls::CallFor;
 use crate::store::memory::{Consolidation, MemoryRow};
 
 /// Entries consolidated per model call.
@@ -176,16 +176,16 @@ fn numbered(rows: &[MemoryRow]) -> String {
     text
 }
 
-impl Engine {
+impl Memory {
     /// The model an agent's memory operations use (its `memory` operation model, else its own).
-    fn memory_model(agent: &Agent) -> String {
+    fn model_of(agent: &Agent) -> String {
         agent
             .operation_model("memory")
             .unwrap_or(agent.model())
             .to_owned()
     }
 
-    async fn memory_ask_model(
+    async fn ask_model(
         &self,
         agent: &Agent,
         owner: &str,
@@ -203,8 +203,9 @@ impl Engine {
             temperature: Some(0.0),
         };
         let called = self
+            .calls
             .call_chain(
-                &[Self::memory_model(agent)],
+                &[Self::model_of(agent)],
                 request,
                 None,
                 &CancellationToken::new(),
@@ -228,36 +229,32 @@ impl Engine {
 
     /// Starts a consolidation of (owner, agent) in the background when enough of its entries
     /// wait for one and none runs: the memory worker, which holds the engine, takes the hint.
-    pub fn memory_maybe_consolidate(&self, owner: &str, agent: &str) {
-        self.memory.hint_consolidation(owner, agent);
+    pub fn maybe_consolidate(&self, owner: &str, agent: &str) {
+        self.state.hint_consolidation(owner, agent);
     }
 
     /// Consolidates (owner, agent) when enough of its entries wait and no consolidation of it
     /// runs (the worker runs this on a task of its own per hint).
-    pub async fn memory_consolidate_if_due(&self, owner: &str, agent: &str) {
+    pub async fn consolidate_if_due(&self, owner: &str, agent: &str) {
         let due = self
             .store
             .memory_unconsolidated_count(owner, agent)
             .await
             .unwrap_or(0);
-        if due < i64::from(self.memory.config.consolidate_after) {
+        if due < i64::from(self.state.config.consolidate_after) {
             return;
         }
-        if !self.memory.begin_consolidation(owner, agent) {
+        if !self.state.begin_consolidation(owner, agent) {
             return;
         }
-        if let Err(e) = self.memory_consolidate(owner, agent).await {
+        if let Err(e) = self.consolidate(owner, agent).await {
             tracing::warn!(error = %e, agent = %agent, "memory consolidation failed");
         }
-        self.memory.end_consolidation(owner, agent);
+        self.state.end_consolidation(owner, agent);
     }
 
     /// Consolidates the waiting entries of (owner, agent), a batch per model call.
-    pub async fn memory_consolidate(
-        &self,
-        owner: &str,
-        agent_id: &str,
-    ) -> Result<(), GatewayError> {
+    pub async fn consolidate(&self, owner: &str, agent_id: &str) -> Result<(), GatewayError> {
         let agent = self
             .agents
             .require_or_default(Some(agent_id))
@@ -273,7 +270,7 @@ impl Engine {
             }
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
             let reply = self
-                .memory_ask_model(
+                .ask_model(
                     &agent,
                     owner,
                     CONSOLIDATE_PROMPT,
@@ -286,7 +283,7 @@ impl Engine {
                 .store
                 .memory_consolidated(owner, agent_id, &rows, &found)
                 .await?;
-            self.memory.count(owner, agent_id, |c| {
+            self.state.count(owner, agent_id, |c| {
                 c.clusters += i64::from(!found.observations.is_empty());
                 c.observations += created;
             });
@@ -294,7 +291,7 @@ impl Engine {
     }
 
     /// Answers `question` from `owner`'s memory with the default agent's memory model.
-    pub async fn memory_ask(
+    pub async fn ask(
         &self,
         owner: &str,
         question: &str,
@@ -302,7 +299,7 @@ impl Engine {
     ) -> Result<Answer, GatewayError> {
         let agent = self.agents.require_or_default(None)?;
         let recall = self
-            .memory_recall(owner, question, limit, super::recall::RecallFor::default())
+            .recall(owner, question, limit, super::recall::RecallFor::default())
             .await?;
         if recall.hits.is_empty() {
             return Ok(Answer {
@@ -314,7 +311,7 @@ impl Engine {
         let rows: Vec<MemoryRow> = recall.hits.iter().map(|h| h.row.clone()).collect();
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let reply = self
-            .memory_ask_model(
+            .ask_model(
                 &agent,
                 owner,
                 ASK_PROMPT,

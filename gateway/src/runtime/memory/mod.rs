@@ -2,8 +2,11 @@
 //! embedding), hybrid recall (keyword, vector and entity lanes fused by reciprocal rank), the
 //! embedding caches and breaker, recall counters, consolidation and `memory.ask`.
 //!
-//! The state of one server generation lives in [`Memory`] (on the engine); the operations that
-//! need the providers are `Engine` methods in the submodules.
+//! The state of one server generation lives in [`MemoryState`] (opened by the composition
+//! root); [`Memory`] is the service over it, holding the handles its operations use (the
+//! store, the agents, the model calls, the event bus). Its operations are in the submodules:
+//! writes in `write.rs`, recall in `recall.rs`, consolidation and `memory.ask` in
+//! `consolidate.rs`; the background worker holds the service weakly.
 
 pub mod consolidate;
 pub mod files;
@@ -23,6 +26,52 @@ use std::sync::{Arc, Mutex, RwLock};
 use sha2::{Digest, Sha256};
 
 use crate::config::memory::MemoryConfig;
+use crate::runtime::agents::Agents;
+use crate::runtime::calls::ModelCalls;
+use crate::runtime::control::Control;
+use crate::store::Store;
+
+/// Long-term memory of one generation: its state and exactly the handles its operations use.
+pub struct Memory {
+    pub state: Arc<MemoryState>,
+    store: Store,
+    /// The agent whose model consolidates and answers `memory.ask`.
+    agents: Arc<Agents>,
+    /// Embeddings and the consolidation and answer calls.
+    calls: ModelCalls,
+    /// The event bus (`memory:*` events).
+    control: Arc<Control>,
+}
+
+impl Memory {
+    pub fn new(
+        state: Arc<MemoryState>,
+        store: Store,
+        agents: Arc<Agents>,
+        calls: ModelCalls,
+        control: Arc<Control>,
+    ) -> Self {
+        Self {
+            state,
+            store,
+            agents,
+            calls,
+            control,
+        }
+    }
+
+    /// Publishes an event of `owner`: only that tenant (and admin) sees it.
+    fn emit_owned<T: serde::Serialize + Send + Sync + 'static>(
+        &self,
+        owner: &Arc<str>,
+        name: &'static str,
+        data: T,
+    ) {
+        self.control
+            .events
+            .publish_owned(Some(owner.clone()), name, data);
+    }
+}
 
 /// Consecutive embedding failures that open the breaker.
 const BREAKER_THRESHOLD: u64 = 5;
@@ -82,7 +131,7 @@ impl TierCounters {
 }
 
 /// Memory state of one server generation.
-pub struct Memory {
+pub struct MemoryState {
     pub config: MemoryConfig,
     /// Vectors of every embedded entry of the configured model.
     pub index: RwLock<index::VectorIndex>,
@@ -104,7 +153,7 @@ pub struct Memory {
     consolidations: Mutex<Option<tokio::sync::mpsc::Sender<(String, String)>>>,
 }
 
-impl Memory {
+impl MemoryState {
     pub fn new(config: MemoryConfig) -> Arc<Self> {
         let cap = NonZeroUsize::new(config.cache_entries.max(1)).unwrap_or(NonZeroUsize::MIN);
         let memory = Arc::new(Self {
@@ -317,7 +366,7 @@ pub fn preview(s: &str, max: usize) -> String {
     }
 }
 
-impl crate::metrics::IndexSizes for Memory {
+impl crate::metrics::IndexSizes for MemoryState {
     fn each_tenant(&self, each: &mut dyn FnMut(&str, usize)) {
         let Ok(index) = self.index.read() else {
             return;
@@ -350,7 +399,7 @@ mod tests {
 
     #[test]
     fn the_breaker_opens_after_repeated_failures_and_probes_later() {
-        let m = Memory::new(MemoryConfig::default());
+        let m = MemoryState::new(MemoryConfig::default());
         for _ in 0..BREAKER_THRESHOLD {
             assert!(m.breaker_allows(0));
             m.breaker_record(false, 0);

@@ -10,12 +10,12 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::index::VectorIndex;
+use super::Memory;
 use super::{content_hash, fuse, keyword_text};
 use crate::api::error::GatewayError;
 use crate::api::tenancy::Tenant;
 use crate::clock::now_ms;
-use crate::runtime::embed::EmbedError;
-use crate::runtime::engine::Engine;
+use crate::runtime::calls::EmbedError;
 use crate::store::memory::{MemoryRow, RecallRecord};
 use crate::store::search::MemoryHit;
 use crate::store::Store;
@@ -161,44 +161,41 @@ fn vector_band(hits: Vec<(i64, f32)>) -> Vec<i64> {
         .collect()
 }
 
-impl Engine {
+impl Memory {
     /// Whether the memory embedding model can be called now without waiting for it to load.
-    pub fn memory_embedder_ready(&self) -> bool {
-        let Some(name) = self.memory.model() else {
+    pub fn embedder_ready(&self) -> bool {
+        let Some(name) = self.state.model() else {
             return false;
         };
-        let snap = self.providers.snapshot();
+        let snap = self.calls.providers().snapshot();
         snap.model(name)
-            .is_some_and(|m| self.providers.available(&snap, m))
-            && self.memory.breaker_allows(now_ms())
+            .is_some_and(|m| self.calls.providers().available(&snap, m))
+            && self.state.breaker_allows(now_ms())
     }
 
     /// Embeddings of `texts` by the memory model, in order: from the in-memory tier, then the
     /// persistent cache, then one model call for the rest (whose results fill both tiers).
-    pub async fn memory_embed_texts(
-        &self,
-        texts: &[String],
-    ) -> Result<Vec<Arc<Vec<f32>>>, NotEmbedded> {
-        let Some(model) = self.memory.model().map(str::to_owned) else {
+    pub async fn embed_texts(&self, texts: &[String]) -> Result<Vec<Arc<Vec<f32>>>, NotEmbedded> {
+        let Some(model) = self.state.model().map(str::to_owned) else {
             return Err(NotEmbedded::Unavailable);
         };
         let hashes: Vec<String> = texts.iter().map(|t| content_hash(t)).collect();
         let mut out: Vec<Option<Arc<Vec<f32>>>> = vec![None; texts.len()];
         let mut missing = Vec::new();
         for (i, h) in hashes.iter().enumerate() {
-            if let Some(v) = self.memory.l1_get(h) {
+            if let Some(v) = self.state.l1_get(h) {
                 out[i] = Some(v);
                 continue;
             }
             match self.store.embedding_cache_get(h, &model).await {
                 Ok(Some(v)) => {
-                    self.memory.l2_counters.hit(true);
+                    self.state.l2_counters.hit(true);
                     let v = Arc::new(v);
-                    self.memory.l1_put(h.clone(), v.clone());
+                    self.state.l1_put(h.clone(), v.clone());
                     out[i] = Some(v);
                 }
                 Ok(None) => {
-                    self.memory.l2_counters.hit(false);
+                    self.state.l2_counters.hit(false);
                     missing.push(i);
                 }
                 Err(e) => {
@@ -209,18 +206,21 @@ impl Engine {
         }
         if !missing.is_empty() {
             let now = now_ms();
-            if !self.memory.breaker_allows(now) {
+            if !self.state.breaker_allows(now) {
                 return Err(NotEmbedded::Unavailable);
             }
             let inputs: Vec<String> = missing.iter().map(|i| texts[*i].clone()).collect();
-            let made = self.embed(&model, &inputs, &CancellationToken::new()).await;
+            let made = self
+                .calls
+                .embed(&model, &inputs, &CancellationToken::new())
+                .await;
             let vectors = match made {
                 Ok((_, e)) if e.vectors.len() == inputs.len() => {
-                    self.memory.breaker_record(true, now);
+                    self.state.breaker_record(true, now);
                     e.vectors
                 }
                 Ok(_) => {
-                    self.memory.breaker_record(false, now);
+                    self.state.breaker_record(false, now);
                     return Err(NotEmbedded::Failed(
                         "the embedding model answered a different number of vectors".to_owned(),
                     ));
@@ -229,14 +229,14 @@ impl Engine {
                     return Err(NotEmbedded::Unavailable)
                 }
                 Err(EmbedError::Failed(e)) => {
-                    self.memory.breaker_record(false, now);
+                    self.state.breaker_record(false, now);
                     return Err(NotEmbedded::Failed(e.to_string()));
                 }
             };
             let mut cached = Vec::with_capacity(vectors.len());
             for (i, v) in missing.iter().zip(vectors) {
                 let v = Arc::new(v);
-                self.memory.l1_put(hashes[*i].clone(), v.clone());
+                self.state.l1_put(hashes[*i].clone(), v.clone());
                 cached.push((hashes[*i].clone(), (*v).clone()));
                 out[*i] = Some(v);
             }
@@ -249,7 +249,7 @@ impl Engine {
 
     /// Recalls up to `limit` entries of `tenant_id` (of one agent when `at.agent` is Some)
     /// for `query`, best first, and records the recall (content-free).
-    pub async fn memory_recall(
+    pub async fn recall(
         &self,
         tenant_id: &str,
         query: &str,
@@ -258,16 +258,16 @@ impl Engine {
     ) -> Result<Recall, GatewayError> {
         let started = Instant::now();
         let tenant = Tenant::owner(tenant_id);
-        let k = self.memory.config.lane_candidates.max(limit);
+        let k = self.state.config.lane_candidates.max(limit);
         let words = keyword_text(query);
         // The vector lane runs only when the model answers now: a recall never waits for the
         // model to load (it is recorded as keyword-only instead).
-        let ready = self.memory_embedder_ready();
+        let ready = self.embedder_ready();
         let query_vector = async {
             if !ready {
                 return None;
             }
-            match self.memory_embed_texts(&[query.to_owned()]).await {
+            match self.embed_texts(&[query.to_owned()]).await {
                 Ok(v) => v.into_iter().next(),
                 Err(NotEmbedded::Failed(e)) => {
                     tracing::warn!(error = %e, "query not embedded; keyword recall only");
@@ -281,12 +281,12 @@ impl Engine {
             agent: at.agent,
             words: &words,
             candidates: k,
-            rank_window: self.memory.config.keyword_rank_window,
-            min_similarity: self.memory.config.min_similarity,
+            rank_window: self.state.config.keyword_rank_window,
+            min_similarity: self.state.config.min_similarity,
             strict: ready,
         };
         let (keyword_hits, vector_hits) =
-            run_lanes(&self.store, &self.memory.index, &lane_query, query_vector).await?;
+            run_lanes(&self.store, &self.state.index, &lane_query, query_vector).await?;
         let entity = self
             .store
             .memory_entity_ids(&tenant, at.agent, query, k as i64)
@@ -325,7 +325,7 @@ impl Engine {
             })
             .collect();
         let agent = at.agent.unwrap_or_default();
-        self.memory.count(tenant_id, agent, |c| {
+        self.state.count(tenant_id, agent, |c| {
             c.recalls += 1;
             c.with_hits += i64::from(!hits.is_empty());
             c.fts += 1;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::recall::NotEmbedded;
+use super::Memory;
 use crate::clock::now_ms;
-use crate::runtime::engine::Engine;
 use crate::store::memory::Unembedded;
 
 /// Vectors read per page when the index is loaded.
@@ -23,21 +23,21 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// Consolidation hints waiting at most (one per memory write of a scope; duplicates are cheap).
 const CONSOLIDATION_HINTS: usize = 256;
 
-/// Starts the worker; it ends with `stop` or when the engine is dropped.
-pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
-    let (tx, rx) = tokio::sync::mpsc::channel(engine.memory.config.embed_queue.max(1));
-    engine.memory.set_queue(tx);
+/// Starts the worker; it ends with `stop` or when the memory service is dropped.
+pub fn start(memory: &Arc<Memory>, stop: CancellationToken) {
+    let (tx, rx) = tokio::sync::mpsc::channel(memory.state.config.embed_queue.max(1));
+    memory.state.set_queue(tx);
     let (hints, hinted) = tokio::sync::mpsc::channel(CONSOLIDATION_HINTS);
-    engine.memory.set_consolidations(hints);
+    memory.state.set_consolidations(hints);
     #[allow(
         clippy::disallowed_methods,
-        reason = "the generation's consolidation loop: it holds the engine weakly and ends on the generation's stop token"
+        reason = "the generation's consolidation loop: it holds the memory service weakly and ends on the generation's stop token"
     )]
-    tokio::spawn(consolidations(Arc::downgrade(engine), hinted, stop.clone()));
-    let weak = Arc::downgrade(engine);
+    tokio::spawn(consolidations(Arc::downgrade(memory), hinted, stop.clone()));
+    let weak = Arc::downgrade(memory);
     #[allow(
         clippy::disallowed_methods,
-        reason = "the generation's embedding worker: it holds the engine weakly and ends on the generation's stop token"
+        reason = "the generation's embedding worker: it holds the memory service weakly and ends on the generation's stop token"
     )]
     tokio::spawn(async move {
         tokio::select! {
@@ -47,9 +47,9 @@ pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
     });
 }
 
-async fn run(engine: Weak<Engine>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
-    let Some(e) = engine.upgrade() else { return };
-    let Some(model) = e.memory.model().map(str::to_owned) else {
+async fn run(memory: Weak<Memory>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
+    let Some(e) = memory.upgrade() else { return };
+    let Some(model) = e.state.model().map(str::to_owned) else {
         // No vector lane: nothing to embed; the queue is drained so that senders never block
         // (they never do: try_send), and old recall records are still swept.
         drop(e);
@@ -57,7 +57,7 @@ async fn run(engine: Weak<Engine>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
             tokio::select! {
                 got = rx.recv() => if got.is_none() { return },
                 _ = tokio::time::sleep(SWEEP_EVERY) => {
-                    let Some(e) = engine.upgrade() else { return };
+                    let Some(e) = memory.upgrade() else { return };
                     sweep_recalls(&e).await;
                 }
             }
@@ -68,7 +68,7 @@ async fn run(engine: Weak<Engine>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
     let mut dirty = true;
     loop {
         if dirty {
-            let Some(e) = engine.upgrade() else { return };
+            let Some(e) = memory.upgrade() else { return };
             dirty = !sweep(&e, &model).await;
         }
         let wait = if dirty { RETRY } else { SWEEP_EVERY };
@@ -76,13 +76,13 @@ async fn run(engine: Weak<Engine>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
             got = rx.recv() => match got { Some(id) => Some(id), None => return },
             _ = tokio::time::sleep(wait) => None,
         };
-        let Some(e) = engine.upgrade() else { return };
+        let Some(e) = memory.upgrade() else { return };
         let Some(first) = first else {
             sweep_recalls(&e).await;
             dirty = true;
             continue;
         };
-        let batch_max = e.memory.config.embed_batch.max(1);
+        let batch_max = e.state.config.embed_batch.max(1);
         let mut ids = vec![first];
         while ids.len() < batch_max {
             match rx.try_recv() {
@@ -90,7 +90,7 @@ async fn run(engine: Weak<Engine>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
                 Err(_) => break,
             }
         }
-        if e.memory.overflowed.swap(false, Ordering::Relaxed) {
+        if e.state.overflowed.swap(false, Ordering::Relaxed) {
             dirty = true;
         }
         match e.store.memory_for_embedding(&ids).await {
@@ -108,7 +108,7 @@ async fn run(engine: Weak<Engine>, mut rx: tokio::sync::mpsc::Receiver<i64>) {
 }
 
 /// Reads every stored vector of `model` into the index.
-async fn load_index(e: &Engine, model: &str) {
+async fn load_index(e: &Memory, model: &str) {
     let mut after = 0;
     let mut loaded = 0usize;
     loop {
@@ -116,7 +116,7 @@ async fn load_index(e: &Engine, model: &str) {
             Ok(page) if page.is_empty() => break,
             Ok(page) => {
                 after = page.last().map_or(after, |v| v.id);
-                if let Ok(mut ix) = e.memory.index.write() {
+                if let Ok(mut ix) = e.state.index.write() {
                     for v in &page {
                         ix.upsert(&v.tenant_id, &v.agent_id, v.id, &v.vector);
                     }
@@ -129,21 +129,21 @@ async fn load_index(e: &Engine, model: &str) {
             }
         }
     }
-    e.memory.index_loaded.store(true, Ordering::Relaxed);
+    e.state.index_loaded.store(true, Ordering::Relaxed);
     tracing::info!(entries = loaded, "memory vector index loaded");
 }
 
 /// Embeds every entry still without a vector of `model`; false when it had to stop (model not
 /// available or failing), so that the caller tries again later.
-async fn sweep(e: &Engine, model: &str) -> bool {
+async fn sweep(e: &Memory, model: &str) -> bool {
     let mut after = 0;
     loop {
-        if !e.memory_embedder_ready() && !local_loading_can_start(e) {
+        if !e.embedder_ready() && !local_loading_can_start(e) {
             return false;
         }
         let page = match e
             .store
-            .memory_unembedded(model, after, e.memory.config.embed_batch.max(1) as i64)
+            .memory_unembedded(model, after, e.state.config.embed_batch.max(1) as i64)
             .await
         {
             Ok(p) => p,
@@ -164,25 +164,25 @@ async fn sweep(e: &Engine, model: &str) -> bool {
 
 /// Whether calling the model would start loading it (the local provider before its first
 /// use): the sweep then makes that call instead of waiting forever.
-fn local_loading_can_start(e: &Engine) -> bool {
-    let Some(name) = e.memory.model() else {
+fn local_loading_can_start(e: &Memory) -> bool {
+    let Some(name) = e.state.model() else {
         return false;
     };
-    let snap = e.providers.snapshot();
+    let snap = e.calls.providers().snapshot();
     snap.model(name).is_some_and(|m| {
         m.provider == "local"
             && snap.providers.get(&m.provider).is_some_and(|p| p.enabled())
-            && e.memory.breaker_allows(now_ms())
+            && e.state.breaker_allows(now_ms())
     })
 }
 
 /// Embeds `rows`, stores their vectors and indexes them; false when the model failed.
-async fn embed_rows(e: &Engine, model: &str, rows: &[Unembedded]) -> bool {
+async fn embed_rows(e: &Memory, model: &str, rows: &[Unembedded]) -> bool {
     if rows.is_empty() {
         return true;
     }
     let texts: Vec<String> = rows.iter().map(|r| r.content.clone()).collect();
-    let vectors = match e.memory_embed_texts(&texts).await {
+    let vectors = match e.embed_texts(&texts).await {
         Ok(v) => v,
         Err(NotEmbedded::Unavailable) => return false,
         Err(NotEmbedded::Failed(err)) => {
@@ -204,7 +204,7 @@ async fn embed_rows(e: &Engine, model: &str, rows: &[Unembedded]) -> bool {
             return false;
         }
     };
-    if let Ok(mut ix) = e.memory.index.write() {
+    if let Ok(mut ix) = e.state.index.write() {
         for (r, v) in rows.iter().zip(&vectors) {
             if still.contains(&r.id) {
                 ix.upsert(&r.tenant_id, &r.agent_id, r.id, v);
@@ -214,10 +214,10 @@ async fn embed_rows(e: &Engine, model: &str, rows: &[Unembedded]) -> bool {
     true
 }
 
-async fn sweep_recalls(e: &Engine) {
+async fn sweep_recalls(e: &Memory) {
     // Checked although the configuration caps the hours: a cut-off that cannot be computed
     // sweeps nothing rather than everything.
-    let Some(before) = i64::from(e.memory.config.recall_retention_hours)
+    let Some(before) = i64::from(e.state.config.recall_retention_hours)
         .checked_mul(3_600_000)
         .and_then(|keep_ms| now_ms().checked_sub(keep_ms))
     else {
@@ -231,7 +231,7 @@ async fn sweep_recalls(e: &Engine) {
 /// Runs a consolidation check per hint, each on a task of its own (a consolidation calls a
 /// model; the memory state lets only one run per scope).
 async fn consolidations(
-    engine: Weak<Engine>,
+    memory: Weak<Memory>,
     mut hinted: tokio::sync::mpsc::Receiver<(String, String)>,
     stop: CancellationToken,
 ) {
@@ -240,13 +240,13 @@ async fn consolidations(
             _ = stop.cancelled() => return,
             got = hinted.recv() => match got { Some(h) => h, None => return },
         };
-        let Some(engine) = engine.upgrade() else {
+        let Some(memory) = memory.upgrade() else {
             return;
         };
         #[allow(
             clippy::disallowed_methods,
             reason = "one consolidation per tenant and agent, ended by its provider call's timeout"
         )]
-        tokio::spawn(async move { engine.memory_consolidate_if_due(&owner, &agent).await });
+        tokio::spawn(async move { memory.consolidate_if_due(&owner, &agent).await });
     }
 }

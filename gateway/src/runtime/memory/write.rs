@@ -5,9 +5,9 @@
 use serde_json::json;
 
 use super::guard::{self, Verdict};
+use super::Memory;
 use crate::api::error::GatewayError;
 use crate::api::tenancy::Tenant;
-use crate::runtime::engine::Engine;
 use crate::store::memory::NewMemory;
 
 /// The tag a suspicious entry is stored with.
@@ -90,10 +90,10 @@ pub fn lowered(from: &str, to: &str) -> bool {
     rank(to) > rank(from)
 }
 
-impl Engine {
+impl Memory {
     /// Stores one entry of `owner` after the validator; its id and what was stored. The
     /// embedding is queued, never awaited.
-    pub async fn memory_write(
+    pub async fn write(
         &self,
         owner: &str,
         entry: NewMemory<'_>,
@@ -107,36 +107,36 @@ impl Engine {
         };
         let id = self
             .store
-            .memory_insert(owner, &stored, self.memory.config.max_entries_per_tenant)
+            .memory_insert(owner, &stored, self.state.config.max_entries_per_tenant)
             .await?;
-        self.memory_written(owner, stored.agent_id, &[id], source, &[&checked]);
+        self.written(owner, stored.agent_id, &[id], source, &[&checked]);
         Ok((id, checked))
     }
 
     /// Stores already checked entries of `owner` (an import) in one transaction, all or none:
     /// refused whole (-32602 naming `memory.maxEntriesPerTenant`) when they would take the
     /// tenant past its limit. Their ids in order.
-    pub async fn memory_insert_checked(
+    pub async fn insert_checked(
         &self,
         owner: &str,
         entries: &[NewMemory<'_>],
     ) -> Result<Vec<i64>, GatewayError> {
         self.store
-            .memory_insert_many(owner, entries, self.memory.config.max_entries_per_tenant)
+            .memory_insert_many(owner, entries, self.state.config.max_entries_per_tenant)
             .await
     }
 
     /// Refuses (-32602 naming the limit) when `adding` entries would take `owner` past
     /// `memory.maxEntriesPerTenant`: what a dry run of an import reports.
-    pub async fn memory_check_room(&self, owner: &str, adding: usize) -> Result<(), GatewayError> {
+    pub async fn check_room(&self, owner: &str, adding: usize) -> Result<(), GatewayError> {
         self.store
-            .memory_check_room(owner, adding, self.memory.config.max_entries_per_tenant)
+            .memory_check_room(owner, adding, self.state.config.max_entries_per_tenant)
             .await
     }
 
     /// After entries were stored: queue their embeddings, report tainted ones, and start a
     /// consolidation when enough entries of the agent wait for one.
-    pub fn memory_written(
+    pub fn written(
         &self,
         owner: &str,
         agent: &str,
@@ -145,7 +145,7 @@ impl Engine {
         checked: &[&Checked],
     ) {
         for id in ids {
-            self.memory.enqueue(*id);
+            self.state.enqueue(*id);
         }
         let owner_arc: std::sync::Arc<str> = std::sync::Arc::from(owner);
         for (id, c) in ids.iter().zip(checked) {
@@ -158,14 +158,14 @@ impl Engine {
                 );
             }
         }
-        if self.memory.config.consolidate_after > 0 {
-            self.memory_maybe_consolidate(owner, agent);
+        if self.state.config.consolidate_after > 0 {
+            self.maybe_consolidate(owner, agent);
         }
     }
 
     /// Deletes the entries of one conversation (and with `purge_derived` every observation
     /// derived from it); how many entries. Their vectors leave the index.
-    pub async fn memory_forget_session(
+    pub async fn forget_session(
         &self,
         tenant: &Tenant,
         session_key: &str,
@@ -175,7 +175,7 @@ impl Engine {
             .store
             .memory_delete_by_session(tenant, session_key)
             .await?;
-        self.memory.unindex(&ids);
+        self.state.unindex(&ids);
         if purge_derived {
             self.store
                 .memory_purge_derived_by_session(tenant, session_key)

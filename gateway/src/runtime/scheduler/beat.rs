@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use super::Scheduler;
 use crate::api::error::GatewayError;
 use crate::api::generated::types as wire;
 use crate::api::generated::types::FinishReason;
@@ -20,11 +21,11 @@ use crate::clock::now_ms;
 use crate::config::agents::HeartbeatSettings;
 use crate::config::scheduler::HEARTBEAT_PROMPT;
 use crate::providers::ErrorKind;
-use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::schedule::ActiveHours;
 use crate::runtime::scheduler::{FireSlots, Slot};
-use crate::runtime::sessions::{InternalChannel, SessionIdent};
+use crate::runtime::sessions::SessionIdent;
 use crate::store::scheduler::{BeatClaim, BeatFinish, BeatRow};
+use crate::store::sessions::InternalChannel;
 
 /// The principal heartbeat turns run as (the owner of every heartbeat session).
 pub const HEARTBEAT_CALLER: &str = "heartbeat:system";
@@ -185,10 +186,10 @@ fn owner() -> Arc<str> {
     Arc::from(HEARTBEAT_CALLER)
 }
 
-impl Engine {
+impl Scheduler {
     /// One agent's heartbeat settings in force.
     pub fn heartbeat_of(&self, agent: &crate::runtime::agents::Agent) -> HeartbeatSettings {
-        effective(&self.scheduler.heartbeat, agent.config.heartbeat.as_ref())
+        effective(&self.config.heartbeat, agent.config.heartbeat.as_ref())
     }
 
     /// Makes every agent's scheduled tick agree with its settings (at start and after the
@@ -248,11 +249,11 @@ impl Engine {
         let snap = self.providers.snapshot();
         self.agents.update(&agent.id, change, &snap, false).await?;
         let now = now_ms();
-        let settings = effective(&self.scheduler.heartbeat, Some(&merged));
+        let settings = effective(&self.config.heartbeat, Some(&merged));
         self.store
             .beat_schedule(&agent.id, next_tick(&settings, now), true, now)
             .await?;
-        self.scheduler_changed().await;
+        self.changed().await;
         Ok((true, merged))
     }
 
@@ -276,7 +277,7 @@ impl Engine {
             .await?;
         // A folded trigger may have let the queued wake run now: the timer looks again.
         if queued || bypass_backoff {
-            self.scheduler_changed().await;
+            self.changed().await;
         }
         Ok(queued)
     }
@@ -382,7 +383,7 @@ impl Engine {
 }
 
 fn spawn_tick(
-    engine: Arc<Engine>,
+    scheduler: Arc<Scheduler>,
     agent: Arc<crate::runtime::agents::Agent>,
     settings: HeartbeatSettings,
     row: BeatRow,
@@ -397,13 +398,13 @@ fn spawn_tick(
     tokio::spawn(async move {
         let _slot = slot;
         let owner = owner();
-        engine.emit_owned(
+        scheduler.emit_owned(
             &owner,
             "scheduler:heartbeat_check",
             json!({"agentId": agent.id, "reason": reason, "sources": claim.sources,
-                   "pendingEvents": claim.events.len(), "node": engine.store.node()}),
+                   "pendingEvents": claim.events.len(), "node": scheduler.store.node()}),
         );
-        let result = tick(&engine, &agent, &settings, &claim).await;
+        let result = tick(&scheduler, &agent, &settings, &claim).await;
         let now = now_ms();
         let interval = settings.interval_ms.unwrap_or(1_800_000);
         let mut finish = BeatFinish {
@@ -414,7 +415,7 @@ fn spawn_tick(
             Ok((run_id, reply)) => {
                 let ack = is_ack(&reply, settings.ack_max_chars.unwrap_or(300));
                 if !ack || settings.show_ok == Some(true) {
-                    engine.emit_owned(
+                    scheduler.emit_owned(
                         &owner,
                         "scheduler:heartbeat_delivered",
                         json!({"agentId": agent.id, "runId": run_id, "ack": ack,
@@ -437,7 +438,7 @@ fn spawn_tick(
                 if n >= threshold && row.last_alert_at.is_none_or(|t| now - t >= cooldown) {
                     finish.last_alert_at = Some(now);
                     if settings.show_alerts != Some(false) {
-                        engine.emit_owned(
+                        scheduler.emit_owned(
                             &owner,
                             "scheduler:heartbeat_alert",
                             json!({"agentId": agent.id, "consecutiveErrors": n,
@@ -448,7 +449,7 @@ fn spawn_tick(
                 }
             }
         }
-        if let Err(e) = engine
+        if let Err(e) = scheduler
             .store
             .beat_finish(&agent.id, claim.tick_seq, &finish, now)
             .await
@@ -460,21 +461,21 @@ fn spawn_tick(
 
 /// The tick's turn: its run id and reply, or whether the error is permanent and its text.
 async fn tick(
-    engine: &Arc<Engine>,
+    scheduler: &Arc<Scheduler>,
     agent: &Arc<crate::runtime::agents::Agent>,
     settings: &HeartbeatSettings,
     claim: &BeatClaim,
 ) -> Result<(String, String), (bool, String)> {
     let session = session_for(&agent.id, settings).map_err(|e| (true, e.to_string()))?;
     let prompt = settings.prompt.as_deref().unwrap_or(HEARTBEAT_PROMPT);
-    let spec = engine.scheduled_run(
+    let spec = scheduler.scheduled_run(
         agent.clone(),
         session,
         tick_message(prompt, claim),
         HEARTBEAT_CALLER,
         settings.model.clone(),
     );
-    let started = engine.start_run(spec).await.map_err(|e| {
+    let started = scheduler.runs.start_run(spec).await.map_err(|e| {
         let permanent = matches!(
             e,
             GatewayError::NotFound(_) | GatewayError::Conflict(_) | GatewayError::InvalidParams(_)

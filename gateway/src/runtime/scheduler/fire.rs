@@ -6,14 +6,15 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use super::Scheduler;
 use crate::api::generated::types::FinishReason;
 use crate::clock::now_ms;
 use crate::config::scheduler::GateSpec;
-use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::gate::{run_gate, Decision, GateEnv};
 use crate::runtime::scheduler::{summary_of, Slot};
-use crate::runtime::sessions::{InternalChannel, SessionIdent};
+use crate::runtime::sessions::SessionIdent;
 use crate::store::scheduler::{Claimed, FireOutcome, JobRow};
+use crate::store::sessions::InternalChannel;
 
 /// The channel of cron sessions: an internal channel (only fires write there), though the
 /// session belongs to the job's owner, who reads its turns with session.history.
@@ -31,7 +32,7 @@ pub fn session_of(job: &JobRow) -> SessionIdent {
 
 /// Runs the claimed fire on its own task, holding `slot` until it is recorded.
 pub fn spawn(
-    engine: Arc<Engine>,
+    scheduler: Arc<Scheduler>,
     job: JobRow,
     claimed: Claimed,
     trigger: &'static str,
@@ -43,33 +44,33 @@ pub fn spawn(
     )]
     tokio::spawn(async move {
         let _slot = slot;
-        fire(&engine, &job, claimed, trigger).await;
+        fire(&scheduler, &job, claimed, trigger).await;
     });
 }
 
-async fn fire(engine: &Arc<Engine>, job: &JobRow, claimed: Claimed, trigger: &str) {
+async fn fire(scheduler: &Arc<Scheduler>, job: &JobRow, claimed: Claimed, trigger: &str) {
     let start = now_ms();
     let owner: Arc<str> = Arc::from(job.owner.as_str());
     let session = session_of(job);
-    engine.emit_owned(
+    scheduler.emit_owned(
         &owner,
         "scheduler:job_started",
         json!({"jobId": job.job_id, "jobName": job.name, "agentId": job.agent_id,
                "owner": job.owner, "trigger": trigger, "dueAtMs": claimed.due_at,
                "latenessMs": start - claimed.due_at, "sessionKey": session.key,
-               "node": engine.store.node()}),
+               "node": scheduler.store.node()}),
     );
-    let mut outcome = run(engine, job, &claimed, session).await;
+    let mut outcome = run(scheduler, job, &claimed, session).await;
     outcome.duration_ms = (now_ms() - start).max(0);
-    let keep = i64::from(engine.scheduler.run_retention.per_job);
-    if let Err(e) = engine
+    let keep = i64::from(scheduler.config.run_retention.per_job);
+    if let Err(e) = scheduler
         .store
         .cron_finish(&job.job_id, claimed, &outcome, keep)
         .await
     {
         tracing::error!(job = %job.job_id, error = %e, "cron fire outcome not recorded");
     }
-    engine.emit_owned(
+    scheduler.emit_owned(
         &owner,
         "scheduler:job_completed",
         json!({"jobId": job.job_id, "jobName": job.name, "agentId": job.agent_id,
@@ -84,7 +85,7 @@ async fn fire(engine: &Arc<Engine>, job: &JobRow, claimed: Claimed, trigger: &st
 
 /// The gate, then the turn.
 async fn run(
-    engine: &Arc<Engine>,
+    scheduler: &Arc<Scheduler>,
     job: &JobRow,
     claimed: &Claimed,
     session: SessionIdent,
@@ -95,14 +96,14 @@ async fn run(
         .as_deref()
         .and_then(|g| serde_json::from_str::<GateSpec>(g).ok())
     {
-        let workspace = crate::runtime::agents::workspace_dir(&engine.data_dir, &job.agent_id);
+        let workspace = crate::runtime::agents::workspace_dir(&scheduler.data_dir, &job.agent_id);
         let env = GateEnv {
             job_id: &job.job_id,
             job_name: &job.name,
             agent_id: &job.agent_id,
             due_at_ms: claimed.due_at,
         };
-        let home = crate::runtime::scheduler::gate::home_dir(&engine.data_dir, &job.agent_id);
+        let home = crate::runtime::scheduler::gate::home_dir(&scheduler.data_dir, &job.agent_id);
         let g = run_gate(&workspace, &home, &spec, &env).await;
         if g.decision == Decision::FailedOpen {
             tracing::warn!(job = %job.job_id, reason = ?g.reason, "wake gate failed open; the turn runs");
@@ -122,7 +123,7 @@ async fn run(
         }
         gate_record = Some(record);
     }
-    let mut outcome = turn(engine, job, session).await;
+    let mut outcome = turn(scheduler, job, session).await;
     outcome.gate = gate_record;
     outcome
 }
@@ -137,13 +138,13 @@ fn failed(error: String) -> FireOutcome {
 
 /// The job's agent turn, as a background run of the job's owner with `rpc` tools only (a
 /// scheduled turn never gets admin tools, whoever created the job).
-async fn turn(engine: &Arc<Engine>, job: &JobRow, session: SessionIdent) -> FireOutcome {
-    let agent = match engine.agents.require(&job.agent_id) {
+async fn turn(scheduler: &Arc<Scheduler>, job: &JobRow, session: SessionIdent) -> FireOutcome {
+    let agent = match scheduler.agents.require(&job.agent_id) {
         Ok(a) => a,
         Err(e) => return failed(e.to_string()),
     };
-    let spec = engine.scheduled_run(agent, session, job.message.clone(), &job.owner, None);
-    let started = match engine.start_run(spec).await {
+    let spec = scheduler.scheduled_run(agent, session, job.message.clone(), &job.owner, None);
+    let started = match scheduler.runs.start_run(spec).await {
         Ok(s) => s,
         Err(e) => return failed(e.to_string()),
     };

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::Scheduler;
 use crate::api::error::GatewayError;
 use crate::api::generated::types as wire;
 use crate::api::tenancy::Tenant;
@@ -11,7 +12,6 @@ use crate::clock::now_ms;
 use crate::config::scheduler::GateSpec;
 use crate::config::scheduler::{JobConfig, MissedFires, ScheduleConfig, ScheduleKind};
 use crate::runtime::agents::Agents;
-use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::schedule::{self, Invalid, Kind, Schedule, ScheduleSpec, Trigger};
 use crate::runtime::scheduler::FireSlots;
 use crate::store::scheduler::{ClaimKind, FireRow, JobRow, CONFIG_OWNER};
@@ -156,9 +156,9 @@ fn first_due(schedule: &Schedule, now: i64) -> Option<i64> {
     schedule.next_after(now, now)
 }
 
-impl Engine {
+impl Scheduler {
     /// Tells every timer (this node's and, on a shared database, the others') to look again.
-    pub async fn scheduler_changed(&self) {
+    pub async fn changed(&self) {
         super::rearm(&self.control);
         self.store.announce(super::ANNOUNCE).await;
     }
@@ -196,9 +196,9 @@ impl Engine {
             ..JobRow::default()
         };
         self.store
-            .cron_insert(&row, i64::from(self.scheduler.max_jobs_per_owner))
+            .cron_insert(&row, i64::from(self.config.max_jobs_per_owner))
             .await?;
-        self.scheduler_changed().await;
+        self.changed().await;
         Ok(row)
     }
 
@@ -271,14 +271,14 @@ impl Engine {
         }
         job.updated_at = now;
         self.store.cron_save(&job, replan).await?;
-        self.scheduler_changed().await;
+        self.changed().await;
         Ok((true, job))
     }
 
     /// cron.remove.
     pub async fn cron_remove(&self, job: &JobRow) -> Result<(), GatewayError> {
         self.store.cron_delete(&job.job_id).await?;
-        self.scheduler_changed().await;
+        self.changed().await;
         Ok(())
     }
 
@@ -288,7 +288,7 @@ impl Engine {
         let Some(slot) = FireSlots::take(&self.control, self.fire_limit()) else {
             return Err(GatewayError::Busy(format!(
                 "Every scheduler slot is taken (scheduler.maxConcurrentRuns {}); try again",
-                self.scheduler.max_concurrent_runs
+                self.config.max_concurrent_runs
             )));
         };
         let now = now_ms();
@@ -321,11 +321,11 @@ impl Engine {
         if free == 0 {
             return Ok(Vec::new());
         }
-        let policy = match self.scheduler.missed_fires {
+        let policy = match self.config.missed_fires {
             MissedFires::Once => schedule::MissedFires::Once,
             MissedFires::Skip => schedule::MissedFires::Skip,
         };
-        let tolerance = i64::try_from(self.scheduler.late_tolerance_ms).unwrap_or(i64::MAX);
+        let tolerance = i64::try_from(self.config.late_tolerance_ms).unwrap_or(i64::MAX);
         let limit = i64::try_from(free).unwrap_or(i64::MAX);
         let mut batch = Vec::new();
         for job in self.store.cron_due(now, owner, limit).await? {
@@ -377,7 +377,7 @@ impl Engine {
 
     /// Fires and ticks this node may run at once.
     pub fn fire_limit(&self) -> usize {
-        usize::try_from(self.scheduler.max_concurrent_runs).unwrap_or(1)
+        usize::try_from(self.config.max_concurrent_runs).unwrap_or(1)
     }
 
     /// Writes the configuration file's jobs (owner `cron:config`): a new entry is added, a
@@ -392,7 +392,7 @@ impl Engine {
             .into_iter()
             .map(|j| (j.name.clone(), j))
             .collect();
-        for (name, cfg) in &self.scheduler.jobs {
+        for (name, cfg) in &self.config.jobs {
             let row = config_job(&self.agents, name, cfg, now)?;
             match stored.remove(name) {
                 None => {

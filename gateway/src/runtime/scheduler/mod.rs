@@ -15,10 +15,67 @@ pub mod jobs;
 pub mod schedule;
 pub mod timer;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::config::scheduler::SchedulerConfig;
+use crate::providers::registry::Providers;
+use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
+use crate::runtime::runs::Runs;
+use crate::store::Store;
+
+/// The scheduler of one server generation: cron jobs and heartbeats over the store, firing
+/// through background runs. It holds exactly the handles it uses.
+pub struct Scheduler {
+    /// `scheduler`: the timer settings, file jobs and heartbeat defaults of this generation.
+    pub config: SchedulerConfig,
+    store: Store,
+    agents: Arc<Agents>,
+    /// The catalogue a heartbeat change is checked against.
+    providers: Arc<Providers>,
+    /// Re-arming, fire slots and the event bus.
+    control: Arc<Control>,
+    /// Fires and ticks run as background runs.
+    runs: Arc<Runs>,
+    /// Where agents' workspaces and wake gates' homes are.
+    data_dir: PathBuf,
+}
+
+impl Scheduler {
+    pub fn new(
+        config: SchedulerConfig,
+        store: Store,
+        agents: Arc<Agents>,
+        providers: Arc<Providers>,
+        control: Arc<Control>,
+        runs: Arc<Runs>,
+        data_dir: PathBuf,
+    ) -> Self {
+        Self {
+            config,
+            store,
+            agents,
+            providers,
+            control,
+            runs,
+            data_dir,
+        }
+    }
+
+    /// Publishes an event of `owner`: only that tenant (and admin) sees it.
+    fn emit_owned<T: serde::Serialize + Send + Sync + 'static>(
+        &self,
+        owner: &Arc<str>,
+        name: &'static str,
+        data: T,
+    ) {
+        self.control
+            .events
+            .publish_owned(Some(owner.clone()), name, data);
+    }
+}
 
 /// The longest the timer sleeps without looking at the wall clock (a clock set forward while
 /// it slept is noticed within this time).
@@ -88,7 +145,7 @@ impl Drop for Slot {
     }
 }
 
-impl crate::runtime::engine::Engine {
+impl Scheduler {
     /// A scheduled turn (a cron fire or a heartbeat tick) as a background run of `caller`, with
     /// `rpc` tools only whoever set it up, ended after `scheduler.fireTimeoutMs`.
     pub(crate) fn scheduled_run(
@@ -110,7 +167,7 @@ impl crate::runtime::engine::Engine {
             model,
             only_tools: None,
             timeout: Some(std::time::Duration::from_millis(
-                self.scheduler.fire_timeout_ms,
+                self.config.fire_timeout_ms,
             )),
             delivery: None,
         }

@@ -7,25 +7,25 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::Scheduler;
 use crate::clock::now_ms;
-use crate::runtime::engine::Engine;
 use crate::runtime::scheduler::MAX_SLEEP;
 
 /// Starts the generation's timer (nothing when `scheduler.enabled` is false). It ends when the
-/// generation stops or its engine is dropped.
-pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
-    if !engine.scheduler.enabled {
+/// generation stops or its scheduler is dropped.
+pub fn start(scheduler: &Arc<Scheduler>, stop: CancellationToken) {
+    if !scheduler.config.enabled {
         return;
     }
-    let weak = Arc::downgrade(engine);
-    let mut epoch = engine.control.scheduler_epoch.subscribe();
+    let weak = Arc::downgrade(scheduler);
+    let mut epoch = scheduler.control.scheduler_epoch.subscribe();
     #[allow(
         clippy::disallowed_methods,
-        reason = "the generation's timer: it holds the engine weakly and ends on the generation's stop token"
+        reason = "the generation's timer: it holds the scheduler weakly and ends on the generation's stop token"
     )]
     tokio::spawn(async move {
-        if let Some(engine) = weak.upgrade() {
-            if let Err(e) = engine.sync_heartbeats().await {
+        if let Some(scheduler) = weak.upgrade() {
+            if let Err(e) = scheduler.sync_heartbeats().await {
                 tracing::warn!(error = %e, "heartbeat schedules not synchronised");
             }
         }
@@ -61,15 +61,21 @@ pub fn start(engine: &Arc<Engine>, stop: CancellationToken) {
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Deletes old run records (removed jobs' too); once per fleet and hour on a shared database.
-async fn prune(weak: &Weak<Engine>) {
-    let Some(engine) = weak.upgrade() else { return };
+async fn prune(weak: &Weak<Scheduler>) {
+    let Some(scheduler) = weak.upgrade() else {
+        return;
+    };
     let now = now_ms();
     let ttl = i64::try_from(PRUNE_EVERY.as_millis()).unwrap_or(i64::MAX);
-    if !engine.store.takes_turn("scheduler_prune", now, ttl).await {
+    if !scheduler
+        .store
+        .takes_turn("scheduler_prune", now, ttl)
+        .await
+    {
         return;
     }
-    let age = i64::from(engine.scheduler.run_retention.max_age_days) * 24 * 3600 * 1000;
-    match engine.store.cron_prune(now - age).await {
+    let age = i64::from(scheduler.config.run_retention.max_age_days) * 24 * 3600 * 1000;
+    match scheduler.store.cron_prune(now - age).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(removed = n, "old cron run records removed"),
         Err(e) => tracing::warn!(error = %e, "cron run records not pruned"),
@@ -78,10 +84,10 @@ async fn prune(weak: &Weak<Engine>) {
 
 /// One look at the due times: fires what is due (while slots are free) and answers how long
 /// to sleep; None when the generation is gone.
-async fn pass(weak: &Weak<Engine>) -> Option<Duration> {
-    let engine = weak.upgrade()?;
+async fn pass(weak: &Weak<Scheduler>) -> Option<Duration> {
+    let scheduler = weak.upgrade()?;
     let now = now_ms();
-    let next = match due_pass(&engine, now).await {
+    let next = match due_pass(&scheduler, now).await {
         Ok(next) => next,
         Err(e) => {
             tracing::warn!(error = %e, "scheduler pass failed; retrying");
@@ -98,13 +104,13 @@ async fn pass(weak: &Weak<Engine>) -> Option<Duration> {
 /// Fires due jobs and ticks; the earliest due time left (None: nothing scheduled). Due work
 /// that waits for a slot answers a second from now; a slot's release re-arms the timer sooner.
 async fn due_pass(
-    engine: &Arc<Engine>,
+    scheduler: &Arc<Scheduler>,
     now: i64,
 ) -> Result<Option<i64>, crate::api::error::GatewayError> {
-    let max = engine.fire_limit();
-    engine.fire_due(now, None, None).await?;
-    let beats_next = engine.beat_pass(now, max).await?;
-    let cron_next = engine.store.cron_earliest().await?;
+    let max = scheduler.fire_limit();
+    scheduler.fire_due(now, None, None).await?;
+    let beats_next = scheduler.beat_pass(now, max).await?;
+    let cron_next = scheduler.store.cron_earliest().await?;
     let next = [cron_next, beats_next].into_iter().flatten().min();
     // Due work left behind a full set of slots waits for a slot: its release re-arms the
     // timer. The one-second bound covers a release by another generation, and a due row this

@@ -60,8 +60,8 @@ impl Tool for MemoryStore {
                 "learned"
             };
             let written = ctx
-                .engine
-                .memory_write(
+                .memory
+                .write(
                     ctx.owner,
                     NewMemory {
                         agent_id: ctx.agent_id,
@@ -120,8 +120,8 @@ impl Tool for MemorySearch {
             // The turn's tenant only (never every tenant, even for an admin caller), this
             // agent's entries only.
             let recall = ctx
-                .engine
-                .memory_recall(
+                .memory
+                .recall(
                     ctx.owner,
                     query,
                     limit.clamp(1, 50) as usize,

@@ -26,8 +26,8 @@ pub struct ToolContext<'a> {
     pub tenant: &'a crate::api::tenancy::Tenant,
     /// Who owns what the tools store: the session's owner, or the caller of an ephemeral turn.
     pub owner: &'a str,
-    /// The engine, for tools that need more than the store (memory recall and writes).
-    pub engine: &'a crate::runtime::engine::Engine,
+    /// Long-term memory, for the memory tools (recall and writes).
+    pub memory: &'a crate::runtime::memory::Memory,
     /// The turn's trace id, for the records tools leave (memory recalls).
     pub trace_id: &'a str,
 }
