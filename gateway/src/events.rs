@@ -153,6 +153,17 @@ impl EventBus {
         }
     }
 
+    /// Publishes an event of `owner` (a tenant's session, or a principal's work): only that
+    /// tenant and admin see it.
+    pub fn publish_to<T: Serialize + Send + Sync + 'static>(
+        &self,
+        owner: &Arc<str>,
+        name: &'static str,
+        data: T,
+    ) {
+        self.publish_owned(Some(owner.clone()), name, data);
+    }
+
     /// An event another node published: delivered here like a local one (with this node's
     /// next `seq`), never forwarded again.
     pub fn publish_remote(

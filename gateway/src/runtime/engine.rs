@@ -121,9 +121,7 @@ impl Engine {
         name: &'static str,
         data: T,
     ) {
-        self.control
-            .events
-            .publish_owned(Some(owner.clone()), name, data);
+        self.control.events.publish_to(owner, name, data);
     }
 
     /// Publishes an operator-only event (`audit:event`, `secret:*`): owned by

@@ -286,18 +286,6 @@ impl Turns {
         &self.tools
     }
 
-    /// Publishes an event of `owner`'s session: only that tenant (and admin) sees it.
-    fn emit_owned<T: serde::Serialize + Send + Sync + 'static>(
-        &self,
-        owner: &Arc<str>,
-        name: &'static str,
-        data: T,
-    ) {
-        self.control
-            .events
-            .publish_owned(Some(owner.clone()), name, data);
-    }
-
     /// Runs one turn. Errors are for turns that could not start (suspended agent, no usable
     /// provider); a provider failure during the turn ends it with finishReason error.
     ///
@@ -380,7 +368,7 @@ impl Turns {
                 .as_ref()
                 .map_or(req.caller.client_id.as_str(), |s| s.tenant_id.as_str()),
         );
-        self.emit_owned(
+        self.control.events.publish_to(
             &owner,
             "message:received",
             MessageReceived {
@@ -466,7 +454,7 @@ impl Turns {
                 user_id: Some(&s.user_id),
             })
             .await?;
-        self.emit_owned(
+        self.control.events.publish_to(
             &opening.owner,
             "session:created",
             json!({"sessionKey": s.key, "agentId": s.agent_id, "channel": s.channel}),
@@ -791,7 +779,7 @@ impl Turns {
                         .is_some_and(|m| m.role == crate::providers::Role::Assistant),
             },
         );
-        self.emit_owned(
+        self.control.events.publish_to(
             &opening.owner,
             "message:sent",
             MessageSent {

@@ -59,18 +59,6 @@ impl Memory {
             control,
         }
     }
-
-    /// Publishes an event of `owner`: only that tenant (and admin) sees it.
-    fn emit_owned<T: serde::Serialize + Send + Sync + 'static>(
-        &self,
-        owner: &Arc<str>,
-        name: &'static str,
-        data: T,
-    ) {
-        self.control
-            .events
-            .publish_owned(Some(owner.clone()), name, data);
-    }
 }
 
 /// Consecutive embedding failures that open the breaker.

@@ -150,7 +150,7 @@ impl Memory {
         let owner_arc: std::sync::Arc<str> = std::sync::Arc::from(owner);
         for (id, c) in ids.iter().zip(checked) {
             if !c.tainted_by.is_empty() {
-                self.emit_owned(
+                self.control.events.publish_to(
                     &owner_arc,
                     "security:memory_tainted",
                     json!({"id": id.to_string(), "agentId": agent, "source": source.as_str(),

@@ -398,7 +398,7 @@ fn spawn_tick(
     tokio::spawn(async move {
         let _slot = slot;
         let owner = owner();
-        scheduler.emit_owned(
+        scheduler.control.events.publish_to(
             &owner,
             "scheduler:heartbeat_check",
             json!({"agentId": agent.id, "reason": reason, "sources": claim.sources,
@@ -415,7 +415,7 @@ fn spawn_tick(
             Ok((run_id, reply)) => {
                 let ack = is_ack(&reply, settings.ack_max_chars.unwrap_or(300));
                 if !ack || settings.show_ok == Some(true) {
-                    scheduler.emit_owned(
+                    scheduler.control.events.publish_to(
                         &owner,
                         "scheduler:heartbeat_delivered",
                         json!({"agentId": agent.id, "runId": run_id, "ack": ack,
@@ -438,7 +438,7 @@ fn spawn_tick(
                 if n >= threshold && row.last_alert_at.is_none_or(|t| now - t >= cooldown) {
                     finish.last_alert_at = Some(now);
                     if settings.show_alerts != Some(false) {
-                        scheduler.emit_owned(
+                        scheduler.control.events.publish_to(
                             &owner,
                             "scheduler:heartbeat_alert",
                             json!({"agentId": agent.id, "consecutiveErrors": n,

@@ -52,7 +52,7 @@ async fn fire(scheduler: &Arc<Scheduler>, job: &JobRow, claimed: Claimed, trigge
     let start = now_ms();
     let owner: Arc<str> = Arc::from(job.owner.as_str());
     let session = session_of(job);
-    scheduler.emit_owned(
+    scheduler.control.events.publish_to(
         &owner,
         "scheduler:job_started",
         json!({"jobId": job.job_id, "jobName": job.name, "agentId": job.agent_id,
@@ -70,7 +70,7 @@ async fn fire(scheduler: &Arc<Scheduler>, job: &JobRow, claimed: Claimed, trigge
     {
         tracing::error!(job = %job.job_id, error = %e, "cron fire outcome not recorded");
     }
-    scheduler.emit_owned(
+    scheduler.control.events.publish_to(
         &owner,
         "scheduler:job_completed",
         json!({"jobId": job.job_id, "jobName": job.name, "agentId": job.agent_id,

@@ -63,18 +63,6 @@ impl Scheduler {
             data_dir,
         }
     }
-
-    /// Publishes an event of `owner`: only that tenant (and admin) sees it.
-    fn emit_owned<T: serde::Serialize + Send + Sync + 'static>(
-        &self,
-        owner: &Arc<str>,
-        name: &'static str,
-        data: T,
-    ) {
-        self.control
-            .events
-            .publish_owned(Some(owner.clone()), name, data);
-    }
 }
 
 /// The longest the timer sleeps without looking at the wall clock (a clock set forward while
