@@ -401,19 +401,7 @@ impl SessionApi for Rpc {
         };
         let started = engine
             .runs
-            .start_run(RunSpec {
-                agent,
-                session,
-                task: p.text,
-                caller: ctx.clone(),
-                scopes: ctx.scopes,
-                parent_run_id: None,
-                max_steps: None,
-                model: None,
-                only_tools: None,
-                timeout: None,
-                delivery: None,
-            })
+            .start_run(RunSpec::new(agent, session, p.text, ctx))
             .await?;
         let base = SessionSendResult {
             session_key: started.row.session_key.clone(),
@@ -527,17 +515,10 @@ impl SessionApi for Rpc {
         let started = engine
             .runs
             .start_run(RunSpec {
-                agent: agent.clone(),
-                session,
-                task,
-                caller: ctx.clone(),
-                scopes: ctx.scopes,
-                parent_run_id: None,
                 max_steps: p.max_steps.map(|m| m.clamp(1, 1000) as u32),
                 model: p.model.clone(),
                 only_tools: only,
-                timeout: None,
-                delivery: None,
+                ..RunSpec::new(agent.clone(), session, task, ctx)
             })
             .await?;
         let row = started.row.clone();

@@ -481,19 +481,12 @@ mod tests {
 
         let runs = Arc::new(Runs::new(store.clone(), agents, control, turns));
         let started = runs
-            .start_run(crate::runtime::runs::RunSpec {
+            .start_run(crate::runtime::runs::RunSpec::new(
                 agent,
-                session: session(),
-                task: "again".into(),
-                caller: caller.clone(),
-                scopes: caller.scopes,
-                parent_run_id: None,
-                max_steps: None,
-                model: None,
-                only_tools: None,
-                timeout: None,
-                delivery: None,
-            })
+                session(),
+                "again".into(),
+                &caller,
+            ))
             .await
             .unwrap();
         let (row, outcome) = started.done.await.unwrap();

@@ -37,6 +37,31 @@ pub struct RunSpec {
     pub delivery: Option<String>,
 }
 
+impl RunSpec {
+    /// A run of `agent` on `session` for `caller` with every option at its default: the
+    /// caller's scopes, no parent, the agent's own steps, model and tools, no timeout.
+    pub fn new(
+        agent: Arc<Agent>,
+        session: SessionIdent,
+        task: String,
+        caller: &CallContext,
+    ) -> Self {
+        Self {
+            agent,
+            session,
+            task,
+            caller: caller.clone(),
+            scopes: caller.scopes,
+            parent_run_id: None,
+            max_steps: None,
+            model: None,
+            only_tools: None,
+            timeout: None,
+            delivery: None,
+        }
+    }
+}
+
 /// A started run: its row as inserted, and the task finishing it.
 pub struct Started {
     pub row: RunRow,
