@@ -21,7 +21,9 @@ if [ "$target" = gateway ]; then
 else
   n=${2:-1000}
 fi
-bench=$(ls -t target/release/deps/v1_proxy-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+# V1_PROXY_HARNESS names the bench binary that plays the upstream (the CI guard uses a debug
+# build of it); by default the newest release build.
+bench=${V1_PROXY_HARNESS:-$(ls -t target/release/deps/v1_proxy-* 2>/dev/null | grep -v '\.d$' | head -1 || true)}
 if [ -z "$bench" ]; then
   echo "the bench is not built: run cargo bench --bench v1_proxy --no-run first" >&2
   exit 2

@@ -4,7 +4,9 @@
 //!
 //! Every statement is written once with `$N` parameters (sqlx's SQLite driver binds `$N` to
 //! argument N too) and run on either pool through [`on_pool!`]; rows decode through
-//! [`StoreRow`]. Only full-text search and connection setup differ per backend.
+//! [`StoreRow`]. Only full-text search and connection setup differ per backend. The writer's
+//! statements, run for every request, go through [`dialect::sql`]: SQLite gets their `?` form
+//! (bound by position, where `$N` names cost a scan per parameter).
 //!
 //! Durability: SQLite runs in WAL with `synchronous = NORMAL`, which survives a killed process
 //! (kill -9) with every committed transaction; PostgreSQL commits durably by its own settings.
@@ -14,6 +16,7 @@
 mod conformance;
 pub mod context;
 pub mod control_plane;
+pub mod dialect;
 pub mod files;
 pub mod filter;
 pub mod memory;

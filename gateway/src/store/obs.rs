@@ -171,7 +171,7 @@ pub(super) async fn write_batch(pool: &Pool, b: &ObsBatch) -> Result<(), sqlx::E
     on_pool!(pool, |p| {
         let mut tx = p.begin().await?;
         for t in &b.trace {
-            sqlx::query(INSERT_TRACE)
+            sqlx::query(super::dialect::sql(p, INSERT_TRACE))
                 .bind(t.ts)
                 .bind(t.seq)
                 .bind(t.kind)
@@ -198,7 +198,7 @@ pub(super) async fn write_batch(pool: &Pool, b: &ObsBatch) -> Result<(), sqlx::E
                 .await?;
         }
         for d in &b.diag {
-            sqlx::query(INSERT_DIAG)
+            sqlx::query(super::dialect::sql(p, INSERT_DIAG))
                 .bind(d.ts)
                 .bind(d.category)
                 .bind(d.kind)
@@ -211,7 +211,7 @@ pub(super) async fn write_batch(pool: &Pool, b: &ObsBatch) -> Result<(), sqlx::E
                 .await?;
         }
         for r in &b.prompts {
-            sqlx::query(INSERT_PROMPT)
+            sqlx::query(super::dialect::sql(p, INSERT_PROMPT))
                 .bind(text(&r.session_key))
                 .bind(&r.agent_id)
                 .bind(&r.run_id)
@@ -221,7 +221,7 @@ pub(super) async fn write_batch(pool: &Pool, b: &ObsBatch) -> Result<(), sqlx::E
                 .await?;
         }
         for c in b.channels.values() {
-            sqlx::query(UPSERT_CHANNEL)
+            sqlx::query(super::dialect::sql(p, UPSERT_CHANNEL))
                 .bind(&c.channel_id)
                 .bind(&c.channel_type)
                 .bind(c.ts)

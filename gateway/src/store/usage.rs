@@ -68,23 +68,41 @@ pub struct UsageQueue {
     queued: Arc<AtomicUsize>,
     /// Observability rows among them.
     queued_obs: Arc<AtomicUsize>,
+    /// Observability rows dropped because [`MAX_QUEUED_OBS`] already waited.
+    dropped_obs: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl UsageQueue {
     pub fn start(pool: Pool) -> Self {
+        let (queue, rx) = Self::unstarted();
+        queue.start_writer(pool, rx);
+        queue
+    }
+
+    /// The queue without its writer: rows wait until [`Self::start_writer`] (a stalled store,
+    /// in tests).
+    fn unstarted() -> (Self, mpsc::UnboundedReceiver<Item>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let queued_obs = Arc::new(AtomicUsize::new(0));
+        let queue = Self {
+            tx,
+            queued: Arc::default(),
+            queued_obs: Arc::default(),
+            dropped_obs: Arc::default(),
+        };
+        (queue, rx)
+    }
+
+    fn start_writer(&self, pool: Pool, rx: mpsc::UnboundedReceiver<Item>) {
         #[allow(
             clippy::disallowed_methods,
             reason = "the usage writer ends when its channel closes (the store is dropped)"
         )]
-        tokio::spawn(write_loop(pool, rx, queued.clone(), queued_obs.clone()));
-        Self {
-            tx,
-            queued,
-            queued_obs,
-        }
+        tokio::spawn(write_loop(
+            pool,
+            rx,
+            self.queued.clone(),
+            self.queued_obs.clone(),
+        ));
     }
 
     /// Rows waiting for the writer.
@@ -170,9 +188,7 @@ async fn write_loop(
             .saturating_sub(taken);
         crate::metrics::set_queue_depth("usage_writer", left);
         if !rows.is_empty() {
-            if let Err(e) = insert_batch(&pool, &rows).await {
-                tracing::error!(error = %e, rows = rows.len(), "usage rows not recorded");
-            }
+            insert_with_retries(&pool, &rows).await;
         }
         let due = obs_since.is_some_and(|t| t.elapsed() >= OBS_GATHER);
         if !obs.is_empty() && (due || !flushes.is_empty() || obs.len() >= MAX_OBS_BATCH) {
@@ -186,6 +202,28 @@ async fn write_loop(
     // The queue closed (the store is gone): what waits is still written.
     if !obs.is_empty() {
         write_obs(&pool, &mut obs).await;
+    }
+}
+
+/// Tries a usage batch again after a failure (a locked or briefly unreachable database), so
+/// that a transient error loses no billing row; a batch that fails every attempt is logged
+/// with its size and counted (`agentgw_recorder_dropped_total{kind="usage"}`).
+async fn insert_with_retries(pool: &Pool, rows: &[UsageRow]) {
+    const ATTEMPTS: u32 = 4;
+    for attempt in 1..=ATTEMPTS {
+        match insert_batch(pool, rows).await {
+            Ok(()) => return,
+            Err(e) if attempt < ATTEMPTS => {
+                tracing::warn!(error = %e, rows = rows.len(), attempt, "usage rows not recorded yet; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(250 << attempt)).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, rows = rows.len(), "usage rows not recorded");
+                for _ in rows {
+                    crate::metrics::recorder_dropped("usage");
+                }
+            }
+        }
     }
 }
 
@@ -247,8 +285,8 @@ fn chunks(batch: &[UsageRow]) -> Vec<&[UsageRow]> {
 
 /// The INSERT of one chunk, every value bound (a macro: the same for both backends).
 macro_rules! insert {
-    ($chunk:expr) => {{
-        let mut q = sqlx::query(insert_sql($chunk.len()));
+    ($pool:expr, $chunk:expr) => {{
+        let mut q = sqlx::query(super::dialect::sql($pool, insert_sql($chunk.len())));
         for u in $chunk.iter() {
             q = q
                 .bind(u.ts)
@@ -334,10 +372,10 @@ async fn insert_batch(pool: &Pool, batch: &[UsageRow]) -> Result<(), sqlx::Error
     on_pool!(pool, |p| {
         let mut tx = p.begin().await?;
         for chunk in chunks(batch) {
-            insert!(chunk).execute(&mut *tx).await?;
+            insert!(p, chunk).execute(&mut *tx).await?;
         }
         for ((hour, agent, provider, model), h) in &sums {
-            sqlx::query(UPSERT_HOURLY)
+            sqlx::query(super::dialect::sql(p, UPSERT_HOURLY))
                 .bind(hour)
                 .bind(agent)
                 .bind(provider)
@@ -374,6 +412,7 @@ impl Store {
         let q = &self.usage;
         if q.queued_obs.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED_OBS {
             q.queued_obs.fetch_sub(1, Ordering::Relaxed);
+            q.dropped_obs.fetch_add(1, Ordering::Relaxed);
             crate::metrics::recorder_dropped(row.kind());
             return;
         }
@@ -387,6 +426,12 @@ impl Store {
     /// Rows waiting for the writer (the `usage_writer` queue depth).
     pub fn recorder_depth(&self) -> usize {
         self.usage.depth()
+    }
+
+    /// Observability rows dropped so far because the queue was full
+    /// (`agentgw_recorder_dropped_total` counts them by kind).
+    pub fn recorder_dropped(&self) -> u64 {
+        self.usage.dropped_obs.load(Ordering::Relaxed)
     }
 
     /// Waits until every row queued so far is committed.
@@ -441,5 +486,76 @@ mod chunk_tests {
             .unwrap());
             assert_eq!(count, total);
         }
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::store::obs::DiagRow;
+
+    fn diag(i: usize) -> ObsRow {
+        ObsRow::Diag(DiagRow {
+            ts: i as i64,
+            category: "test",
+            kind: "test.row",
+            tenant_id: None,
+            agent_id: None,
+            session_key: None,
+            channel_id: None,
+            data: "{}".to_owned(),
+        })
+    }
+
+    async fn count(store: &Store, table: &str) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {table}");
+        on_pool!(store.pool(), |p| sqlx::query_scalar(&sql)
+            .fetch_one(p)
+            .await
+            .unwrap())
+    }
+
+    /// A store that does not move (its writer stalled): the calls on the answer path return at
+    /// once (they are not async: nothing in them can wait), observability rows are kept up to
+    /// the cap and the first one past it is dropped and counted, usage rows are never dropped;
+    /// once the store moves again, everything kept is written.
+    #[tokio::test]
+    async fn a_stalled_store_never_holds_up_a_request_and_drops_only_past_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let opened = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let (queue, rx) = UsageQueue::unstarted();
+        let store = Store {
+            usage: queue.clone(),
+            ..opened.clone()
+        };
+        for i in 0..MAX_QUEUED_OBS {
+            store.obs_record(diag(i));
+        }
+        assert_eq!(store.recorder_dropped(), 0, "at the cap nothing is dropped");
+        store.obs_record(diag(MAX_QUEUED_OBS));
+        assert_eq!(store.recorder_dropped(), 1, "one past the cap is dropped");
+        for ts in 0..3 {
+            store
+                .usage_record(UsageRow {
+                    ts,
+                    agent_id: "a".into(),
+                    provider: "p".into(),
+                    model: "p/m".into(),
+                    operation: "chat".into(),
+                    ok: true,
+                    ..UsageRow::default()
+                })
+                .unwrap();
+        }
+        assert_eq!(store.recorder_dropped(), 1, "usage rows are never dropped");
+        assert_eq!(store.recorder_depth(), MAX_QUEUED_OBS + 3);
+
+        queue.start_writer(store.pool().clone(), rx);
+        store.usage_flush().await.unwrap();
+        assert_eq!(store.recorder_depth(), 0);
+        assert_eq!(count(&store, "diagnostics").await, MAX_QUEUED_OBS as i64);
+        assert_eq!(count(&store, "usage").await, 3);
     }
 }

@@ -4,6 +4,7 @@
 
 mod e2e_admin_boundary;
 mod e2e_admission;
+mod e2e_billing_load;
 mod e2e_failures;
 mod e2e_hardening;
 mod e2e_limits;
