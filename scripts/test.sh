@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what the tests need (a Python virtualenv
-# with the SDK and tools, npm packages, Debian packages when run as root: Node.js and the
-# PostgreSQL server), then runs lints, the generated-files check, the Rust tests (with the fuzz
-# corpus replay), the Autobahn WebSocket conformance run, the TypeScript SDK type-check, the
-# Python tests and the Node tests of the OpenAI-compatible API.
+# with the SDK and tools, npm packages, Debian packages when run as root: Node.js, the
+# PostgreSQL server, valgrind), then runs lints, the generated-files check, the Rust tests (with
+# the fuzz corpus replay), the instruction budget of a /v1 request, the Autobahn WebSocket
+# conformance run, the TypeScript SDK type-check, the Python tests and the Node tests of the
+# OpenAI-compatible API.
 # The PostgreSQL tests start a throwaway server themselves (tests/suite/pg.rs) from the server
 # binaries (AGENT_GATEWAY_PG_BIN, else /usr/lib/postgresql/*/bin, else initdb on PATH), or use
 # the existing server AGENT_GATEWAY_TEST_DATABASE_URL=postgres://user@host:port/db names (they
@@ -60,6 +61,19 @@ if ! command -v openssl >/dev/null 2>&1; then
   fi
 fi
 
+# valgrind (callgrind) counts the instructions of a /v1 request for the budget check.
+for tool in valgrind curl; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      step "installing $tool (apt-get)"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
+    else
+      echo "$tool is required (the /v1 instruction budget check), or run as root so apt-get can install it" >&2
+      exit 1
+    fi
+  fi
+done
+
 step "Python virtualenv (.venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
@@ -93,6 +107,9 @@ if grep -qE 'FAILED|error(\[|:)' target/cargo-test.log || ! grep -q 'test result
   cat target/cargo-test.log
   exit 1
 fi
+
+step "the /v1 instruction budget (callgrind on the debug build, benches/v1_proxy/guard.sh)"
+benches/v1_proxy/guard.sh
 
 step "RFC 6455 conformance (Autobahn fuzzingclient against the test build's /ws-echo)"
 cargo test -q --test suite rpc::autobahn:: -- --ignored --nocapture 2>&1 | tee target/autobahn.log | grep -E '^autobahn:|test result' || true

@@ -25,13 +25,13 @@ margin_pct=10
 [ -x "$bin" ] || cargo build -q --bin agent-gateway
 harness=$(ls -t target/debug/deps/v1_proxy-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 if [ -z "$harness" ]; then
-  cargo test -q --bench v1_proxy --no-run 2> /dev/null
+  cargo test -q --bench v1_proxy --no-run
   harness=$(ls -t target/debug/deps/v1_proxy-* | grep -v '\.d$' | head -1)
 fi
 
 lowest=
 for _ in $(seq "$runs"); do
-  line=$(V1_PROXY_HARNESS="$harness" benches/v1_proxy/instructions.sh gateway "$bin" "$requests")
+  line=$(V1_PROXY_HARNESS="$harness" benches/v1_proxy/instructions.sh gateway "$bin" "$requests" | grep '^gateway:' | tail -1)
   count=$(echo "$line" | awk '{print $2}')
   echo "guard: $line"
   if [ -z "$lowest" ] || [ "$count" -lt "$lowest" ]; then lowest=$count; fi

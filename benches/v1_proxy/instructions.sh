@@ -75,7 +75,7 @@ agents:
 EOF
   BENCH_UPSTREAM_KEY=$key AGENT_GATEWAY_LOG=warn valgrind --tool=callgrind \
     --callgrind-out-file="$work/cg.%p" "$bin" serve --config "$work/bench.yaml" \
-    2> "$work/valgrind.log" &
+    > "$work/gateway.log" 2> "$work/valgrind.log" &
   pids+=($!)
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.5; done
   model=up/bench-model
@@ -115,10 +115,10 @@ EOF
 }
 
 load 200
-callgrind_control -d > /dev/null
+callgrind_control -d > /dev/null 2>&1
 sleep 1
 load "$n"
-callgrind_control -d > /dev/null
+callgrind_control -d > /dev/null 2>&1
 sleep 1
 total=$(cat "$work"/cg.*.2 | awk '/^summary:/ {s += $2} END {print s}')
 echo "$target: $((total / n)) instructions per request ($n requests, $total in all)"

@@ -90,7 +90,10 @@ async fn check(gw: &Gateway, answers: &[(String, i64, i64)]) {
         assert_eq!(row["inputTokens"], input, "{row}");
         assert_eq!(row["outputTokens"], output, "{row}");
         let cost: f64 = mine.iter().map(|(m, _, _)| price(m)).sum();
-        assert!(close(row["estimatedCostUsd"].as_f64().unwrap(), cost), "{row}");
+        assert!(
+            close(row["estimatedCostUsd"].as_f64().unwrap(), cost),
+            "{row}"
+        );
     }
 }
 
