@@ -7,6 +7,7 @@
 #   benches/v1_proxy/instructions.sh proxy [requests]
 #   CALLGRIND_KEEP=/tmp/cg benches/v1_proxy/instructions.sh gateway   (keeps the dumps)
 #   API_TOKENS=1000 benches/v1_proxy/instructions.sh gateway   (1000 API tokens stored first)
+#   THREADS=1 benches/v1_proxy/instructions.sh gateway   (also each thread's count per request)
 #
 # Needs valgrind, curl and python3, and the bench built once (`cargo bench --bench v1_proxy
 # --no-run`): its binary plays the upstream (and the proxy). One keep-alive client sends 200
@@ -32,6 +33,10 @@ for tool in valgrind callgrind_control curl python3; do
   command -v "$tool" > /dev/null || { echo "$tool is needed (apt-get install valgrind curl python3)" >&2; exit 2; }
 done
 work=$(mktemp -d)
+# THREADS=1: one dump per thread, and the count of each thread printed too (the tokio workers'
+# share is the stable figure; the SQLite threads' moves with how rows fall into batches).
+threads_flag=
+if [ "${THREADS:-0}" = 1 ]; then threads_flag=--separate-threads=yes; fi
 pids=()
 cleanup() {
   exec 3>&- || true
@@ -73,7 +78,7 @@ providers:
 agents:
   default: {model: up/bench-model}
 EOF
-  BENCH_UPSTREAM_KEY=$key AGENT_GATEWAY_LOG=warn valgrind --tool=callgrind \
+  BENCH_UPSTREAM_KEY=$key AGENT_GATEWAY_LOG=warn valgrind --tool=callgrind $threads_flag \
     --callgrind-out-file="$work/cg.%p" "$bin" serve --config "$work/bench.yaml" \
     > "$work/gateway.log" 2> "$work/valgrind.log" &
   pids+=($!)
@@ -120,10 +125,15 @@ sleep 1
 load "$n"
 callgrind_control -d > /dev/null 2>&1
 sleep 1
-total=$(cat "$work"/cg.*.2 | awk '/^summary:/ {s += $2} END {print s}')
+dumps=$(ls "$work"/cg.*.2 "$work"/cg.*.2-* 2>/dev/null || true)
+total=$(cat $dumps | awk '/^summary:/ {s += $2} END {print s}')
 echo "$target: $((total / n)) instructions per request ($n requests, $total in all)"
+if [ -n "$threads_flag" ]; then
+  per=$(for f in $dumps; do awk -v n="$n" '/^summary:/ {if ($2 > 0) printf "%d ", $2 / n}' "$f"; done)
+  echo "per thread, per request (largest first): $(echo $per | tr ' ' '\n' | sort -rn | tr '\n' ' ')"
+fi
 # CALLGRIND_KEEP=dir keeps the counted dumps for callgrind_annotate (per-function costs).
 if [ -n "${CALLGRIND_KEEP:-}" ]; then
   mkdir -p "$CALLGRIND_KEEP"
-  cp "$work"/cg.*.2 "$CALLGRIND_KEEP"/
+  cp $dumps "$CALLGRIND_KEEP"/
 fi
