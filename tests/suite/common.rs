@@ -297,3 +297,63 @@ pub async fn database(gw: &Gateway) -> sqlx::SqlitePool {
         .await
         .unwrap()
 }
+
+/// The gateway binary the suite was built with.
+pub const GATEWAY_BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
+
+/// The real binary serving `config` on `port` (logs in `dir/<log>.out` and `.err`).
+pub fn spawn_child(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    log: &str,
+    port: u16,
+) -> std::process::Child {
+    std::process::Command::new(GATEWAY_BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env_remove("AGENT_GATEWAY_CONFIG")
+        .env("AGENT_GATEWAY_PORT", port.to_string())
+        .env("AGENT_GATEWAY_NO_FETCH", "1")
+        .stdout(std::fs::File::create(dir.join(format!("{log}.out"))).unwrap())
+        .stderr(std::fs::File::create(dir.join(format!("{log}.err"))).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// The real binary on `config`, healthy, and its port.
+pub async fn spawn_binary(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    log: &str,
+) -> (std::process::Child, u16) {
+    let port = free_port();
+    let mut child = spawn_child(dir, config, log, port);
+    let deadline = std::time::Instant::now() + STEP;
+    while std::time::Instant::now() < deadline {
+        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
+            if r.status() == 200 {
+                return (child, port);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("gateway did not become healthy");
+}
+
+/// One JSON-RPC call over `POST /rpc` to the gateway on `port` (a spawned binary); the whole
+/// response object.
+pub async fn call_port(port: u16, token: &str, method: &str, params: Value) -> Value {
+    reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/rpc"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}

@@ -679,49 +679,6 @@ async fn the_replay_guard_survives_a_restart_and_ignores_the_unsigned_timestamp(
     gw.stop().await;
 }
 
-const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
-
-fn spawn_child(
-    dir: &std::path::Path,
-    config: &std::path::Path,
-    log: &str,
-    port: u16,
-) -> std::process::Child {
-    std::process::Command::new(BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .env_remove("AGENT_GATEWAY_CONFIG")
-        .env("AGENT_GATEWAY_PORT", port.to_string())
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .stdout(std::fs::File::create(dir.join(format!("{log}.out"))).unwrap())
-        .stderr(std::fs::File::create(dir.join(format!("{log}.err"))).unwrap())
-        .spawn()
-        .unwrap()
-}
-
-/// The real binary on `config`, healthy.
-async fn spawn_binary(
-    dir: &std::path::Path,
-    config: &std::path::Path,
-    log: &str,
-) -> (std::process::Child, u16) {
-    let port = free_port();
-    let mut child = spawn_child(dir, config, log, port);
-    let deadline = std::time::Instant::now() + STEP;
-    while std::time::Instant::now() < deadline {
-        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
-            if r.status() == 200 {
-                return (child, port);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("gateway did not become healthy");
-}
-
 /// Polls the run rows of the mapping until `done` says they are as expected.
 async fn runs_until(
     pool: &sqlx::SqlitePool,

@@ -132,36 +132,6 @@ async fn billing_is_exact_under_concurrent_load_and_after_a_restart() {
     gw.stop().await;
 }
 
-const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
-
-/// The real binary on `config`, healthy, and its port.
-async fn spawn(dir: &std::path::Path, config: &std::path::Path) -> (std::process::Child, u16) {
-    let port = free_port();
-    let mut child = std::process::Command::new(BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .env_remove("AGENT_GATEWAY_CONFIG")
-        .env("AGENT_GATEWAY_PORT", port.to_string())
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .stdout(std::fs::File::create(dir.join("out.log")).unwrap())
-        .stderr(std::fs::File::create(dir.join("err.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + STEP;
-    while Instant::now() < deadline {
-        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
-            if r.status() == 200 {
-                return (child, port);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("gateway did not become healthy");
-}
-
 /// How long before the kill an answered call may still be missing from the database: the
 /// writer's window (50 ms) and its commit, with room for a loaded CI machine.
 const LOSS_WINDOW: Duration = Duration::from_millis(1000);
@@ -174,7 +144,7 @@ async fn a_kill_during_load_loses_at_most_the_writers_window() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gateway.yaml");
     std::fs::write(&config, config_yaml(dir.path(), PRICED)).unwrap();
-    let (mut child, port) = spawn(dir.path(), &config).await;
+    let (mut child, port) = spawn_binary(dir.path(), &config, "gateway").await;
     let base = format!("http://127.0.0.1:{port}");
     let answered: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
     let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -254,18 +224,8 @@ async fn a_kill_during_load_loses_at_most_the_writers_window() {
     pool.close().await;
 
     // The next start bills exactly what the database holds.
-    let (mut child, port) = spawn(dir.path(), &config).await;
-    let client = reqwest::Client::new();
-    let total: Value = client
-        .post(format!("http://127.0.0.1:{port}/rpc"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "obs.billing.total", "params": {}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (mut child, port) = spawn_binary(dir.path(), &config, "gateway").await;
+    let total = call_port(port, ADMIN, "obs.billing.total", json!({})).await;
     assert_eq!(total["result"]["callCount"], rows, "{total}");
     child.kill().unwrap();
     child.wait().unwrap();
