@@ -689,12 +689,12 @@ pub fn set_queue_depth(queue: &'static str, depth: usize) {
     );
 }
 
-/// One observability row dropped: `agentgw_recorder_dropped_total{kind}`.
-pub fn recorder_dropped(kind: &'static str) {
+/// `rows` records of `kind` dropped: `agentgw_recorder_dropped_total{kind}`.
+pub fn recorder_dropped(kind: &'static str, rows: u64) {
     DROPPED.with(
         kind,
         || counter!(RECORDER_DROPPED, "kind" => kind),
-        |c| c.increment(1),
+        |c| c.increment(rows),
     );
 }
 

@@ -350,6 +350,7 @@ pub async fn call_port(port: u16, token: &str, method: &str, params: Value) -> V
         .post(format!("http://127.0.0.1:{port}/rpc"))
         .bearer_auth(token)
         .json(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .timeout(STEP)
         .send()
         .await
         .unwrap()

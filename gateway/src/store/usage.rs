@@ -219,9 +219,7 @@ async fn insert_with_retries(pool: &Pool, rows: &[UsageRow]) {
             }
             Err(e) => {
                 tracing::error!(error = %e, rows = rows.len(), "usage rows not recorded");
-                for _ in rows {
-                    crate::metrics::recorder_dropped("usage");
-                }
+                crate::metrics::recorder_dropped("usage", rows.len() as u64);
             }
         }
     }
@@ -413,7 +411,7 @@ impl Store {
         if q.queued_obs.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED_OBS {
             q.queued_obs.fetch_sub(1, Ordering::Relaxed);
             q.dropped_obs.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::recorder_dropped(row.kind());
+            crate::metrics::recorder_dropped(row.kind(), 1);
             return;
         }
         q.queued.fetch_add(1, Ordering::Relaxed);
@@ -446,6 +444,20 @@ impl Store {
     }
 }
 
+/// A successful call of agent `a` on `p/m` at `ts` (tests).
+#[cfg(test)]
+fn test_row(ts: i64) -> UsageRow {
+    UsageRow {
+        ts,
+        agent_id: "a".into(),
+        provider: "p".into(),
+        model: "p/m".into(),
+        operation: "chat".into(),
+        ok: true,
+        ..UsageRow::default()
+    }
+}
+
 #[cfg(test)]
 mod chunk_tests {
     use super::*;
@@ -466,17 +478,7 @@ mod chunk_tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("t.db")).await.unwrap();
         for (n, total) in [(1usize, 1i64), (27, 28), (64, 92)] {
-            let batch: Vec<UsageRow> = (0..n)
-                .map(|i| UsageRow {
-                    ts: i as i64,
-                    agent_id: "a".into(),
-                    provider: "p".into(),
-                    model: "p/m".into(),
-                    operation: "chat".into(),
-                    ok: true,
-                    ..UsageRow::default()
-                })
-                .collect();
+            let batch: Vec<UsageRow> = (0..n).map(|i| test_row(i as i64)).collect();
             insert_batch(store.pool(), &batch).await.unwrap();
             let count: i64 = on_pool!(store.pool(), |p| sqlx::query_scalar(
                 "SELECT COUNT(*) FROM usage"
@@ -537,17 +539,7 @@ mod queue_tests {
         store.obs_record(diag(MAX_QUEUED_OBS));
         assert_eq!(store.recorder_dropped(), 1, "one past the cap is dropped");
         for ts in 0..3 {
-            store
-                .usage_record(UsageRow {
-                    ts,
-                    agent_id: "a".into(),
-                    provider: "p".into(),
-                    model: "p/m".into(),
-                    operation: "chat".into(),
-                    ok: true,
-                    ..UsageRow::default()
-                })
-                .unwrap();
+            store.usage_record(test_row(ts)).unwrap();
         }
         assert_eq!(store.recorder_dropped(), 1, "usage rows are never dropped");
         assert_eq!(store.recorder_depth(), MAX_QUEUED_OBS + 3);

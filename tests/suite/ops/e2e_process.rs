@@ -559,22 +559,6 @@ webhooks:
     assert!(wait_exit(&mut b).success());
 }
 
-/// One JSON-RPC call as `token`; the whole response.
-async fn rpc(port: u16, token: &str, method: &str, params: Value) -> Value {
-    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    reqwest::Client::new()
-        .post(format!("http://127.0.0.1:{port}/rpc"))
-        .bearer_auth(token)
-        .json(&body)
-        .timeout(STEP)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 const CRON_SCRIPT: &str = r#"providers:
   script:
     type: scripted
@@ -597,7 +581,7 @@ scheduler:
 async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
     let dir = tempfile::tempdir().unwrap();
     let (mut child, port) = spawn_configured(dir.path(), CRON_SCRIPT).await;
-    let v = rpc(
+    let v = call_port(
         port,
         RPC,
         "cron.add",
@@ -613,7 +597,7 @@ async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
     // fire is not listed in cron.runs yet).
     let deadline = Instant::now() + STEP;
     loop {
-        let st = rpc(
+        let st = call_port(
             port,
             RPC,
             "cron.status",
@@ -635,7 +619,7 @@ async fn a_fire_cut_by_kill_9_is_recorded_and_missed_fires_catch_up_once() {
     wait_healthy(port).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let runs = loop {
-        let v = rpc(
+        let v = call_port(
             port,
             RPC,
             "cron.runs",
@@ -693,7 +677,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     );
     let (mut child, port) = spawn_configured(dir.path(), &extra).await;
     let config = dir.path().join("gateway.yaml");
-    let created = rpc(
+    let created = call_port(
         port,
         ADMIN,
         "tokens.create",
@@ -701,7 +685,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     )
     .await;
     let token = created["result"]["secret"].as_str().unwrap().to_owned();
-    let r = rpc(
+    let r = call_port(
         port,
         ADMIN,
         "secrets.set",
@@ -709,7 +693,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     )
     .await;
     assert_eq!(r["result"]["created"], true, "{r}");
-    let r = rpc(
+    let r = call_port(
         port,
         ADMIN,
         "config.set",
@@ -718,7 +702,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     .await;
     assert_eq!(r["result"]["restarting"], false, "{r}");
     // The log level at run time: at warn, an info line of a token's creation is not written.
-    let r = rpc(
+    let r = call_port(
         port,
         ADMIN,
         "daemon.setLogLevel",
@@ -727,14 +711,14 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     .await;
     assert_eq!(r["result"]["scope"], "global", "{r}");
     assert_eq!(r["result"]["persistent"], false);
-    rpc(
+    call_port(
         port,
         ADMIN,
         "tokens.create",
         serde_json::json!({"scopes": ["rpc"], "id": "quiet"}),
     )
     .await;
-    let r = rpc(
+    let r = call_port(
         port,
         ADMIN,
         "daemon.setLogLevel",
@@ -742,14 +726,14 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     )
     .await;
     assert_eq!(r["result"]["scope"], "module", "{r}");
-    rpc(
+    call_port(
         port,
         ADMIN,
         "tokens.create",
         serde_json::json!({"scopes": ["rpc"], "id": "loud"}),
     )
     .await;
-    let r = rpc(
+    let r = call_port(
         port,
         RPC,
         "daemon.setLogLevel",
@@ -757,7 +741,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     )
     .await;
     assert_eq!(r["error"]["code"], -32603);
-    let r = rpc(
+    let r = call_port(
         port,
         ADMIN,
         "daemon.setLogLevel",
@@ -784,12 +768,12 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
 
     let mut child = spawn(dir.path(), Some(&config), port);
     wait_healthy(port).await;
-    let r = rpc(port, &token, "system.ping", serde_json::json!({})).await;
+    let r = call_port(port, &token, "system.ping", serde_json::json!({})).await;
     assert_eq!(
         r["result"]["pong"], true,
         "the API token did not survive: {r}"
     );
-    let r = rpc(
+    let r = call_port(
         port,
         ADMIN,
         "secrets.get",
@@ -797,7 +781,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
     )
     .await;
     assert_eq!(r["result"]["value"], PLAIN);
-    let r = rpc(port, ADMIN, "config.history", serde_json::json!({})).await;
+    let r = call_port(port, ADMIN, "config.history", serde_json::json!({})).await;
     assert!(
         r["result"]["entries"][0]["message"]
             .as_str()
@@ -805,7 +789,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
             .contains("agents.w.maxSteps"),
         "{r}"
     );
-    let r = rpc(
+    let r = call_port(
         port,
         ADMIN,
         "agents.get",
@@ -850,7 +834,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
         assert_eq!(text, file_before, "the API wrote the configuration file");
         child = spawn(dir.path(), Some(&config), port);
         wait_healthy(port).await;
-        let r = rpc(
+        let r = call_port(
             port,
             ADMIN,
             "config.read",
@@ -864,7 +848,7 @@ async fn control_state_survives_kill_9_and_no_acknowledged_configuration_write_i
                 "acknowledged write {i} lost: maxSteps {steps}"
             );
         }
-        let r = rpc(
+        let r = call_port(
             port,
             ADMIN,
             "agents.get",
@@ -888,9 +872,9 @@ async fn observability_records_survive_kill_9_once_read() {
     }
     let key = "agent:default:api:client:durable";
     // A read flushes the writer: everything answered before it is committed.
-    let billing = rpc(port, ADMIN, "obs.billing.total", serde_json::json!({})).await;
+    let billing = call_port(port, ADMIN, "obs.billing.total", serde_json::json!({})).await;
     assert_eq!(billing["result"]["callCount"], 3, "{billing}");
-    let explain = rpc(
+    let explain = call_port(
         port,
         ADMIN,
         "obs.explain",
@@ -898,13 +882,13 @@ async fn observability_records_survive_kill_9_once_read() {
     )
     .await;
     assert_eq!(explain["result"]["timing"]["turnCount"], 3, "{explain}");
-    let rows = rpc(port, ADMIN, "obs.trace.search", serde_json::json!({})).await;
+    let rows = call_port(port, ADMIN, "obs.trace.search", serde_json::json!({})).await;
     signal(&child, "-KILL");
     wait_exit(&mut child);
     let (child, port) = spawn_configured(dir.path(), SCRIPTED).await;
-    let after = rpc(port, ADMIN, "obs.billing.total", serde_json::json!({})).await;
+    let after = call_port(port, ADMIN, "obs.billing.total", serde_json::json!({})).await;
     assert_eq!(after["result"], billing["result"]);
-    let again = rpc(
+    let again = call_port(
         port,
         ADMIN,
         "obs.explain",
@@ -912,7 +896,7 @@ async fn observability_records_survive_kill_9_once_read() {
     )
     .await;
     assert_eq!(again["result"], explain["result"]);
-    let by_trace = rpc(
+    let by_trace = call_port(
         port,
         ADMIN,
         "obs.explain",
@@ -920,7 +904,7 @@ async fn observability_records_survive_kill_9_once_read() {
     )
     .await;
     assert_eq!(by_trace["result"]["sessionKey"], key);
-    let rows_after = rpc(port, ADMIN, "obs.trace.search", serde_json::json!({})).await;
+    let rows_after = call_port(port, ADMIN, "obs.trace.search", serde_json::json!({})).await;
     assert_eq!(rows_after["result"], rows["result"]);
     assert_eq!(rows["result"]["rows"].as_array().unwrap().len(), 9);
     signal(&child, "-KILL");

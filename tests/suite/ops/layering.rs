@@ -297,10 +297,10 @@ fn violations(files: &[(String, String)]) -> Vec<String> {
     problems
 }
 
-#[test]
-fn no_import_runs_up_a_floor() {
+/// Every source file of `gateway/src`: its path under `src` and its text.
+fn source_files() -> (PathBuf, Vec<(String, String)>) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway/src");
-    let files: Vec<(String, String)> = sources(&src)
+    let files = sources(&src)
         .into_iter()
         .map(|p| {
             let rel = p
@@ -312,6 +312,12 @@ fn no_import_runs_up_a_floor() {
             (rel, text)
         })
         .collect();
+    (src, files)
+}
+
+#[test]
+fn no_import_runs_up_a_floor() {
+    let (src, files) = source_files();
     assert!(
         files.len() > 100,
         "the sources were not found under {src:?}"
@@ -337,16 +343,10 @@ fn no_import_runs_up_a_floor() {
 /// `GatewayError` into a wire type (`RpcError`, `Problem`) anywhere else fails.
 #[test]
 fn the_domain_error_is_mapped_to_the_wire_in_two_files() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway/src");
+    let (_, files) = source_files();
     let mut found = Vec::new();
-    for p in sources(&src) {
-        let rel = p
-            .strip_prefix(&src)
-            .expect("under src")
-            .to_string_lossy()
-            .into_owned();
-        let text = std::fs::read_to_string(&p).expect("read source");
-        for (no, line) in without_tests(&text) {
+    for (rel, text) in &files {
+        for (no, line) in without_tests(text) {
             let l = line.trim();
             for wire in ["RpcError", "Problem"] {
                 if l.starts_with("impl From<")
