@@ -760,8 +760,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::LeaseRevokeParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::LeaseApi>::revoke(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::LinkProcess => {
             let params = invoke::parse_params::<
@@ -1624,8 +1625,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::RunKillParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::RunApi>::kill(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SchedulerWake => {
             let params = invoke::parse_params::<
@@ -1890,50 +1892,73 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::SubagentKillParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SubagentApi>::kill(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SubagentList => {
             let params = invoke::parse_params::<
                 super::types::SubagentListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SubagentApi>::list(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SubagentPause => {
             let params = invoke::parse_params::<
                 super::types::SubagentPauseParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SubagentApi>::pause(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SubagentResume => {
             let params = invoke::parse_params::<
                 super::types::SubagentResumeParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SubagentApi>::resume(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SubagentStatus => {
             let params = invoke::parse_params::<
                 super::types::SubagentStatusParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SubagentApi>::status(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SubagentSteer => {
             let params = invoke::parse_params::<
                 super::types::SubagentSteerParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SubagentApi>::steer(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SubagentWait => {
             let params = invoke::parse_params::<
                 super::types::SubagentWaitParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::SubagentApi>::wait(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::SystemPing => {
             let params = invoke::parse_params::<

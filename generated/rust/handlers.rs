@@ -527,6 +527,19 @@ pub trait HeartbeatApi: Send + Sync {
         >,
     > + Send;
 }
+/// Handlers of the `lease` namespace: Capability leases of autonomous runs.
+pub trait LeaseApi: Send + Sync {
+    /// `lease.revoke` (scope `admin`): Cooperative stop - revokes leases so their bearers can no longer validate or renew them.
+    ///
+    /// Exactly one of leaseId and rootRunId must be given (-32602 otherwise); rootRunId revokes every lease of that run tree. A call already past validation completes. With autonomy.durability.enabled the durable run records become revoked. Denied to ordinary agents - only callers with admin (an agent only through an explicit administrator-trust grant). Revoking nothing (unknown or already revoked) answers revoked 0, not an error.
+    fn revoke(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::LeaseRevokeParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::LeaseRevokeResult, crate::api::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `memory` namespace: Long-term agent memory - entries an agent or an operator stores (tagged, trust-levelled, optionally pinned), found again by full-text and vector search, plus the consolidated observations and entities derived from them, recall diagnostics, and portable export and import. Searching is rpc; management is admin. Parameter names follow the reference (snake_case tenant_id/agent_id on management methods); a tenant defaults to the calling token's client id.
 pub trait MemoryApi: Send + Sync {
     /// `memory.ask` (scope `rpc`): Answers a question from memory, citing the entries used, or abstains.
@@ -1193,6 +1206,19 @@ pub trait ProvidersApi: Send + Sync {
         >,
     > + Send;
 }
+/// Handlers of the `run` namespace: Hard control of autonomous run trees.
+pub trait RunApi: Send + Sync {
+    /// `run.kill` (scope `admin`): Hard stop - aborts a whole run tree and revokes its leases.
+    ///
+    /// Aborts every run under the root, grandchildren included (through the parent lease), and revokes their leases; with autonomy.durability.enabled the durable records become revoked, so a restart cannot resurrect them. Denied to ordinary agents - only callers with admin (an agent only through an explicit administrator-trust grant). Result from the reference plus leasesRevoked. An unknown or already finished root answers killed 0, not an error.
+    fn kill(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::RunKillParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::RunKillResult, crate::api::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `scheduler` namespace: The daemon's heartbeat scheduler as a whole - waking it outside its schedule.
 pub trait SchedulerApi: Send + Sync {
     /// `scheduler.wake` (scope `rpc`): Fires the heartbeat coalescer now; rapid calls collapse into one run (fire-and-forget).
@@ -1406,6 +1432,100 @@ pub trait SessionApi: Send + Sync {
         >,
     > + Send;
 }
+/// Handlers of the `subagent` namespace: Supervising sub-agent runs (spawned by session.spawn) - listing them, waiting for them, steering and killing them, and pausing or resuming the spawning of new ones daemon-wide.
+pub trait SubagentApi: Send + Sync {
+    /// `subagent.kill` (scope `admin`): Aborts one sub-agent run and its descendants.
+    ///
+    /// Designed from the reference. Kills the run and every run below it and revokes their leases (run.kill does the same for a whole tree from its root). killed false when the run had already ended. Unknown run -32001.
+    fn kill(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::SubagentKillParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::SubagentKillResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `subagent.list` (scope `admin`): Lists sub-agent runs that are active or ended recently.
+    ///
+    /// Designed from the reference's {runs: object[], total}, with typed SubagentRunSummary items (carrying agentId and rootRunId as the newest reference does). Runs still queued or running are always listed; ended runs only within recentMinutes. Every background run is listed (session.spawn, spawn_agent, session.send, webhook and scheduled runs): each is a node of a run tree. At most the 1000 newest are listed.
+    fn list(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::SubagentListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::SubagentListResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `subagent.pause` (scope `admin`): Stops accepting new sub-agent spawns daemon-wide; running ones continue.
+    ///
+    /// Reference shape. While paused, session.spawn is refused with -32002 and an agent's spawn_agent tool with an error the model sees, each publishing session:sub_agent_spawn_rejected. The pause lives in memory only (resetsOnRestart is always true); pausing when paused is not an error (changed false).
+    fn pause(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::SubagentPauseParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::SubagentPauseResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `subagent.resume` (scope `admin`): Accepts new sub-agent spawns again.
+    ///
+    /// Reference shape; resuming when not paused is not an error (changed false).
+    fn resume(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::SubagentResumeParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::SubagentResumeResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `subagent.status` (scope `admin`): Whether sub-agent spawning is paused, and how many runs are active.
+    ///
+    /// Reference shape plus the counts of active and queued runs.
+    fn status(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::SubagentStatusParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::SubagentStatusResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `subagent.steer` (scope `admin`): Sends a steering message to a running sub-agent, injected at its next step boundary.
+    ///
+    /// The spec describes the operation without naming it ("injects a message at the child's next step boundary and returns {status: steered_inject, runId}"); the name and parameters are the reference's. A running run always takes the message: at its next step boundary it joins the conversation as a user message before the next model call (a turn about to end takes one more step for it), and it is stored with the turn's messages. The reference's restart (status steered, oldRunId) is therefore never answered here; the values stay for compatibility. A run that already ended (or runs on another node) -32002; unknown run -32001.
+    fn steer(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::SubagentSteerParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::SubagentSteerResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `subagent.wait` (scope `rpc`): Waits until the given sub-agent runs end, or until a timeout.
+    ///
+    /// The reference lists scope rpc+admin (either grants it); a method has one scope here, so rpc, the lower. A caller without admin may wait only on runs its tenant started (the run owner rule, applied by the store to each id) - any other id is answered with status denied_unknown, like an id that does not exist, so run ids cannot be probed. Answers when every run has ended or timeoutMs passed (timeoutMs 0 only polls). runIds is required over JSON-RPC (-32602 without it: a client is not a run); the agents' wait_agents tool may omit it.
+    fn wait(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::SubagentWaitParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::SubagentWaitResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+}
 /// Handlers of the `system` namespace: Liveness of the JSON-RPC surface itself.
 pub trait SystemApi: Send + Sync {
     /// `system.ping` (scope `rpc`): Answers at once; proves the connection, the token and the dispatch work.
@@ -1471,7 +1591,7 @@ pub trait TokensApi: Send + Sync {
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + SchedulerApi + SecretsApi + SessionApi + SystemApi + TokensApi + Send + Sync {
+pub trait Handlers: AgentApi + AgentsApi + AuthApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::api::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -1840,6 +1960,15 @@ impl<O: crate::api::tenancy::Owners> HeartbeatApi for Fake<O> {
         _params: super::types::HeartbeatUpdateParams,
     ) -> Result<super::types::HeartbeatUpdateResult, crate::api::error::GatewayError> {
         self.ran("heartbeat.update")
+    }
+}
+impl<O: crate::api::tenancy::Owners> LeaseApi for Fake<O> {
+    async fn revoke(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::LeaseRevokeParams,
+    ) -> Result<super::types::LeaseRevokeResult, crate::api::error::GatewayError> {
+        self.ran("lease.revoke")
     }
 }
 impl<O: crate::api::tenancy::Owners> MemoryApi for Fake<O> {
@@ -2264,6 +2393,15 @@ impl<O: crate::api::tenancy::Owners> ProvidersApi for Fake<O> {
         self.ran("providers.update")
     }
 }
+impl<O: crate::api::tenancy::Owners> RunApi for Fake<O> {
+    async fn kill(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::RunKillParams,
+    ) -> Result<super::types::RunKillResult, crate::api::error::GatewayError> {
+        self.ran("run.kill")
+    }
+}
 impl<O: crate::api::tenancy::Owners> SchedulerApi for Fake<O> {
     async fn wake(
         &self,
@@ -2390,6 +2528,57 @@ impl<O: crate::api::tenancy::Owners> SessionApi for Fake<O> {
         _params: super::types::SessionStatusParams,
     ) -> Result<super::types::SessionStatusResult, crate::api::error::GatewayError> {
         self.ran("session.status")
+    }
+}
+impl<O: crate::api::tenancy::Owners> SubagentApi for Fake<O> {
+    async fn kill(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::SubagentKillParams,
+    ) -> Result<super::types::SubagentKillResult, crate::api::error::GatewayError> {
+        self.ran("subagent.kill")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::SubagentListParams,
+    ) -> Result<super::types::SubagentListResult, crate::api::error::GatewayError> {
+        self.ran("subagent.list")
+    }
+    async fn pause(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::SubagentPauseParams,
+    ) -> Result<super::types::SubagentPauseResult, crate::api::error::GatewayError> {
+        self.ran("subagent.pause")
+    }
+    async fn resume(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::SubagentResumeParams,
+    ) -> Result<super::types::SubagentResumeResult, crate::api::error::GatewayError> {
+        self.ran("subagent.resume")
+    }
+    async fn status(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::SubagentStatusParams,
+    ) -> Result<super::types::SubagentStatusResult, crate::api::error::GatewayError> {
+        self.ran("subagent.status")
+    }
+    async fn steer(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::SubagentSteerParams,
+    ) -> Result<super::types::SubagentSteerResult, crate::api::error::GatewayError> {
+        self.ran("subagent.steer")
+    }
+    async fn wait(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::SubagentWaitParams,
+    ) -> Result<super::types::SubagentWaitResult, crate::api::error::GatewayError> {
+        self.ran("subagent.wait")
     }
 }
 impl<O: crate::api::tenancy::Owners> SystemApi for Fake<O> {

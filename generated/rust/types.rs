@@ -17100,6 +17100,9 @@ pub struct SubagentRunSummary {
     /// Why it failed, for failed, timeout, killed, revoked and orphaned runs.
     #[serde(rename = "error", default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The run's capability lease (lease.revoke takes it), while the run is live on the node that answers; designed (the reference lists leases apart).
+    #[serde(rename = "leaseId", default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
 }
 /// Parameters of `subagent.status`.
 ///

@@ -3,6 +3,7 @@
 //! environment overrides, validation, and secret redaction.
 
 pub mod agents;
+pub mod autonomy;
 pub mod context;
 pub mod document;
 pub mod engine;
@@ -187,6 +188,10 @@ pub struct Config {
     /// Long-term memory: embeddings, recall and consolidation (`memory.*`).
     #[serde(default)]
     pub memory: memory::MemoryConfig,
+    /// Run trees agents build themselves: sub-agent limits and the denial breaker
+    /// (`docs/orchestration.md`).
+    #[serde(default)]
+    pub autonomy: autonomy::AutonomyConfig,
 }
 
 /// `observability`.
@@ -664,6 +669,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     provider_policy::validate(&config.provider_policy).map_err(ConfigError)?;
     store::validate(&config.store)?;
     scheduler::validate(&config.scheduler)?;
+    autonomy::validate(&config.autonomy)?;
     context::validate(&config.agent_defaults.context)?;
     secrets::master_key(&config.secrets)?;
     let o = &config.observability;

@@ -10,15 +10,18 @@ mod daemon;
 mod env;
 mod gateway;
 mod heartbeat;
+mod lease;
 mod memory;
 
 pub(crate) use memory::{search as memory_search, stats as memory_stats};
 mod models;
 mod obs;
 mod providers;
+mod run;
 mod scheduler;
 mod secrets;
 mod session;
+mod subagent;
 mod system;
 mod tokens;
 

@@ -481,7 +481,7 @@ impl SessionApi for Rpc {
         }
         for t in p.required_tools.iter().flatten() {
             let offered = engine.turns.tools().names().contains(&t.as_str())
-                && agent.allows_tool(t)
+                && agent.allows_tool_in(t, engine.turns.tools().opt_in_group(t))
                 && only.as_ref().is_none_or(|o| o.contains(t));
             if !offered {
                 return Err(GatewayError::InvalidParams(format!(

@@ -41,10 +41,21 @@ impl Agent {
 
     /// Whether the agent may call a tool.
     pub fn allows_tool(&self, name: &str) -> bool {
-        self.config
-            .tools
-            .as_ref()
-            .is_some_and(|t| t.iter().any(|x| x == "*" || x == name))
+        self.allows_tool_in(name, None)
+    }
+
+    /// Whether the agent's `tools` list allows `name`: by name; by `*` unless the tool belongs
+    /// to an opt-in `group` (such a tool needs its name or `group:<group>`).
+    pub fn allows_tool_in(&self, name: &str, group: Option<&str>) -> bool {
+        self.config.tools.as_ref().is_some_and(|t| {
+            t.iter().any(|x| {
+                x == name
+                    || match group {
+                        None => x == "*",
+                        Some(g) => x.strip_prefix("group:") == Some(g),
+                    }
+            })
+        })
     }
 
     /// The model configured for an operation, if any.

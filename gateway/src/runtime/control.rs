@@ -53,6 +53,9 @@ pub struct Control {
     pub config_writes: tokio::sync::Mutex<()>,
     /// The spec's per-method rate limits (env.set, env.list).
     pub limits: crate::runtime::method_limits::MethodLimits,
+    /// Runs live on this node, across generations (`run.kill` in a new generation reaches a
+    /// run an earlier one started), and the spawn pause.
+    pub tree: crate::runtime::tree::RunTree,
 }
 
 impl Control {
@@ -75,6 +78,7 @@ impl Control {
             restarts_refused: Default::default(),
             config_writes: tokio::sync::Mutex::new(()),
             limits: Default::default(),
+            tree: Default::default(),
         }
     }
 

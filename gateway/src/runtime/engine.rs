@@ -209,7 +209,9 @@ impl Engine {
             agents.clone(),
             control.clone(),
             turns.clone(),
+            config.autonomy.clone(),
         ));
+        turns.attach_runs(&runs);
         let scheduler = Arc::new(Scheduler::new(
             config.scheduler.clone(),
             store.clone(),
@@ -479,7 +481,13 @@ mod tests {
         );
         store.usage_flush().await.unwrap();
 
-        let runs = Arc::new(Runs::new(store.clone(), agents, control, turns));
+        let runs = Arc::new(Runs::new(
+            store.clone(),
+            agents,
+            control,
+            turns,
+            config.autonomy.clone(),
+        ));
         let started = runs
             .start_run(crate::runtime::runs::RunSpec::new(
                 agent,

@@ -14,5 +14,6 @@ pub mod runs;
 pub mod scheduler;
 pub mod sessions;
 pub mod tools;
+pub mod tree;
 pub mod turn;
 pub mod untrusted;

@@ -9,10 +9,12 @@ use serde_json::json;
 use crate::api::error::GatewayError;
 use crate::api::generated::types::SubagentRunStatus;
 use crate::api::CallContext;
+use crate::config::autonomy::AutonomyConfig;
 use crate::runtime::agents::Agent;
 use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
 use crate::runtime::sessions::SessionIdent;
+use crate::runtime::tree::{LiveRun, Placement, Stop};
 use crate::runtime::turn::{TurnOutcome, TurnRequest, Turns};
 use crate::store::runs::RunRow;
 use crate::store::Store;
@@ -27,7 +29,11 @@ pub struct RunSpec {
     pub caller: CallContext,
     /// The scopes the run's tools may require (at most the caller's).
     pub scopes: crate::api::scopes::Scopes,
-    pub parent_run_id: Option<String>,
+    /// The run whose turn spawned this one (a sub-agent); None starts a tree.
+    pub parent: Option<Arc<LiveRun>>,
+    /// A spawn (`session.spawn`, the `spawn_agent` tool): refused while spawning is paused
+    /// and, under a parent, past `autonomy.subagents`.
+    pub spawned: bool,
     pub max_steps: Option<u32>,
     pub model: Option<String>,
     pub only_tools: Option<BTreeSet<String>>,
@@ -52,7 +58,8 @@ impl RunSpec {
             task,
             caller: caller.clone(),
             scopes: caller.scopes,
-            parent_run_id: None,
+            parent: None,
+            spawned: false,
             max_steps: None,
             model: None,
             only_tools: None,
@@ -68,14 +75,33 @@ pub struct Started {
     pub done: tokio::task::JoinHandle<(RunRow, Option<TurnOutcome>)>,
 }
 
-/// Background runs: their rows, admission, and the turn each one runs.
+/// Background runs: their rows, admission, their place in the run tree, and the turn each
+/// one runs.
 pub struct Runs {
     store: Store,
     /// A resumed run's agent is looked up again (`queue.rs`).
     pub(super) agents: Arc<Agents>,
-    /// Admission, and the push to the client that started a run.
+    /// Admission, the run registry, and the push to the client that started a run.
     control: Arc<Control>,
     turns: Arc<Turns>,
+    /// Sub-agent limits and the denial breaker (`autonomy`).
+    autonomy: AutonomyConfig,
+}
+
+/// How a run ended, from its turn's outcome and what stopped it.
+fn final_status(
+    live: &LiveRun,
+    outcome: Option<&Result<TurnOutcome, GatewayError>>,
+    timed_out: bool,
+) -> SubagentRunStatus {
+    match (live.stopped(), outcome) {
+        (Some(Stop::Killed), _) | (None, None) => SubagentRunStatus::Killed,
+        (Some(Stop::Revoked), _) => SubagentRunStatus::Revoked,
+        (Some(Stop::DenialBreaker), _) => SubagentRunStatus::Completed,
+        (None, Some(Ok(_))) if timed_out => SubagentRunStatus::Timeout,
+        (None, Some(Ok(_))) => SubagentRunStatus::Completed,
+        (None, Some(Err(_))) => SubagentRunStatus::Failed,
+    }
 }
 
 impl Runs {
@@ -84,12 +110,14 @@ impl Runs {
         agents: Arc<Agents>,
         control: Arc<Control>,
         turns: Arc<Turns>,
+        autonomy: AutonomyConfig,
     ) -> Self {
         Self {
             store,
             agents,
             control,
             turns,
+            autonomy,
         }
     }
 
@@ -98,9 +126,38 @@ impl Runs {
         &self.store
     }
 
+    /// The run registry of this process.
+    pub fn tree(&self) -> &crate::runtime::tree::RunTree {
+        &self.control.tree
+    }
+
+    /// Refuses a spawn while spawning is paused or past `autonomy.subagents`, publishing
+    /// `session:sub_agent_spawn_rejected`.
+    fn admit_spawn(&self, spec: &RunSpec) -> Result<(), GatewayError> {
+        if !spec.spawned {
+            return Ok(());
+        }
+        self.control
+            .tree
+            .admit(spec.parent.as_deref(), &self.autonomy.subagents)
+            .map_err(|refused| {
+                self.control.events.publish_owned(
+                    Some(Arc::from(spec.caller.client_id.as_str())),
+                    "session:sub_agent_spawn_rejected",
+                    json!({
+                        "agentId": spec.agent.id,
+                        "parentRunId": spec.parent.as_ref().map(|p| p.run_id.clone()),
+                        "reason": refused.code(),
+                    }),
+                );
+                GatewayError::Conflict(format!("Spawn refused: {refused}"))
+            })
+    }
+
     /// Records the run as running and starts it on its own task (it keeps running when the
     /// caller stops waiting).
     pub async fn start_run(self: &Arc<Self>, spec: RunSpec) -> Result<Started, GatewayError> {
+        self.admit_spawn(&spec)?;
         let permit = self.control.admission.admit(Some(&spec.caller.client_id))?;
         if spec.agent.suspended {
             return Err(GatewayError::Conflict(format!(
@@ -109,22 +166,52 @@ impl Runs {
             )));
         }
         let run_id = format!("run_{}", uuid::Uuid::new_v4().simple());
+        let live = self.register(&run_id, &spec);
         let row = RunRow {
-            run_id: run_id.clone(),
-            root_run_id: spec.parent_run_id.clone().unwrap_or_else(|| run_id.clone()),
-            parent_run_id: spec.parent_run_id.clone(),
+            run_id,
+            root_run_id: live.root_run_id.clone(),
+            parent_run_id: live.parent_run_id.clone(),
             agent_id: spec.agent.id.clone(),
             session_key: spec.session.key.clone(),
             task: spec.task.clone(),
             status: SubagentRunStatus::Running.as_str().to_owned(),
-            depth: i64::from(spec.parent_run_id.is_some()),
+            depth: i64::from(live.depth),
             client_id: spec.caller.client_id.clone(),
             started_at: crate::clock::now_ms(),
             delivery: spec.delivery.clone(),
             ..RunRow::default()
         };
-        self.store.run_insert(&row).await?;
-        Ok(self.spawn_run(row, spec, permit))
+        if let Err(e) = self.store.run_insert(&row).await {
+            self.control.tree.finish(&live);
+            return Err(e);
+        }
+        if spec.spawned {
+            self.control.events.publish_owned(
+                Some(Arc::from(row.client_id.as_str())),
+                "session:sub_agent_spawned",
+                json!({
+                    "runId": row.run_id,
+                    "rootRunId": row.root_run_id,
+                    "parentRunId": row.parent_run_id,
+                    "depth": row.depth,
+                    "agentId": row.agent_id,
+                    "sessionKey": row.session_key,
+                }),
+            );
+        }
+        Ok(self.spawn_run(row, spec, permit, live))
+    }
+
+    /// Puts a new run in the registry, under its parent when it has one.
+    fn register(&self, run_id: &str, spec: &RunSpec) -> Arc<LiveRun> {
+        self.control.tree.register(Placement {
+            run_id: run_id.to_owned(),
+            parent: spec.parent.as_ref(),
+            agent_id: &spec.agent.id,
+            client_id: &spec.caller.client_id,
+            tools: spec.only_tools.clone(),
+            denial_threshold: self.autonomy.denial_breaker.threshold,
+        })
     }
 
     /// Starts a run whose row was written as queued (a webhook run, acknowledged before it
@@ -159,58 +246,75 @@ impl Runs {
         self.store
             .run_mark_running(&row.run_id, row.started_at)
             .await?;
-        Ok(self.spawn_run(row, spec, permit))
+        let live = self.register(&row.run_id, &spec);
+        Ok(self.spawn_run(row, spec, permit, live))
     }
 
     /// Runs `spec`'s turn on its own task (holding its admission `permit` until it ends) and
-    /// records its end in `row`.
+    /// records its end in `row`. A kill drops the turn where it is (provider call or tool
+    /// included); nothing is recorded for it afterwards.
     fn spawn_run(
         self: &Arc<Self>,
         row: RunRow,
         spec: RunSpec,
         permit: crate::runtime::admission::Permit,
+        live: Arc<LiveRun>,
     ) -> Started {
         let runs = self.clone();
         let mut finished = row.clone();
         #[allow(
             clippy::disallowed_methods,
-            reason = "a background run ends with its turn (cancelled on timeout or session.stop); its row records the outcome"
+            reason = "a background run ends with its turn (cancelled on timeout, session.stop or a kill); its row records the outcome"
         )]
         let done = tokio::spawn(async move {
             let cancel = tokio_util::sync::CancellationToken::new();
+            let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let _timer = spec.timeout.map(|t| {
-                let cancel = cancel.clone();
+                let (cancel, timed_out) = (cancel.clone(), timed_out.clone());
                 tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
                     tokio::time::sleep(t).await;
+                    timed_out.store(true, std::sync::atomic::Ordering::Release);
                     cancel.cancel();
                 }))
             });
-            let outcome = runs
-                .turns
-                .run_turn(TurnRequest {
-                    session: Some(spec.session.clone()),
-                    max_steps: spec.max_steps,
-                    model: spec.model,
-                    only_tools: spec.only_tools,
-                    cancel,
-                    scopes: spec.scopes,
-                    admitted: Some(permit),
-                    ..TurnRequest::new(spec.agent, spec.task, &spec.caller)
-                })
-                .await;
+            let turn = runs.turns.run_turn(TurnRequest {
+                session: Some(spec.session.clone()),
+                max_steps: spec.max_steps,
+                model: spec.model,
+                only_tools: spec.only_tools,
+                cancel,
+                scopes: spec.scopes,
+                admitted: Some(permit),
+                run: Some(live.clone()),
+                ..TurnRequest::new(spec.agent, spec.task, &spec.caller)
+            });
+            let outcome = tokio::select! {
+                biased;
+                () = live.kill.cancelled() => None,
+                o = turn => Some(o),
+            };
+            let status = final_status(
+                &live,
+                outcome.as_ref(),
+                timed_out.load(std::sync::atomic::Ordering::Acquire),
+            );
             finished.completed_at = Some(crate::clock::now_ms());
+            finished.status = status.as_str().to_owned();
             let result = match &outcome {
-                Ok(o) => {
-                    finished.status = SubagentRunStatus::Completed.as_str().to_owned();
+                Some(Ok(o)) => {
                     finished.response = Some(o.response.clone());
                     finished.input_tokens = Some(o.input_tokens as i64);
                     finished.output_tokens = Some(o.output_tokens as i64);
                     finished.cost_usd = Some(o.cost_usd);
                     finished.finish_reason = Some(o.finish.as_str().to_owned());
+                    if status == SubagentRunStatus::Revoked {
+                        finished.error = Some("its lease was revoked".to_owned());
+                    } else if live.stopped() == Some(Stop::DenialBreaker) {
+                        finished.error = Some("the denial breaker stopped the run tree".to_owned());
+                    }
                     json!(o.result())
                 }
-                Err(e) => {
-                    finished.status = SubagentRunStatus::Failed.as_str().to_owned();
+                Some(Err(e)) => {
                     let msg = match e {
                         GatewayError::Internal(_) => "internal error".to_owned(),
                         other => other.to_string(),
@@ -218,9 +322,30 @@ impl Runs {
                     finished.error = Some(msg.clone());
                     json!({"error": msg})
                 }
+                None => {
+                    let msg = match live.stopped() {
+                        Some(Stop::DenialBreaker) => "the denial breaker stopped the run tree",
+                        _ => "killed",
+                    };
+                    finished.error = Some(msg.to_owned());
+                    json!({"error": msg})
+                }
             };
             if let Err(e) = runs.store.run_finish(&finished).await {
                 tracing::error!(run = %finished.run_id, error = %e, "run outcome not recorded");
+            }
+            runs.control.tree.finish(&live);
+            if spec.spawned {
+                runs.control.events.publish_owned(
+                    Some(Arc::from(finished.client_id.as_str())),
+                    "session:sub_agent_completed",
+                    json!({
+                        "runId": finished.run_id,
+                        "rootRunId": finished.root_run_id,
+                        "status": finished.status,
+                        "agentId": finished.agent_id,
+                    }),
+                );
             }
             runs.control.push_client(
                 &finished.client_id,
@@ -232,8 +357,168 @@ impl Runs {
                     "result": result,
                 }),
             );
-            (finished, outcome.ok())
+            (finished, outcome.and_then(Result::ok))
         });
         Started { row, done }
+    }
+}
+
+/// Where a sub-agent spawn comes from: the spawning turn's run (None: the turn is not a run,
+/// so the spawn starts a tree), agent, caller and scopes.
+pub struct SpawnFrom<'a> {
+    pub run: Option<&'a Arc<LiveRun>>,
+    pub agent: &'a Arc<Agent>,
+    pub caller: &'a crate::api::principal::Principal,
+    pub scopes: crate::api::scopes::Scopes,
+}
+
+/// One run's answer to a wait.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Waited {
+    /// No such run, or not the caller's.
+    Unknown(String),
+    /// Still running when the wait ended.
+    Running(String),
+    /// Ended: its row.
+    Ended(Box<RunRow>),
+}
+
+impl Waited {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        match self {
+            Self::Unknown(id) | Self::Running(id) => id,
+            Self::Ended(row) => &row.run_id,
+        }
+    }
+
+    /// The wait status (`subagent.wait`): completed, denied_unknown, timeout or cancelled
+    /// (killed or revoked).
+    pub fn status(&self) -> &'static str {
+        match self {
+            Self::Unknown(_) => "denied_unknown",
+            Self::Running(_) => "timeout",
+            Self::Ended(row) if matches!(row.status.as_str(), "killed" | "revoked") => "cancelled",
+            Self::Ended(_) => "completed",
+        }
+    }
+
+    /// As the `wait_agents` tool answers it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = json!({"runId": self.run_id(), "status": self.status()});
+        if let Self::Ended(row) = self {
+            v["completion"] = json!({
+                "status": row.status,
+                "response": row.response,
+                "finishReason": row.finish_reason,
+                "error": row.error,
+                "costUsd": row.cost_usd,
+            });
+        }
+        v
+    }
+}
+
+/// How often a wait looks at the store for runs another node runs.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Runs {
+    /// The live children of a run (a `wait_agents` call without ids waits for them).
+    pub fn live_children(&self, run_id: &str) -> Vec<String> {
+        self.control
+            .tree
+            .all()
+            .into_iter()
+            .filter(|r| r.parent_run_id.as_deref() == Some(run_id))
+            .map(|r| r.run_id.clone())
+            .collect()
+    }
+
+    /// Spawns a sub-agent run of `agent_id` (the spawning agent when None) on `task`, in a new
+    /// child session, below `from.run`; answers its row at once (the run goes on).
+    pub async fn spawn_child(
+        self: &Arc<Self>,
+        from: SpawnFrom<'_>,
+        agent_id: Option<&str>,
+        task: String,
+    ) -> Result<RunRow, GatewayError> {
+        let agent = match agent_id {
+            Some(id) => self.agents.require(id)?,
+            None => from.agent.clone(),
+        };
+        let caller = from.caller.context(None);
+        let child = format!("spawn-{}", uuid::Uuid::new_v4().simple());
+        let key = crate::runtime::sessions::CallerKey {
+            channel: Some("subagent"),
+            tenant: None,
+            user: Some(&child),
+        };
+        let session = SessionIdent::for_caller(&caller, &agent.id, key)
+            .map_err(|r| GatewayError::InvalidParams(r.why))?;
+        let only_tools = from.run.and_then(|r| r.lease.tools.clone());
+        let started = self
+            .start_run(RunSpec {
+                parent: from.run.cloned(),
+                spawned: true,
+                scopes: from.scopes,
+                only_tools,
+                ..RunSpec::new(agent, session, task, &caller)
+            })
+            .await?;
+        Ok(started.row)
+    }
+
+    /// Waits until every run of `run_ids` has ended or `timeout` passed; one answer per id, in
+    /// order. Runs `tenant` does not reach answer [`Waited::Unknown`], like runs that do not
+    /// exist.
+    pub async fn wait(
+        &self,
+        tenant: &crate::api::tenancy::Tenant,
+        run_ids: &[String],
+        timeout: std::time::Duration,
+    ) -> Result<Vec<Waited>, GatewayError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut known = Vec::with_capacity(run_ids.len());
+        for id in run_ids {
+            known.push(self.store.run_get(tenant, id).await?.is_some());
+        }
+        loop {
+            // Live runs on this node wake the wait when they end; others are polled.
+            let pending: Vec<Arc<LiveRun>> = run_ids
+                .iter()
+                .zip(&known)
+                .filter(|(_, k)| **k)
+                .filter_map(|(id, _)| self.control.tree.get(id))
+                .collect();
+            let mut out = Vec::with_capacity(run_ids.len());
+            let mut running = false;
+            for (id, k) in run_ids.iter().zip(&known) {
+                if !*k {
+                    out.push(Waited::Unknown(id.clone()));
+                    continue;
+                }
+                match self.store.run_get(tenant, id).await? {
+                    None => out.push(Waited::Unknown(id.clone())),
+                    Some(row) if row.completed_at.is_some() => {
+                        out.push(Waited::Ended(Box::new(row)));
+                    }
+                    Some(_) => {
+                        running = true;
+                        out.push(Waited::Running(id.clone()));
+                    }
+                }
+            }
+            if !running || tokio::time::Instant::now() >= deadline {
+                return Ok(out);
+            }
+            type Wake<'w> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'w>>;
+            let mut wakes: Vec<Wake<'_>> = pending
+                .iter()
+                .map(|r| Box::pin(r.ended()) as Wake<'_>)
+                .collect();
+            wakes.push(Box::pin(tokio::time::sleep(WAIT_POLL)));
+            let any_ended = futures_util::future::select_all(wakes);
+            let _ = tokio::time::timeout_at(deadline, any_ended).await;
+        }
     }
 }

@@ -33,6 +33,7 @@ use crate::runtime::memory::Memory;
 use crate::runtime::sessions::{self, SessionIdent};
 use crate::runtime::tools::ToolContext;
 use crate::runtime::tools::Tools;
+use crate::runtime::tree::{Gate, Stop};
 use crate::store::sessions::{NewSession, TurnTotals};
 use crate::store::Store;
 
@@ -66,6 +67,9 @@ pub struct TurnRequest {
     pub usage_label: Option<String>,
     /// Already admitted (a background run holds its permit from `start_run` on).
     pub admitted: Option<crate::runtime::admission::Permit>,
+    /// The run this turn is (a background run): its lease is checked before every tool call
+    /// (the gate decision) and its steering messages join at each step boundary.
+    pub run: Option<Arc<crate::runtime::tree::LiveRun>>,
 }
 
 impl TurnRequest {
@@ -88,6 +92,7 @@ impl TurnRequest {
             temperature: None,
             usage_label: None,
             admitted: None,
+            run: None,
         }
     }
 }
@@ -247,6 +252,9 @@ pub struct Turns {
     pub(super) calls: ModelCalls,
     /// For the memory tools.
     pub(super) memory: Arc<Memory>,
+    /// Background runs, for the sub-agent tools (set once the runs service exists; weak,
+    /// since the runs service holds the turns).
+    runs: std::sync::OnceLock<std::sync::Weak<crate::runtime::runs::Runs>>,
 }
 
 impl Turns {
@@ -272,7 +280,13 @@ impl Turns {
             control,
             calls,
             memory,
+            runs: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Gives the sub-agent tools the runs service.
+    pub fn attach_runs(&self, runs: &Arc<crate::runtime::runs::Runs>) {
+        let _ = self.runs.set(Arc::downgrade(runs));
     }
 
     /// The lock a stored session's turns hold: resetting or deleting the session takes it
@@ -465,8 +479,8 @@ impl Turns {
     /// Plan the tools: the agent's tools, narrowed to the request's list and to the turn's
     /// scopes.
     fn plan_tools(&self, req: &TurnRequest, agent: &Agent) -> Vec<ToolSpec> {
-        self.tools.specs(|name, scope| {
-            agent.allows_tool(name)
+        self.tools.specs(|name, scope, group| {
+            agent.allows_tool_in(name, group)
                 && req.only_tools.as_ref().is_none_or(|o| o.contains(name))
                 && req.scopes.allows(scope)
         })
@@ -502,6 +516,11 @@ impl Turns {
                 .map_or(req.caller.client_id.as_str(), |s| s.tenant_id.as_str()),
             memory: &self.memory,
             trace_id: &tool_trace_id,
+            run: req.run.as_ref(),
+            agent,
+            caller: &req.caller,
+            scopes: req.scopes,
+            runs: &self.runs,
         };
         let mut out = TurnOutcome {
             response: String::new(),
@@ -524,6 +543,18 @@ impl Turns {
                 break;
             }
             out.steps += 1;
+            if let Some(run) = &req.run {
+                // A step is a use of the lease too: a revoked run stops here; steering
+                // messages join the conversation before the model call.
+                if !run.lease.valid() {
+                    run.stop(Stop::Revoked);
+                    revoked(&mut out);
+                    break;
+                }
+                for m in run.take_steering() {
+                    messages.push(ChatMessage::user(m));
+                }
+            }
             let request = ChatRequest {
                 model: String::new(),
                 system: (!system.is_empty()).then(|| system.to_owned()),
@@ -594,6 +625,10 @@ impl Turns {
                 break;
             }
             if response.tool_calls.is_empty() {
+                // A steering message that came during the last step gets one more step.
+                if req.run.as_ref().is_some_and(|r| r.has_steering()) && out.steps < max_steps {
+                    continue;
+                }
                 out.finish = FinishReason::Stop;
                 break;
             }
@@ -608,10 +643,38 @@ impl Turns {
                     break 'steps;
                 }
                 let called_at = Instant::now();
-                let result = if tools.iter().any(|t| t.name == call.name) {
-                    self.tools.call(&ctx, &call.name, &call.arguments).await
-                } else {
-                    Err(format!("tool not available to this agent: {}", call.name))
+                let offered = tools.iter().any(|t| t.name == call.name);
+                let gate = match &req.run {
+                    None => Gate::Allowed,
+                    Some(run) => run.gate(&call.name, offered),
+                };
+                let result = match gate {
+                    Gate::Allowed if offered => {
+                        self.tools.call(&ctx, &call.name, &call.arguments).await
+                    }
+                    Gate::Allowed => {
+                        Err(format!("tool not available to this agent: {}", call.name))
+                    }
+                    Gate::Refused(why) => Err(why),
+                    Gate::Revoked => {
+                        let text = "not run: the run's lease was revoked";
+                        trace.tool(messages.len(), &call.name, text, true, Duration::ZERO);
+                        messages.push(ChatMessage::tool(call, text, true));
+                        if let Some(run) = &req.run {
+                            run.stop(Stop::Revoked);
+                        }
+                        revoked(&mut out);
+                        break 'steps;
+                    }
+                    Gate::Breaker(why) => {
+                        trace.tool(messages.len(), &call.name, &why, true, Duration::ZERO);
+                        messages.push(ChatMessage::tool(call, &why, true));
+                        if let Some(run) = &req.run {
+                            self.control.tree.trip_denial_breaker(&run.root_run_id);
+                        }
+                        out.finish = FinishReason::CircuitOpen;
+                        break 'steps;
+                    }
                 };
                 let (text, is_error) = match result {
                     Ok(t) => {
@@ -800,6 +863,17 @@ impl Turns {
 }
 
 /// How the context window of a turn's first model call was budgeted (token counts only).
+/// Ends a turn whose run's lease was revoked (the run's status becomes `revoked`).
+fn revoked(out: &mut TurnOutcome) {
+    out.finish = FinishReason::Error;
+    out.response = "The run's lease was revoked".to_owned();
+    out.failure = Some(TurnFailure {
+        kind: ErrorKind::Cancelled,
+        status: None,
+        after_output: false,
+    });
+}
+
 fn context_budget(
     model: &ModelInfo,
     reserve: u64,

@@ -408,3 +408,29 @@ mod durability_tests {
         assert!(s.runs_claim_queued(None).await.unwrap().len() == 1);
     }
 }
+
+/// Most runs `subagent.list` answers.
+pub const RUNS_LISTED: i64 = 1000;
+
+impl Store {
+    /// Runs `tenant` reaches that are queued or running, or ended at or after `ended_since`
+    /// (epoch ms): the newest started first, at most [`RUNS_LISTED`].
+    pub async fn runs_list(
+        &self,
+        tenant: &Tenant,
+        ended_since: i64,
+    ) -> Result<Vec<RunRow>, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(
+                "SELECT * FROM runs WHERE (completed_at IS NULL OR completed_at >= $1) \
+                 AND ($2 IS NULL OR client_id = $2) ORDER BY started_at DESC, run_id LIMIT $3",
+            )
+            .bind(ended_since)
+            .bind(tenant.only())
+            .bind(RUNS_LISTED)
+            .fetch_all(p)
+            .await?;
+            rows.iter().map(run_row).collect::<Result<Vec<_>, _>>()?
+        }))
+    }
+}

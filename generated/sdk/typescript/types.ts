@@ -11158,6 +11158,10 @@ export interface SubagentRunSummary {
    * Why it failed, for failed, timeout, killed, revoked and orphaned runs.
    */
   "error"?: string;
+  /**
+   * The run's capability lease (lease.revoke takes it), while the run is live on the node that answers; designed (the reference lists leases apart).
+   */
+  "leaseId"?: string;
 }
 
 /**

@@ -1,6 +1,7 @@
 //! Built-in tools the model can call: the registry, argument validation against each tool's
 //! JSON Schema, and the context a tool runs in. One module per tool.
 
+mod agents;
 mod files;
 mod memory;
 mod notes;
@@ -30,6 +31,23 @@ pub struct ToolContext<'a> {
     pub memory: &'a crate::runtime::memory::Memory,
     /// The turn's trace id, for the records tools leave (memory recalls).
     pub trace_id: &'a str,
+    /// The run this turn is, when it is a background run (the sub-agent tools spawn under
+    /// it and wait for its children).
+    pub run: Option<&'a Arc<crate::runtime::tree::LiveRun>>,
+    /// The turn's agent, its caller and the scopes its tools may use (a spawn passes them on,
+    /// never wider).
+    pub agent: &'a Arc<crate::runtime::agents::Agent>,
+    pub caller: &'a crate::api::principal::Principal,
+    pub scopes: crate::api::scopes::Scopes,
+    /// Background runs (the sub-agent tools), reached only when a tool needs them.
+    pub runs: &'a OnceLock<std::sync::Weak<crate::runtime::runs::Runs>>,
+}
+
+impl ToolContext<'_> {
+    /// The runs service, while the engine lives.
+    pub fn runs(&self) -> Option<Arc<crate::runtime::runs::Runs>> {
+        self.runs.get().and_then(std::sync::Weak::upgrade)
+    }
 }
 
 /// A tool's outcome: text for the model, or an error text (counted by the circuit breaker).
@@ -44,6 +62,11 @@ pub trait Tool: Send + Sync {
     /// The scope a caller must hold for a turn to offer this tool.
     fn scope(&self) -> Scope {
         Scope::Rpc
+    }
+    /// The tool group that must be named in an agent's `tools` (`group:<name>`, or the tool
+    /// itself) for the agent to get this tool; `*` does not include it. None: `*` does.
+    fn opt_in_group(&self) -> Option<&'static str> {
+        None
     }
     fn call<'a>(&'a self, ctx: &'a ToolContext<'a>, args: &'a Value) -> BoxFuture<'a, ToolResult>;
 }
@@ -83,6 +106,8 @@ impl Tools {
             Arc::new(notes::NoteAdd),
             Arc::new(notes::NotesList),
             Arc::new(files::SaveFile),
+            Arc::new(agents::SpawnAgent),
+            Arc::new(agents::WaitAgents),
         ];
         let list = tools
             .into_iter()
@@ -99,11 +124,22 @@ impl Tools {
         self.list.iter().map(|r| r.tool.name()).collect()
     }
 
-    /// Specs of the tools `allowed` accepts.
-    pub fn specs(&self, allowed: impl Fn(&str, Scope) -> bool) -> Vec<ToolSpec> {
+    /// The opt-in group of a tool (see [`Tool::opt_in_group`]); None for unknown tools too.
+    pub fn opt_in_group(&self, name: &str) -> Option<&'static str> {
         self.list
             .iter()
-            .filter(|r| allowed(r.tool.name(), r.tool.scope()))
+            .find(|r| r.tool.name() == name)
+            .and_then(|r| r.tool.opt_in_group())
+    }
+
+    /// Specs of the tools `allowed` accepts (name, scope, opt-in group).
+    pub fn specs(
+        &self,
+        allowed: impl Fn(&str, Scope, Option<&'static str>) -> bool,
+    ) -> Vec<ToolSpec> {
+        self.list
+            .iter()
+            .filter(|r| allowed(r.tool.name(), r.tool.scope(), r.tool.opt_in_group()))
             .map(|r| ToolSpec {
                 name: r.tool.name().to_owned(),
                 description: r.tool.description().to_owned(),

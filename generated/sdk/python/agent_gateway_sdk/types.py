@@ -4091,6 +4091,7 @@ SubagentRunSummary = TypedDict("SubagentRunSummary", {
     "tokensUsed": "NotRequired[TokensUsed]",
     "costUsd": "NotRequired[float]",
     "error": "NotRequired[str]",
+    "leaseId": "NotRequired[str]",
 }, total=False)
 
 # Parameters of `subagent.status`.

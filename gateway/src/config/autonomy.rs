@@ -1,0 +1,81 @@
+//! `autonomy`: the limits on run trees agents build themselves (sub-agents), and the denial
+//! breaker of gate decisions. See `docs/orchestration.md`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// Largest `autonomy.subagents.maxDepth`.
+pub const MAX_DEPTH: u32 = 16;
+
+/// `autonomy`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AutonomyConfig {
+    /// Sub-agent runs: how deep, how many per run, how many at once.
+    pub subagents: SubagentLimits,
+    /// Consecutive gate refusals of one run that abort its whole tree (final status
+    /// `completed`, counted as a denial-breaker trip).
+    pub denial_breaker: DenialBreaker,
+}
+
+/// `autonomy.subagents`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct SubagentLimits {
+    /// Deepest run a tree may hold (a root is depth 0); a spawn below it is refused.
+    #[schemars(range(min = 1, max = MAX_DEPTH))]
+    pub max_depth: u32,
+    /// Children one run may spawn over its life.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_children_per_run: u32,
+    /// Sub-agent runs (depth 1 and below) live on this node at once.
+    #[schemars(range(min = 1, max = 100_000))]
+    pub max_concurrent: u32,
+}
+
+impl Default for SubagentLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: 3,
+            max_children_per_run: 8,
+            max_concurrent: 32,
+        }
+    }
+}
+
+/// `autonomy.denialBreaker`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DenialBreaker {
+    /// Consecutive refusals that trip it.
+    #[schemars(range(min = 1, max = 1000))]
+    pub threshold: u32,
+}
+
+impl Default for DenialBreaker {
+    fn default() -> Self {
+        Self { threshold: 3 }
+    }
+}
+
+/// Checks the ranges the schema states.
+pub fn validate(c: &AutonomyConfig) -> Result<(), ConfigError> {
+    let s = &c.subagents;
+    let bad =
+        |what: &str, max: u64| ConfigError(format!("autonomy.{what} must be between 1 and {max}"));
+    if s.max_depth == 0 || s.max_depth > MAX_DEPTH {
+        return Err(bad("subagents.maxDepth", u64::from(MAX_DEPTH)));
+    }
+    if s.max_children_per_run == 0 || s.max_children_per_run > 1000 {
+        return Err(bad("subagents.maxChildrenPerRun", 1000));
+    }
+    if s.max_concurrent == 0 || s.max_concurrent > 100_000 {
+        return Err(bad("subagents.maxConcurrent", 100_000));
+    }
+    if c.denial_breaker.threshold == 0 || c.denial_breaker.threshold > 1000 {
+        return Err(bad("denialBreaker.threshold", 1000));
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `spawn_agent` and `wait_agents` (tool group `agents`, opt-in): a run's turn starts
+//! sub-agent runs below it and waits for them (`docs/orchestration.md`).
+
+use serde_json::{json, Value};
+
+use super::{Tool, ToolContext, ToolResult};
+use crate::providers::BoxFuture;
+use crate::runtime::runs::{SpawnFrom, Waited};
+
+pub struct SpawnAgent;
+pub struct WaitAgents;
+
+/// The opt-in group of both tools.
+const GROUP: &str = "agents";
+/// Longest wait a tool call may ask for.
+const MAX_WAIT_MS: u64 = 600_000;
+
+impl Tool for SpawnAgent {
+    fn name(&self) -> &'static str {
+        "spawn_agent"
+    }
+
+    fn description(&self) -> &'static str {
+        "Starts a sub-agent on a task in its own conversation and answers its run id at once; \
+         wait_agents returns its answer."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "task": {"type": "string", "minLength": 1, "maxLength": 100_000, "description": "What the sub-agent should do."},
+                "agent": {"type": "string", "minLength": 1, "maxLength": 128, "description": "The agent to run it; this agent when absent."}
+            },
+            "required": ["task"],
+            "additionalProperties": false
+        })
+    }
+
+    fn opt_in_group(&self) -> Option<&'static str> {
+        Some(GROUP)
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolContext<'a>, args: &'a Value) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async move {
+            let runs = ctx
+                .runs()
+                .ok_or_else(|| "the gateway is stopping".to_owned())?;
+            let task = args.get("task").and_then(Value::as_str).unwrap_or_default();
+            let agent = args.get("agent").and_then(Value::as_str);
+            let row = runs
+                .spawn_child(
+                    SpawnFrom {
+                        run: ctx.run,
+                        agent: ctx.agent,
+                        caller: ctx.caller,
+                        scopes: ctx.scopes,
+                    },
+                    agent,
+                    task.to_owned(),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(json!({
+                "runId": row.run_id,
+                "rootRunId": row.root_run_id,
+                "depth": row.depth,
+                "agentId": row.agent_id,
+                "status": row.status,
+            })
+            .to_string())
+        })
+    }
+}
+
+impl Tool for WaitAgents {
+    fn name(&self) -> &'static str {
+        "wait_agents"
+    }
+
+    fn description(&self) -> &'static str {
+        "Waits until the given sub-agent runs end (every running child of this run when \
+         runIds is absent), or until timeoutMs; answers each run's status and answer."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "runIds": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 128}, "minItems": 1, "maxItems": 100},
+                "timeoutMs": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS, "description": "Longest wait (default 30000)."}
+            },
+            "additionalProperties": false
+        })
+    }
+
+    fn opt_in_group(&self) -> Option<&'static str> {
+        Some(GROUP)
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolContext<'a>, args: &'a Value) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async move {
+            let runs = ctx
+                .runs()
+                .ok_or_else(|| "the gateway is stopping".to_owned())?;
+            let ids: Option<Vec<String>> = args.get("runIds").and_then(Value::as_array).map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            });
+            let ids = match ids {
+                Some(ids) => ids,
+                None => match ctx.run {
+                    Some(run) => runs.live_children(&run.run_id),
+                    None => return Err("runIds is required outside a background run".to_owned()),
+                },
+            };
+            let timeout = args
+                .get("timeoutMs")
+                .and_then(Value::as_u64)
+                .unwrap_or(30_000)
+                .min(MAX_WAIT_MS);
+            let waited = runs
+                .wait(
+                    ctx.caller.tenant(),
+                    &ids,
+                    std::time::Duration::from_millis(timeout),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let results: Vec<Value> = waited.iter().map(Waited::to_json).collect();
+            Ok(json!({"results": results}).to_string())
+        })
+    }
+}

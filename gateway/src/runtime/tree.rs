@@ -1,0 +1,390 @@
+//! The run registry: every run live on this node, with its place in its tree, the tokens that
+//! stop it, its lease, its steering inbox and the signal its waiters watch
+//! (`docs/orchestration.md`). Process-wide (held by [`crate::runtime::control::Control`]), so a
+//! server generation reaches the runs an earlier one started.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Why a run was stopped from outside its turn (the first reason wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// `run.kill` / `subagent.kill` (or an ancestor's): the turn is dropped where it is.
+    Killed,
+    /// `lease.revoke`: the next gate decision refuses and the run ends.
+    Revoked,
+    /// The denial breaker tripped: the tree ends with status `completed`.
+    DenialBreaker,
+}
+
+/// A run's lease: the capabilities it may use, revocable once.
+pub struct Lease {
+    pub id: String,
+    revoked: AtomicBool,
+    /// Tool names the run may call; None = what its agent allows (narrowed per turn).
+    pub tools: Option<std::collections::BTreeSet<String>>,
+}
+
+impl Lease {
+    /// Whether it still validates.
+    pub fn valid(&self) -> bool {
+        !self.revoked.load(Ordering::Acquire)
+    }
+
+    /// Revokes it; true when this call did.
+    pub fn revoke(&self) -> bool {
+        !self.revoked.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// One live run.
+pub struct LiveRun {
+    pub run_id: String,
+    pub root_run_id: String,
+    pub parent_run_id: Option<String>,
+    pub depth: u32,
+    pub agent_id: String,
+    /// Who started the tree (owns the runs).
+    pub client_id: String,
+    /// Cancelled by a kill of this run or of any ancestor: the run's task drops its turn.
+    pub kill: CancellationToken,
+    pub lease: Lease,
+    stop: Mutex<Option<Stop>>,
+    /// Steering messages waiting for the next step boundary.
+    inbox: Mutex<Vec<String>>,
+    /// Children spawned over the run's life.
+    pub children: AtomicU32,
+    /// Consecutive gate refusals.
+    pub refusals: AtomicU32,
+    /// Refusals in a row that trip the denial breaker.
+    pub denial_threshold: u32,
+    /// true once the run ended (its final status is in the store).
+    ended: watch::Sender<bool>,
+}
+
+impl LiveRun {
+    /// Records why the run is stopped; the first reason wins. True when this one did.
+    pub fn stop(&self, why: Stop) -> bool {
+        let mut s = self.stop.lock().unwrap_or_else(|p| p.into_inner());
+        if s.is_some() {
+            return false;
+        }
+        *s = Some(why);
+        true
+    }
+
+    /// Why it was stopped, if it was.
+    pub fn stopped(&self) -> Option<Stop> {
+        *self.stop.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a steering message for the next step boundary.
+    pub fn steer(&self, message: String) {
+        self.inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(message);
+    }
+
+    /// Whether steering messages wait.
+    pub fn has_steering(&self) -> bool {
+        !self
+            .inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Takes the steering messages waiting (at a step boundary).
+    pub fn take_steering(&self) -> Vec<String> {
+        std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Waits until the run has ended.
+    pub async fn ended(&self) {
+        let mut rx = self.ended.subscribe();
+        let _ = rx.wait_for(|e| *e).await;
+    }
+}
+
+/// A gate decision: what happens to one tool call of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// The call runs.
+    Allowed,
+    /// The call does not run; the model gets this reason.
+    Refused(String),
+    /// The lease is revoked: the call does not run and the run stops (`revoked`).
+    Revoked,
+    /// This refusal tripped the denial breaker: the tree stops (`completed`).
+    Breaker(String),
+}
+
+impl LiveRun {
+    /// The gate decision before a tool call: the lease is valid, the tool is within its
+    /// capabilities (`offered`: the turn offers it; the lease may narrow further). Refusals
+    /// in a row trip the denial breaker.
+    pub fn gate(&self, tool: &str, offered: bool) -> Gate {
+        if !self.lease.valid() {
+            return Gate::Revoked;
+        }
+        let within = offered && self.lease.tools.as_ref().is_none_or(|t| t.contains(tool));
+        if within {
+            self.refusals.store(0, Ordering::Release);
+            return Gate::Allowed;
+        }
+        let why = format!("refused: {tool} is not within this run's capabilities");
+        let n = self.refusals.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= self.denial_threshold {
+            Gate::Breaker(format!(
+                "{why}; {n} refusals in a row stopped the run tree (denial breaker)"
+            ))
+        } else {
+            Gate::Refused(why)
+        }
+    }
+}
+
+/// Why a spawn was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    Paused,
+    TooDeep { max: u32 },
+    TooManyChildren { max: u32 },
+    TooManyLive { max: u32 },
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Paused => f.write_str("sub-agent spawning is paused (subagent.resume)"),
+            Self::TooDeep { max } => write!(
+                f,
+                "the run tree would be deeper than autonomy.subagents.maxDepth ({max})"
+            ),
+            Self::TooManyChildren { max } => write!(
+                f,
+                "this run already spawned autonomy.subagents.maxChildrenPerRun ({max}) sub-agents"
+            ),
+            Self::TooManyLive { max } => write!(
+                f,
+                "autonomy.subagents.maxConcurrent ({max}) sub-agents are running"
+            ),
+        }
+    }
+}
+
+impl Refused {
+    /// The short code in `session:sub_agent_spawn_rejected`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Paused => "paused",
+            Self::TooDeep { .. } => "max_depth",
+            Self::TooManyChildren { .. } => "max_children",
+            Self::TooManyLive { .. } => "max_concurrent",
+        }
+    }
+}
+
+/// Where a new run goes in its tree.
+pub struct Placement<'a> {
+    pub run_id: String,
+    pub parent: Option<&'a Arc<LiveRun>>,
+    pub agent_id: &'a str,
+    pub client_id: &'a str,
+    pub tools: Option<std::collections::BTreeSet<String>>,
+    /// Consecutive gate refusals that trip the denial breaker.
+    pub denial_threshold: u32,
+}
+
+/// The registry of live runs, and the spawn pause.
+#[derive(Default)]
+pub struct RunTree {
+    live: Mutex<HashMap<String, Arc<LiveRun>>>,
+    paused: AtomicBool,
+    breaker_trips: std::sync::atomic::AtomicU64,
+}
+
+impl RunTree {
+    /// Whether spawning is paused (`subagent.pause`).
+    pub fn paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
+    }
+
+    /// Pauses or resumes spawning; true when this changed it.
+    pub fn set_paused(&self, paused: bool) -> bool {
+        self.paused.swap(paused, Ordering::AcqRel) != paused
+    }
+
+    /// Checks a spawn under `parent` against the pause and the limits (a root run started
+    /// from outside is checked against the pause only when `subagent` is true).
+    pub fn admit(
+        &self,
+        parent: Option<&LiveRun>,
+        limits: &crate::config::autonomy::SubagentLimits,
+    ) -> Result<(), Refused> {
+        if self.paused() {
+            return Err(Refused::Paused);
+        }
+        let Some(parent) = parent else {
+            return Ok(());
+        };
+        if parent.depth + 1 > limits.max_depth {
+            return Err(Refused::TooDeep {
+                max: limits.max_depth,
+            });
+        }
+        if parent.children.load(Ordering::Acquire) >= limits.max_children_per_run {
+            return Err(Refused::TooManyChildren {
+                max: limits.max_children_per_run,
+            });
+        }
+        let live_children = self.lock().values().filter(|r| r.depth > 0).count();
+        if live_children >= limits.max_concurrent as usize {
+            return Err(Refused::TooManyLive {
+                max: limits.max_concurrent,
+            });
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LiveRun>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a new live run under its parent (a child's kill token and capabilities hang
+    /// off its parent's).
+    pub fn register(&self, p: Placement<'_>) -> Arc<LiveRun> {
+        let (root, depth, kill, tools) = match p.parent {
+            Some(parent) => {
+                parent.children.fetch_add(1, Ordering::AcqRel);
+                let tools = match (&parent.lease.tools, p.tools) {
+                    (Some(up), Some(mine)) => Some(mine.intersection(up).cloned().collect()),
+                    (Some(up), None) => Some(up.clone()),
+                    (None, mine) => mine,
+                };
+                (
+                    parent.root_run_id.clone(),
+                    parent.depth + 1,
+                    parent.kill.child_token(),
+                    tools,
+                )
+            }
+            None => (p.run_id.clone(), 0, CancellationToken::new(), p.tools),
+        };
+        let run = Arc::new(LiveRun {
+            lease: Lease {
+                id: format!("lease_{}", p.run_id.trim_start_matches("run_")),
+                revoked: AtomicBool::new(false),
+                tools,
+            },
+            run_id: p.run_id,
+            root_run_id: root,
+            parent_run_id: p.parent.map(|r| r.run_id.clone()),
+            depth,
+            agent_id: p.agent_id.to_owned(),
+            client_id: p.client_id.to_owned(),
+            kill,
+            stop: Mutex::new(None),
+            inbox: Mutex::new(Vec::new()),
+            children: AtomicU32::new(0),
+            refusals: AtomicU32::new(0),
+            denial_threshold: p.denial_threshold.max(1),
+            ended: watch::channel(false).0,
+        });
+        self.lock().insert(run.run_id.clone(), run.clone());
+        run
+    }
+
+    /// Removes an ended run (its final status is stored) and wakes its waiters.
+    pub fn finish(&self, run: &LiveRun) {
+        run.lease.revoke();
+        self.lock().remove(&run.run_id);
+        run.ended.send_replace(true);
+    }
+
+    /// A live run.
+    pub fn get(&self, run_id: &str) -> Option<Arc<LiveRun>> {
+        self.lock().get(run_id).cloned()
+    }
+
+    /// Live runs, in no order.
+    pub fn all(&self) -> Vec<Arc<LiveRun>> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// The live run `run_id` and every live run below it.
+    pub fn subtree(&self, run_id: &str) -> Vec<Arc<LiveRun>> {
+        let live = self.lock();
+        live.values()
+            .filter(|r| {
+                let mut at: Option<&Arc<LiveRun>> = Some(r);
+                while let Some(run) = at {
+                    if run.run_id == run_id {
+                        return true;
+                    }
+                    at = run.parent_run_id.as_deref().and_then(|p| live.get(p));
+                }
+                false
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Every live run of the tree under `root_run_id`.
+    pub fn tree(&self, root_run_id: &str) -> Vec<Arc<LiveRun>> {
+        self.lock()
+            .values()
+            .filter(|r| r.root_run_id == root_run_id)
+            .cloned()
+            .collect()
+    }
+
+    /// Trips the denial breaker of the tree under `root_run_id`: every live run of it stops
+    /// with status `completed`.
+    pub fn trip_denial_breaker(&self, root_run_id: &str) {
+        let runs = self.tree(root_run_id);
+        for r in &runs {
+            r.stop(Stop::DenialBreaker);
+            r.lease.revoke();
+        }
+        self.breaker_trips.fetch_add(1, Ordering::Relaxed);
+        for r in &runs {
+            r.kill.cancel();
+        }
+    }
+
+    /// Denial-breaker trips since the process started.
+    pub fn denial_breaker_trips(&self) -> u64 {
+        self.breaker_trips.load(Ordering::Relaxed)
+    }
+
+    /// Kills `runs` (a subtree or a tree): each is marked killed and its lease revoked, and
+    /// their tokens are cancelled (a child's follows its parent's). Answers (runs killed,
+    /// leases revoked).
+    pub fn kill(&self, runs: &[Arc<LiveRun>]) -> (usize, usize) {
+        let (mut killed, mut revoked) = (0, 0);
+        for r in runs {
+            if r.stop(Stop::Killed) {
+                killed += 1;
+            }
+            if r.lease.revoke() {
+                revoked += 1;
+            }
+        }
+        for r in runs {
+            r.kill.cancel();
+        }
+        (killed, revoked)
+    }
+}
+
+/// Waits until every run of `runs` has ended (its final status stored), at most `limit`.
+pub async fn ended(runs: &[Arc<LiveRun>], limit: std::time::Duration) {
+    let all = futures_util::future::join_all(runs.iter().map(|r| r.ended()));
+    let _ = tokio::time::timeout(limit, all).await;
+}
