@@ -23,29 +23,49 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::AdminApprovalClearDenialCacheParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AdminApi>::approval_clear_denial_cache(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::AdminApprovalPending => {
             let params = invoke::parse_params::<
                 super::types::AdminApprovalPendingParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AdminApi>::approval_pending(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::AdminApprovalResolve => {
             let params = invoke::parse_params::<
                 super::types::AdminApprovalResolveParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AdminApi>::approval_resolve(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::AdminApprovalResolveAll => {
             let params = invoke::parse_params::<
                 super::types::AdminApprovalResolveAllParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AdminApi>::approval_resolve_all(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::AgentCacheStats => {
             let params = invoke::parse_params::<

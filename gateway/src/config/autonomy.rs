@@ -18,6 +18,35 @@ pub struct AutonomyConfig {
     /// Consecutive gate refusals of one run that abort its whole tree (final status
     /// `completed`, counted as a denial-breaker trip).
     pub denial_breaker: DenialBreaker,
+    /// Tool calls that wait for an operator's decision (`admin.approval.*`); none by default.
+    pub approvals: ApprovalsConfig,
+}
+
+/// Largest `autonomy.approvals.timeoutSeconds` (a day).
+pub const MAX_APPROVAL_SECONDS: u32 = 86_400;
+
+/// `autonomy.approvals`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ApprovalsConfig {
+    /// Tool name patterns (`*` any run of characters, `?` one) whose calls need approval, for
+    /// every agent.
+    pub tools: Vec<String>,
+    /// More patterns per agent id.
+    pub agents: std::collections::BTreeMap<String, Vec<String>>,
+    /// Seconds a request waits for a decision; unanswered, it lapses as a denial.
+    #[schemars(range(min = 1, max = MAX_APPROVAL_SECONDS))]
+    pub timeout_seconds: u32,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        Self {
+            tools: Vec::new(),
+            agents: Default::default(),
+            timeout_seconds: 300,
+        }
+    }
 }
 
 /// `autonomy.subagents`.
@@ -73,6 +102,13 @@ pub fn validate(c: &AutonomyConfig) -> Result<(), ConfigError> {
     }
     if s.max_concurrent == 0 || s.max_concurrent > 100_000 {
         return Err(bad("subagents.maxConcurrent", 100_000));
+    }
+    let t = c.approvals.timeout_seconds;
+    if t == 0 || t > MAX_APPROVAL_SECONDS {
+        return Err(bad(
+            "approvals.timeoutSeconds",
+            u64::from(MAX_APPROVAL_SECONDS),
+        ));
     }
     if c.denial_breaker.threshold == 0 || c.denial_breaker.threshold > 1000 {
         return Err(bad("denialBreaker.threshold", 1000));

@@ -1,5 +1,6 @@
 //! One module per namespace, each implementing its generated trait on [`Rpc`].
 
+mod admin;
 mod agent;
 mod agents;
 mod auth;

@@ -178,6 +178,8 @@ impl SessionApi for Rpc {
             .session_clear(ctx.tenant(), &s.key)
             .await?
             .ok_or_else(|| GatewayError::not_found("Session", &s.key))?;
+        // The spec: a reset "clears cached approval decisions".
+        self.engine().approvals.clear_denials(Some(&s.key)).await?;
         crate::obs::recorder::session_event(
             &self.engine().store,
             "session.reset",
@@ -518,6 +520,7 @@ impl SessionApi for Rpc {
                 max_steps: p.max_steps.map(|m| m.clamp(1, 1000) as u32),
                 model: p.model.clone(),
                 only_tools: only,
+                spawned: true,
                 ..RunSpec::new(agent.clone(), session, task, ctx)
             })
             .await?;

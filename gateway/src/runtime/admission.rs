@@ -102,8 +102,16 @@ impl Admission {
     }
 }
 
-impl Drop for Permit {
-    fn drop(&mut self) {
+impl Permit {
+    /// Gives the slot back while the turn waits for something that may take long (an
+    /// operator's approval): other callers may use it meanwhile. Dropping the returned guard
+    /// takes the slot again, past the limits if need be (the turn was admitted).
+    pub fn park(&self) -> Parked<'_> {
+        self.release();
+        Parked(self)
+    }
+
+    fn release(&self) {
         let mut c = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         c.total = c.total.saturating_sub(1);
         if let Some(id) = &self.client {
@@ -114,6 +122,26 @@ impl Drop for Permit {
                 }
             }
         }
+    }
+}
+
+/// A parked permit (see [`Permit::park`]).
+#[must_use = "the slot is taken again when the guard drops"]
+pub struct Parked<'a>(&'a Permit);
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        let mut c = self.0.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        c.total += 1;
+        if let Some(id) = &self.0.client {
+            *c.per_client.entry(id.clone()).or_insert(0) += 1;
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

@@ -56,6 +56,8 @@ pub struct Control {
     /// Runs live on this node, across generations (`run.kill` in a new generation reaches a
     /// run an earlier one started), and the spawn pause.
     pub tree: crate::runtime::tree::RunTree,
+    /// Approval decisions for the turns waiting on this node, across generations.
+    pub approvals: crate::runtime::approvals::Waiters,
 }
 
 impl Control {
@@ -79,6 +81,7 @@ impl Control {
             config_writes: tokio::sync::Mutex::new(()),
             limits: Default::default(),
             tree: Default::default(),
+            approvals: Default::default(),
         }
     }
 

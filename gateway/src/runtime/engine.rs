@@ -67,6 +67,8 @@ pub struct Engine {
     pub turns: Arc<Turns>,
     /// Background runs (session.spawn, session.send, webhooks, scheduled turns).
     pub runs: Arc<Runs>,
+    /// Tool calls waiting for an operator (`autonomy.approvals`).
+    pub approvals: Arc<crate::runtime::approvals::Approvals>,
     /// Cron jobs and heartbeats.
     pub scheduler: Arc<Scheduler>,
 }
@@ -194,6 +196,11 @@ impl Engine {
             calls.clone(),
             control.clone(),
         ));
+        let approvals = Arc::new(crate::runtime::approvals::Approvals::new(
+            store.clone(),
+            control.clone(),
+            &config.autonomy.approvals,
+        ));
         let turns = Arc::new(Turns::new(
             store.clone(),
             providers.clone(),
@@ -203,6 +210,7 @@ impl Engine {
             control.clone(),
             calls.clone(),
             memory.clone(),
+            approvals.clone(),
         ));
         let runs = Arc::new(Runs::new(
             store.clone(),
@@ -235,6 +243,7 @@ impl Engine {
             memory,
             turns,
             runs,
+            approvals,
             scheduler,
         };
         engine
@@ -448,6 +457,11 @@ mod tests {
             control.clone(),
             calls,
             memory,
+            Arc::new(crate::runtime::approvals::Approvals::new(
+                store.clone(),
+                control.clone(),
+                &config.autonomy.approvals,
+            )),
         ));
         let caller = crate::api::principal::Principal::internal("tenant-1").context(None);
         let agent = agents.require("a").unwrap();

@@ -2,6 +2,7 @@
 
 pub mod admission;
 pub mod agents;
+pub mod approvals;
 pub mod calls;
 pub mod compact;
 pub mod context_tree;

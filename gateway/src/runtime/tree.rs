@@ -138,14 +138,19 @@ impl LiveRun {
             return Gate::Allowed;
         }
         let why = format!("refused: {tool} is not within this run's capabilities");
-        let n = self.refusals.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= self.denial_threshold {
+        if self.refused() {
             Gate::Breaker(format!(
-                "{why}; {n} refusals in a row stopped the run tree (denial breaker)"
+                "{why}; refusals in a row stopped the run tree (denial breaker)"
             ))
         } else {
             Gate::Refused(why)
         }
+    }
+
+    /// Counts one refusal (outside the lease, or an operator's denial); true when it trips
+    /// the denial breaker.
+    pub fn refused(&self) -> bool {
+        self.refusals.fetch_add(1, Ordering::AcqRel) + 1 >= self.denial_threshold
     }
 }
 
@@ -387,4 +392,151 @@ impl RunTree {
 pub async fn ended(runs: &[Arc<LiveRun>], limit: std::time::Duration) {
     let all = futures_util::future::join_all(runs.iter().map(|r| r.ended()));
     let _ = tokio::time::timeout(limit, all).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::autonomy::SubagentLimits;
+
+    fn place<'a>(tree: &RunTree, id: &str, parent: Option<&'a Arc<LiveRun>>) -> Arc<LiveRun> {
+        tree.register(Placement {
+            run_id: id.to_owned(),
+            parent,
+            agent_id: "a",
+            client_id: "c",
+            tools: None,
+            denial_threshold: 2,
+        })
+    }
+
+    #[test]
+    fn children_hang_off_their_parent_and_a_kill_reaches_the_subtree_only() {
+        let tree = RunTree::default();
+        let root = place(&tree, "r", None);
+        let a = place(&tree, "a", Some(&root));
+        let b = place(&tree, "b", Some(&a));
+        let c = place(&tree, "c", Some(&root));
+        assert_eq!((b.root_run_id.as_str(), b.depth), ("r", 2));
+        assert_eq!(b.parent_run_id.as_deref(), Some("a"));
+        let mut sub: Vec<String> = tree.subtree("a").iter().map(|r| r.run_id.clone()).collect();
+        sub.sort();
+        assert_eq!(sub, ["a", "b"]);
+        assert_eq!(tree.tree("r").len(), 4);
+        assert_eq!(tree.kill(&tree.subtree("a")), (2, 2));
+        assert!(a.kill.is_cancelled() && b.kill.is_cancelled());
+        assert!(!root.kill.is_cancelled() && !c.kill.is_cancelled());
+        assert_eq!(b.stopped(), Some(Stop::Killed));
+        // The first stop wins; a second kill kills nothing.
+        assert!(!b.stop(Stop::Revoked));
+        assert_eq!(tree.kill(&tree.subtree("a")), (0, 0));
+        // A root's kill cancels every descendant's token, registered or not.
+        tree.kill(&[root.clone()]);
+        assert!(c.kill.is_cancelled());
+        tree.finish(&b);
+        assert!(tree.get("b").is_none());
+        assert!(!b.lease.valid(), "an ended run's lease is revoked");
+    }
+
+    #[test]
+    fn the_gate_refuses_outside_the_lease_and_trips_after_refusals_in_a_row() {
+        let tree = RunTree::default();
+        let root = tree.register(Placement {
+            run_id: "r".into(),
+            parent: None,
+            agent_id: "a",
+            client_id: "c",
+            tools: Some(["t1".to_owned(), "t2".to_owned()].into()),
+            denial_threshold: 2,
+        });
+        // A child's capabilities never exceed its parent's.
+        let child = tree.register(Placement {
+            run_id: "k".into(),
+            parent: Some(&root),
+            agent_id: "a",
+            client_id: "c",
+            tools: Some(["t2".to_owned(), "t3".to_owned()].into()),
+            denial_threshold: 2,
+        });
+        assert_eq!(
+            child
+                .lease
+                .tools
+                .as_ref()
+                .unwrap()
+                .iter()
+                .collect::<Vec<_>>(),
+            ["t2"]
+        );
+        assert_eq!(root.gate("t1", true), Gate::Allowed);
+        assert!(matches!(root.gate("t3", true), Gate::Refused(_)));
+        assert_eq!(
+            root.gate("t1", true),
+            Gate::Allowed,
+            "an allowed call resets"
+        );
+        assert!(matches!(root.gate("t1", false), Gate::Refused(_)));
+        assert!(matches!(root.gate("t3", true), Gate::Breaker(_)));
+        tree.trip_denial_breaker("r");
+        assert_eq!(child.stopped(), Some(Stop::DenialBreaker));
+        assert!(child.kill.is_cancelled());
+        assert_eq!(tree.denial_breaker_trips(), 1);
+        assert_eq!(root.gate("t1", true), Gate::Revoked);
+    }
+
+    #[test]
+    fn spawns_are_refused_when_paused_and_past_each_limit() {
+        let tree = RunTree::default();
+        let limits = SubagentLimits {
+            max_depth: 2,
+            max_children_per_run: 2,
+            max_concurrent: 3,
+        };
+        let root = place(&tree, "r", None);
+        assert_eq!(tree.admit(None, &limits), Ok(()));
+        let a = place(&tree, "a", Some(&root));
+        assert_eq!(tree.admit(Some(&a), &limits), Ok(()));
+        let b = place(&tree, "b", Some(&a));
+        assert_eq!(
+            tree.admit(Some(&b), &limits),
+            Err(Refused::TooDeep { max: 2 })
+        );
+        place(&tree, "c", Some(&root));
+        assert_eq!(
+            tree.admit(Some(&root), &limits),
+            Err(Refused::TooManyChildren { max: 2 })
+        );
+        place(&tree, "d", Some(&a));
+        let other = place(&tree, "o", None);
+        assert_eq!(
+            tree.admit(Some(&other), &limits),
+            Err(Refused::TooManyLive { max: 3 })
+        );
+        assert!(tree.set_paused(true));
+        assert!(!tree.set_paused(true));
+        assert_eq!(tree.admit(None, &limits), Err(Refused::Paused));
+        assert!(tree.set_paused(false));
+    }
+
+    #[tokio::test]
+    async fn steering_is_taken_once_and_waiters_wake_when_the_run_ends() {
+        let tree = RunTree::default();
+        let run = place(&tree, "r", None);
+        run.steer("one".into());
+        run.steer("two".into());
+        assert!(run.has_steering());
+        assert_eq!(run.take_steering(), ["one", "two"]);
+        assert!(run.take_steering().is_empty());
+        let waiter = {
+            let run = run.clone();
+            tokio::spawn(async move { run.ended().await })
+        };
+        tree.finish(&run);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        // A wait after the end returns at once.
+        ended(&[run], std::time::Duration::from_secs(5)).await;
+    }
 }

@@ -26,6 +26,7 @@ use crate::providers::models::ModelInfo;
 use crate::providers::{ChatMessage, ChatRequest, DeltaSink, ErrorKind, ToolSpec, Usage};
 use crate::runtime::agents::Agent;
 use crate::runtime::agents::Agents;
+use crate::runtime::approvals::{Ask, Decision};
 use crate::runtime::calls::{CallFor, Called, ModelCalls};
 use crate::runtime::context_tree::{compose_system, TurnContext, TurnSide};
 use crate::runtime::control::Control;
@@ -158,7 +159,8 @@ impl TurnOutcome {
 }
 
 /// Key order does not make two tool calls different.
-fn canonical(v: &Value) -> String {
+/// JSON with every object's keys sorted: equal for equal values whatever their key order.
+pub(crate) fn canonical_json(v: &Value) -> String {
     fn sort(v: &Value) -> Value {
         match v {
             Value::Object(m) => {
@@ -255,6 +257,8 @@ pub struct Turns {
     /// Background runs, for the sub-agent tools (set once the runs service exists; weak,
     /// since the runs service holds the turns).
     runs: std::sync::OnceLock<std::sync::Weak<crate::runtime::runs::Runs>>,
+    /// Tool calls the operator decides (`autonomy.approvals`).
+    approvals: Arc<crate::runtime::approvals::Approvals>,
 }
 
 impl Turns {
@@ -268,6 +272,7 @@ impl Turns {
         control: Arc<Control>,
         calls: ModelCalls,
         memory: Arc<Memory>,
+        approvals: Arc<crate::runtime::approvals::Approvals>,
     ) -> Self {
         Self {
             store,
@@ -281,6 +286,7 @@ impl Turns {
             calls,
             memory,
             runs: std::sync::OnceLock::new(),
+            approvals,
         }
     }
 
@@ -307,7 +313,7 @@ impl Turns {
     /// continue the session, assemble the context, plan the tools, the step loop, persist,
     /// announce.
     pub async fn run_turn(&self, req: TurnRequest) -> Result<TurnOutcome, GatewayError> {
-        let _permit = self.control.admission.admit_turn(&req)?;
+        let permit = self.control.admission.admit_turn(&req)?;
         let mut trace = TurnTrace::start();
         let _guard = self.admit(&req).await?;
         let opening = self.open_turn(&req)?;
@@ -346,6 +352,7 @@ impl Turns {
                 messages,
                 &tools,
                 &mut trace,
+                permit.as_ref().or(req.admitted.as_ref()),
             )
             .await?;
         let first_seq = self.persist(&req, &assembled, &stepped).await?;
@@ -498,6 +505,7 @@ impl Turns {
         mut messages: Vec<ChatMessage>,
         tools: &[ToolSpec],
         trace: &mut TurnTrace,
+        permit: Option<&crate::runtime::admission::Permit>,
     ) -> Result<Stepped, GatewayError> {
         let agent = &opening.agent;
         let max_steps = req.max_steps.unwrap_or_else(|| agent.max_steps()).max(1);
@@ -634,7 +642,7 @@ impl Turns {
             }
             for call in &response.tool_calls {
                 out.tool_calls = out.tool_calls.saturating_add(1);
-                if !seen_calls.insert((call.name.clone(), canonical(&call.arguments))) {
+                if !seen_calls.insert((call.name.clone(), canonical_json(&call.arguments))) {
                     out.finish = FinishReason::ContextLoop;
                     // The repeated call gets no result; close it so the transcript stays valid.
                     let text = "not run: the same call was already made in this turn";
@@ -650,7 +658,31 @@ impl Turns {
                 };
                 let result = match gate {
                     Gate::Allowed if offered => {
-                        self.tools.call(&ctx, &call.name, &call.arguments).await
+                        match self.approve(req, opening, call, permit).await {
+                            Decision::Approved => {
+                                self.tools.call(&ctx, &call.name, &call.arguments).await
+                            }
+                            Decision::Denied(why) => {
+                                let tripped = req.run.as_ref().is_some_and(|r| r.refused());
+                                if tripped {
+                                    let why = format!("{why}; refusals in a row stopped the run tree (denial breaker)");
+                                    trace.tool(
+                                        messages.len(),
+                                        &call.name,
+                                        &why,
+                                        true,
+                                        Duration::ZERO,
+                                    );
+                                    messages.push(ChatMessage::tool(call, &why, true));
+                                    if let Some(run) = &req.run {
+                                        self.control.tree.trip_denial_breaker(&run.root_run_id);
+                                    }
+                                    out.finish = FinishReason::CircuitOpen;
+                                    break 'steps;
+                                }
+                                Err(why)
+                            }
+                        }
                     }
                     Gate::Allowed => {
                         Err(format!("tool not available to this agent: {}", call.name))
@@ -863,6 +895,45 @@ impl Turns {
 }
 
 /// How the context window of a turn's first model call was budgeted (token counts only).
+impl Turns {
+    /// The approval step of the gate: a call the policy names waits for an operator's
+    /// decision, without holding its admission slot; any other call is approved at once (and
+    /// costs one check of an empty policy by default).
+    async fn approve(
+        &self,
+        req: &TurnRequest,
+        opening: &Opening,
+        call: &crate::providers::ToolCall,
+        permit: Option<&crate::runtime::admission::Permit>,
+    ) -> Decision {
+        let policy = self.approvals.policy();
+        if policy.is_empty() || !policy.needs(&opening.agent.id, &call.name) {
+            return Decision::Approved;
+        }
+        let parked = permit.map(crate::runtime::admission::Permit::park);
+        let session_key = req
+            .session
+            .as_ref()
+            .map(|s| s.key.as_str())
+            .or(req.usage_label.as_deref())
+            .unwrap_or("");
+        let decision = self
+            .approvals
+            .ask(Ask {
+                session_key,
+                agent_id: &opening.agent.id,
+                tool: &call.name,
+                args: &call.arguments,
+                owner: &opening.owner,
+                run_id: req.run.as_ref().map(|r| r.run_id.as_str()),
+                cancel: &req.cancel,
+            })
+            .await;
+        drop(parked);
+        decision
+    }
+}
+
 /// Ends a turn whose run's lease was revoked (the run's status becomes `revoked`).
 fn revoked(out: &mut TurnOutcome) {
     out.finish = FinishReason::Error;

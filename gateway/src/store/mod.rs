@@ -12,6 +12,7 @@
 //! (kill -9) with every committed transaction; PostgreSQL commits durably by its own settings.
 //! Every acknowledged write is committed before the answer is sent.
 
+pub mod approvals;
 #[cfg(test)]
 mod conformance;
 pub mod context;
@@ -422,7 +423,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(of(&SQLITE_MIGRATIONS), of(&POSTGRES_MIGRATIONS));
-        assert_eq!(schema_version(), 10);
+        assert_eq!(schema_version(), 11);
     }
 
     /// A migration already applied somewhere must never change: sqlx refuses to open a

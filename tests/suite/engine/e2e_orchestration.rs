@@ -1,0 +1,536 @@
+//! Run trees over JSON-RPC on loopback (`docs/orchestration.md`): scripted agents that spawn
+//! sub-agents with the `spawn_agent` tool and wait for them, listed with their depths, waited
+//! for, killed as a tree, revoked, steered, paused; limits; another tenant kept out.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use serde_json::{json, Value};
+
+const TREE: &str = r#"
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "level one"
+        steps:
+          - toolCalls: [{name: spawn_agent, arguments: {task: "level two", agent: mid}}]
+          - toolCalls: [{name: wait_agents, arguments: {timeoutMs: 60000}}]
+          - reply: "boss done"
+      - match: "level two"
+        steps:
+          - toolCalls: [{name: spawn_agent, arguments: {task: "level three", agent: leaf}}]
+          - toolCalls: [{name: wait_agents, arguments: {timeoutMs: 60000}}]
+          - reply: "mid done"
+      - match: "level three"
+        steps:
+          - toolCalls: [{name: current_time}]
+            delayMs: 30000
+          - reply: "leaf done"
+      - match: "quick three"
+        steps:
+          - reply: "quick leaf"
+      - match: "quick two"
+        steps:
+          - toolCalls: [{name: spawn_agent, arguments: {task: "quick three", agent: leaf}}]
+          - toolCalls: [{name: wait_agents, arguments: {timeoutMs: 20000}}]
+          - reply: "quick mid"
+      - match: "quick one"
+        steps:
+          - toolCalls: [{name: spawn_agent, arguments: {task: "quick two", agent: mid}}]
+          - toolCalls: [{name: wait_agents, arguments: {timeoutMs: 20000}}]
+          - reply: "quick boss"
+      - match: "revocable"
+        steps:
+          - toolCalls: [{name: current_time}]
+            delayMs: 1500
+          - toolCalls: [{name: session_notes}]
+          - reply: "never reached"
+      - match: "slow child"
+        steps:
+          - toolCalls: [{name: current_time}]
+            delayMs: 1500
+          - reply: "went on unsteered"
+      - match: "STEER"
+        steps:
+          - reply: "steered ok"
+      - match: "outside"
+        steps:
+          - toolCalls: [{name: save_file, arguments: {path: a.txt, content: x}}]
+          - toolCalls: [{name: save_file, arguments: {path: b.txt, content: x}}]
+          - toolCalls: [{name: save_file, arguments: {path: c.txt, content: x}}]
+          - reply: "never reached"
+agents:
+  boss: {model: script/m1, tools: ["group:agents", current_time], maxSteps: 6}
+  mid: {model: script/m1, tools: ["group:agents", current_time], maxSteps: 6}
+  leaf: {model: script/m1, tools: [current_time, session_notes], maxSteps: 6}
+  star: {model: script/m1, tools: ["*"], maxSteps: 4}
+  narrow: {model: script/m1, tools: [current_time], maxSteps: 6}
+"#;
+
+async fn spawn(gw: &Gateway, token: &str, agent: &str, task: &str) -> Value {
+    ok(
+        gw,
+        token,
+        "session.spawn",
+        json!({"agent": agent, "task": task, "async": true}),
+    )
+    .await
+}
+
+/// The runs of `root`'s tree as `subagent.list` shows them, by depth.
+async fn tree_of(gw: &Gateway, root: &str) -> Vec<Value> {
+    let list = ok(gw, ADMIN, "subagent.list", json!({})).await;
+    let mut runs: Vec<Value> = list["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["rootRunId"] == root)
+        .cloned()
+        .collect();
+    runs.sort_by_key(|r| r["depth"].as_i64());
+    runs
+}
+
+/// Waits until `root`'s tree has `n` runs, all running.
+async fn until_running(gw: &Gateway, root: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let runs = tree_of(gw, root).await;
+        if runs.len() == n && runs.iter().all(|r| r["status"] == "running") {
+            return runs;
+        }
+        assert!(Instant::now() < deadline, "tree of {root}: {runs:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn usage_rows(gw: &Gateway) -> i64 {
+    let db = database(gw).await;
+    sqlx::query_scalar("SELECT COUNT(*) FROM usage")
+        .fetch_one(&db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_level_tree_is_listed_waited_for_and_killed_at_once() {
+    let gw = start(TREE).await;
+    let root = spawn(&gw, ADMIN, "boss", "level one").await;
+    let root_id = root["runId"].as_str().unwrap().to_owned();
+    assert_eq!(root["rootRunId"], root_id);
+    let runs = until_running(&gw, &root_id, 3).await;
+    let depths: Vec<i64> = runs.iter().map(|r| r["depth"].as_i64().unwrap()).collect();
+    assert_eq!(depths, [0, 1, 2]);
+    assert_eq!(runs[1]["parentRunId"], runs[0]["runId"]);
+    assert_eq!(runs[2]["parentRunId"], runs[1]["runId"]);
+    assert_eq!(
+        [
+            &runs[0]["agentId"],
+            &runs[1]["agentId"],
+            &runs[2]["agentId"]
+        ],
+        ["boss", "mid", "leaf"]
+    );
+    assert!(runs.iter().all(|r| r["leaseId"].is_string()), "{runs:?}");
+    let leaf = runs[2]["runId"].as_str().unwrap().to_owned();
+    let status = ok(&gw, ADMIN, "subagent.status", json!({})).await;
+    assert_eq!(status["runningRuns"], 2, "{status}");
+
+    // A wait that times out: the leaf is in a 30 s model call.
+    let t = Instant::now();
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [leaf], "timeoutMs": 200}),
+    )
+    .await;
+    assert_eq!(waited["results"][0]["status"], "timeout");
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    assert!(t.elapsed() < Duration::from_secs(3));
+
+    // The kill of the root reaches the grandchild in its provider call (the rows of the
+    // calls made so far are written first).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = usage_rows(&gw).await;
+    let t = Instant::now();
+    let killed = ok(&gw, ADMIN, "run.kill", json!({"rootRunId": root_id})).await;
+    assert_eq!(killed, json!({"killed": 3, "leasesRevoked": 3}));
+    let runs = tree_of(&gw, &root_id).await;
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    for r in &runs {
+        assert_eq!(r["status"], "killed", "{r}");
+        assert!(r["completedAt"].is_i64(), "{r}");
+        assert!(
+            r.get("leaseId").is_none(),
+            "an ended run holds no lease: {r}"
+        );
+    }
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [leaf, "run_nope"], "timeoutMs": 1000}),
+    )
+    .await;
+    assert_eq!(waited["results"][0]["status"], "cancelled");
+    assert_eq!(waited["results"][0]["completion"]["status"], "killed");
+    assert_eq!(waited["results"][1]["status"], "denied_unknown");
+    // Nothing is recorded for the killed runs afterwards.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(usage_rows(&gw).await, before);
+    // Killing it again kills nothing.
+    let again = ok(&gw, ADMIN, "run.kill", json!({"rootRunId": root_id})).await;
+    assert_eq!(again, json!({"killed": 0, "leasesRevoked": 0}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_runs_to_its_end_and_each_parent_reads_its_childs_answer() {
+    let gw = start(TREE).await;
+    let root = spawn(&gw, ADMIN, "boss", "quick one").await;
+    let root_id = root["runId"].as_str().unwrap();
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [root_id], "timeoutMs": 20000}),
+    )
+    .await;
+    let done = &waited["results"][0];
+    assert_eq!(done["status"], "completed", "{waited}");
+    assert_eq!(done["completion"]["response"], "quick boss");
+    let runs = tree_of(&gw, root_id).await;
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    assert!(runs.iter().all(|r| r["status"] == "completed"), "{runs:?}");
+    // The mid run's wait_agents result carried the leaf's answer into its conversation.
+    let history = ok(
+        &gw,
+        ADMIN,
+        "session.history",
+        json!({"session_key": runs[1]["sessionKey"]}),
+    )
+    .await;
+    let text = history.to_string();
+    assert!(text.contains("quick leaf"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subagent_kill_stops_one_subtree_and_leaves_the_rest() {
+    let gw = start(TREE).await;
+    let root = spawn(&gw, ADMIN, "boss", "level one").await;
+    let root_id = root["runId"].as_str().unwrap().to_owned();
+    let runs = until_running(&gw, &root_id, 3).await;
+    let mid = runs[1]["runId"].as_str().unwrap();
+    let r = ok(&gw, ADMIN, "subagent.kill", json!({"target": mid})).await;
+    assert_eq!(r, json!({"killed": true, "runId": mid}));
+    let runs = tree_of(&gw, &root_id).await;
+    assert_eq!(runs[0]["status"], "running", "{runs:?}");
+    assert_eq!(runs[1]["status"], "killed");
+    assert_eq!(runs[2]["status"], "killed");
+    // The root's wait_agents sees its child cancelled and the root answers.
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [root_id], "timeoutMs": 10000}),
+    )
+    .await;
+    assert_eq!(waited["results"][0]["completion"]["response"], "boss done");
+    let again = ok(&gw, ADMIN, "subagent.kill", json!({"target": mid})).await;
+    assert_eq!(again["killed"], false);
+    let unknown = gw
+        .call(ADMIN, "subagent.kill", json!({"target": "run_nope"}))
+        .await;
+    assert_eq!(code(&unknown), -32001, "{unknown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_refuses_the_next_tool_call_and_the_call_in_flight_completes() {
+    let gw = start(TREE).await;
+    let run = spawn(&gw, ADMIN, "leaf", "revocable").await;
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    let runs = until_running(&gw, &run_id, 1).await;
+    let lease = runs[0]["leaseId"].as_str().unwrap().to_owned();
+    // Both forms are refused together, and neither is refused too.
+    for bad in [json!({}), json!({"leaseId": lease, "rootRunId": run_id})] {
+        let r = gw.call(ADMIN, "lease.revoke", bad).await;
+        assert_eq!(code(&r), -32602, "{r}");
+    }
+    // The first model call (1.5 s) is in flight when the lease is revoked.
+    let revoked = ok(&gw, ADMIN, "lease.revoke", json!({"leaseId": lease})).await;
+    assert_eq!(revoked["revoked"], 1);
+    let again = ok(&gw, ADMIN, "lease.revoke", json!({"rootRunId": run_id})).await;
+    assert_eq!(again["revoked"], 0);
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [run_id], "timeoutMs": 10000}),
+    )
+    .await;
+    assert_eq!(waited["results"][0]["status"], "cancelled", "{waited}");
+    assert_eq!(waited["results"][0]["completion"]["status"], "revoked");
+    // The model call completed (its usage is recorded); its tool call was refused.
+    let st = ok(&gw, ADMIN, "session.run_status", json!({"run_id": run_id})).await;
+    assert_eq!(st["status"], "revoked");
+    assert!(st["tokensUsed"]["total"].as_i64().unwrap() > 0, "{st}");
+    let history = ok(
+        &gw,
+        ADMIN,
+        "session.history",
+        json!({"session_key": run["sessionKey"]}),
+    )
+    .await;
+    let text = history.to_string();
+    assert!(text.contains("lease was revoked"), "{text}");
+    assert!(!text.contains("never reached"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_joins_a_running_run_before_its_next_model_call() {
+    let gw = start(TREE).await;
+    let run = spawn(&gw, ADMIN, "leaf", "slow child").await;
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    until_running(&gw, &run_id, 1).await;
+    let steered = ok(
+        &gw,
+        ADMIN,
+        "subagent.steer",
+        json!({"target": run_id, "message": "STEER: answer now"}),
+    )
+    .await;
+    assert_eq!(
+        steered,
+        json!({"status": "steered_inject", "runId": run_id})
+    );
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [run_id], "timeoutMs": 10000}),
+    )
+    .await;
+    assert_eq!(
+        waited["results"][0]["completion"]["response"], "steered ok",
+        "{waited}"
+    );
+    let history = ok(
+        &gw,
+        ADMIN,
+        "session.history",
+        json!({"session_key": run["sessionKey"]}),
+    )
+    .await;
+    let users: Vec<&str> = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users, ["slow child", "STEER: answer now"], "{history}");
+    // An ended run takes no steering; an unknown one is not found.
+    let ended = gw
+        .call(
+            ADMIN,
+            "subagent.steer",
+            json!({"target": run_id, "message": "late"}),
+        )
+        .await;
+    assert_eq!(code(&ended), -32002, "{ended}");
+    let unknown = gw
+        .call(
+            ADMIN,
+            "subagent.steer",
+            json!({"target": "run_nope", "message": "x"}),
+        )
+        .await;
+    assert_eq!(code(&unknown), -32001, "{unknown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_refuses_every_spawn_until_resume() {
+    let gw = start(TREE).await;
+    let paused = ok(&gw, ADMIN, "subagent.pause", json!({})).await;
+    assert_eq!(
+        paused,
+        json!({"paused": true, "acceptingSpawns": false, "resetsOnRestart": true, "changed": true})
+    );
+    let again = ok(&gw, ADMIN, "subagent.pause", json!({})).await;
+    assert_eq!(again["changed"], false);
+    let st = ok(&gw, ADMIN, "subagent.status", json!({})).await;
+    assert_eq!(
+        (st["paused"].clone(), st["acceptingSpawns"].clone()),
+        (json!(true), json!(false))
+    );
+    let refused = gw
+        .call(
+            RPC,
+            "session.spawn",
+            json!({"agent": "leaf", "task": "quick three"}),
+        )
+        .await;
+    assert_eq!(code(&refused), -32002, "{refused}");
+    assert!(refused["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("paused"));
+    // An agent's own spawn_agent is refused too: the model sees the refusal.
+    let r = ok(
+        &gw,
+        ADMIN,
+        "agent.execute",
+        json!({"agentId": "mid", "message": "quick two"}),
+    )
+    .await;
+    let resumed = ok(&gw, ADMIN, "subagent.resume", json!({})).await;
+    assert_eq!(
+        resumed,
+        json!({"paused": false, "acceptingSpawns": true, "resetsOnRestart": true, "changed": true})
+    );
+    assert_eq!(r["response"], "quick mid", "{r}");
+    let history = ok(&gw, ADMIN, "subagent.list", json!({})).await;
+    assert!(
+        history["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["agentId"] != "leaf"),
+        "no leaf ran while paused: {history}"
+    );
+    let spawned = ok(
+        &gw,
+        RPC,
+        "session.spawn",
+        json!({"agent": "leaf", "task": "quick three"}),
+    )
+    .await;
+    assert_eq!(spawned["response"], "quick leaf");
+    // Only admin supervises.
+    for m in [
+        "subagent.pause",
+        "subagent.list",
+        "run.kill",
+        "lease.revoke",
+    ] {
+        let r = gw.call(RPC, m, json!({"rootRunId": "x"})).await;
+        assert_eq!(code(&r), -32603, "{m}: {r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_bound_the_tree_and_the_agents_group_is_opt_in() {
+    let gw = start(&format!("{TREE}autonomy:\n  subagents: {{maxDepth: 1}}\n")).await;
+    let root = spawn(&gw, ADMIN, "boss", "quick one").await;
+    let root_id = root["runId"].as_str().unwrap();
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [root_id], "timeoutMs": 20000}),
+    )
+    .await;
+    assert_eq!(waited["results"][0]["completion"]["response"], "quick boss");
+    let runs = tree_of(&gw, root_id).await;
+    // The mid run (depth 1) was refused its own child (depth 2).
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let mid = ok(
+        &gw,
+        ADMIN,
+        "session.history",
+        json!({"session_key": runs[1]["sessionKey"]}),
+    )
+    .await
+    .to_string();
+    assert!(mid.contains("maxDepth"), "{mid}");
+    // `*` does not include the agents group: the tool is not offered.
+    let star = ok(
+        &gw,
+        ADMIN,
+        "agent.execute",
+        json!({"agentId": "star", "message": "quick two"}),
+    )
+    .await;
+    assert_eq!(star["response"], "quick mid", "{star}");
+    let list = ok(&gw, ADMIN, "subagent.list", json!({})).await;
+    assert_eq!(
+        list["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["agentId"] == "leaf")
+            .count(),
+        0,
+        "{list}"
+    );
+    // A configuration past a limit does not start.
+    let bad = agent_gateway::config::parse("autonomy:\n  subagents: {maxDepth: 17}\n")
+        .and_then(|c| agent_gateway::config::validate(&c));
+    assert!(bad.unwrap_err().to_string().contains("maxDepth"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_denial_breaker_stops_the_tree_as_completed() {
+    let gw = start(&format!(
+        "{TREE}autonomy:\n  denialBreaker: {{threshold: 2}}\n"
+    ))
+    .await;
+    // The narrow agent may not save files: two refusals in a row trip the breaker.
+    let run = spawn(&gw, ADMIN, "narrow", "outside").await;
+    let run_id = run["runId"].as_str().unwrap();
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [run_id], "timeoutMs": 10000}),
+    )
+    .await;
+    let c = &waited["results"][0]["completion"];
+    assert_eq!(c["status"], "completed", "{waited}");
+    assert!(
+        c["error"].as_str().unwrap().contains("denial breaker"),
+        "{c}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenant_cannot_wait_on_a_run_or_learn_that_it_exists() {
+    let gw = start(TREE).await;
+    let run = spawn(&gw, RPC, "leaf", "quick three").await;
+    let run_id = run["runId"].as_str().unwrap();
+    let other = ok(
+        &gw,
+        ADMIN,
+        "tokens.create",
+        json!({"id": "other", "scopes": ["rpc"]}),
+    )
+    .await["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let theirs = ok(
+        &gw,
+        &other,
+        "subagent.wait",
+        json!({"runIds": [run_id, "run_nope"], "timeoutMs": 0}),
+    )
+    .await;
+    assert_eq!(theirs["results"][0]["status"], "denied_unknown");
+    assert_eq!(
+        theirs["results"][0],
+        json!({"runId": run_id, "status": "denied_unknown"})
+    );
+    let mine = ok(
+        &gw,
+        RPC,
+        "subagent.wait",
+        json!({"runIds": [run_id], "timeoutMs": 10000}),
+    )
+    .await;
+    assert_eq!(mine["results"][0]["status"], "completed");
+    // Over JSON-RPC the ids are required.
+    let r = gw.call(RPC, "subagent.wait", json!({})).await;
+    assert_eq!(code(&r), -32602, "{r}");
+}
