@@ -59,6 +59,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::AdminApprovalResolveAllParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.session_key.as_ref())
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::AdminApi>::approval_resolve_all(
                     handlers,
                     ctx,
@@ -780,6 +784,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::LeaseRevokeParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.root_run_id.as_ref())
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::LeaseApi>::revoke(handlers, ctx, params)
                 .await?;
             invoke::encode_result(&result)
@@ -1645,6 +1653,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::RunKillParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.root_run_id)
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::RunApi>::kill(handlers, ctx, params)
                 .await?;
             invoke::encode_result(&result)

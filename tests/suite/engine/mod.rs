@@ -2,6 +2,7 @@
 //! tenancy, and the in-process local model.
 
 mod e2e_agents;
+mod e2e_approvals;
 mod e2e_context;
 mod e2e_local;
 mod e2e_memory;
