@@ -853,6 +853,7 @@ impl ObsApi for Rpc {
             served_below_configured: store.trace_fallback_turns(start, end).await?,
             provider_failures: store.usage_failures(start, end).await?,
             gate_fires: store.gate_fires(start, end).await?,
+            runs: store.runs_window(start, end).await?,
         }))
     }
 }

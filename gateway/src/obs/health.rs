@@ -12,13 +12,14 @@ use super::explain::{
     ToolTally, NAME_CHARS,
 };
 use crate::api::generated::types::{
-    ObsFleetHealthReport, ObsFleetHealthReportCost, ObsFleetHealthReportCronWakeGate,
+    ObsFleetHealthReport, ObsFleetHealthReportAutonomy, ObsFleetHealthReportAutonomyRuns,
+    ObsFleetHealthReportCost, ObsFleetHealthReportCronWakeGate,
     ObsFleetHealthReportCronWakeGatePerAgentItem, ObsFleetHealthReportFindingsItem,
     ObsFleetHealthReportPipelineAuthoringGate, ObsFleetHealthReportRecentActivityItem,
     ObsFleetHealthReportSessions, ObsFleetHealthReportTopErrorKindsItem,
     ObsFleetHealthReportWindow, ObsRootCause, ObsWakeGateFires,
 };
-use crate::store::records::{FleetInput, GateFire, TraceFact};
+use crate::store::records::{FleetInput, GateFire, RunFact, TraceFact};
 
 /// Most entries of `topErrorKinds` and `recentActivity`.
 const TOP_N: usize = 10;
@@ -121,8 +122,9 @@ pub fn fleet_health(input: &FleetInput) -> ObsFleetHealthReport {
         .count() as i64;
 
     let gate = cron_wake_gate(&input.gate_fires);
+    let autonomy = autonomy(&input.runs);
 
-    let findings = findings(
+    let mut findings = findings(
         input,
         &tally,
         top_error_kinds.first(),
@@ -130,6 +132,9 @@ pub fn fleet_health(input: &FleetInput) -> ObsFleetHealthReport {
         breaker_trips,
         gate.as_ref(),
     );
+    if let Some(a) = &autonomy {
+        findings.extend(autonomy_findings(a));
+    }
     let most_recent_degraded = sessions.iter().find(|s| s.degraded).map(|s| s.key);
     let cause = root_cause(&Ctx {
         input,
@@ -141,6 +146,7 @@ pub fn fleet_health(input: &FleetInput) -> ObsFleetHealthReport {
         findings: &findings,
         tally: &tally,
         most_recent_degraded,
+        autonomy: autonomy.as_ref(),
     });
 
     ObsFleetHealthReport {
@@ -191,10 +197,114 @@ pub fn fleet_health(input: &FleetInput) -> ObsFleetHealthReport {
                      invocations"
                 .to_owned(),
         },
-        // No durable autonomous-run store exists: the block is never present.
-        autonomy: None,
+        autonomy,
         cron_wake_gate: gate,
     }
+}
+
+/// Degraded runs (orphaned plus revoked) from which autonomy degradation is the likely root
+/// cause, when they are also at least half of the window's runs.
+const AUTONOMY_MIN_DEGRADED: i64 = 3;
+
+/// The autonomy block: the background runs of the window by final status, and the root with
+/// the most degraded or killed runs (ties: the higher cost, then the smaller id). None when no
+/// run started or ended in the window (every run is recorded in the store, so the block's
+/// absence means there was nothing to report).
+fn autonomy(runs: &[RunFact]) -> Option<ObsFleetHealthReportAutonomy> {
+    if runs.is_empty() {
+        return None;
+    }
+    let count = |s: &str| runs.iter().filter(|r| r.status == s).count() as i64;
+    let (orphaned, revoked, killed) = (count("orphaned"), count("revoked"), count("killed"));
+    let degraded = orphaned + revoked;
+    let total = runs.len() as i64;
+    let mut roots: BTreeMap<&str, (i64, f64)> = BTreeMap::new();
+    for r in runs {
+        let bad = matches!(r.status.as_str(), "orphaned" | "revoked" | "killed");
+        let slot = roots.entry(r.root_run_id.as_str()).or_default();
+        slot.0 += i64::from(bad);
+        slot.1 += r.cost_usd.max(0.0);
+    }
+    let worst = roots
+        .iter()
+        .filter(|(_, (bad, _))| *bad > 0)
+        .max_by(|a, b| {
+            (a.1 .0, a.1 .1)
+                .partial_cmp(&(b.1 .0, b.1 .1))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| b.0.cmp(a.0))
+        })
+        .map(|(root, _)| (*root).to_owned());
+    Some(ObsFleetHealthReportAutonomy {
+        runs: ObsFleetHealthReportAutonomyRuns {
+            total,
+            degraded,
+            degraded_rate: ratio(degraded, total),
+        },
+        orphaned,
+        resumed: 0,
+        revoked,
+        killed,
+        breaker_trips: runs
+            .iter()
+            .filter(|r| r.finish_reason.as_deref() == Some("circuit_open"))
+            .count() as i64,
+        denial_breaker_trips: runs
+            .iter()
+            .filter(|r| {
+                r.error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("denial breaker"))
+            })
+            .count() as i64,
+        budget_breaches: runs
+            .iter()
+            .filter(|r| r.finish_reason.as_deref() == Some("budget_exceeded"))
+            .count() as i64,
+        cost_usd: usd(runs.iter().map(|r| r.cost_usd.max(0.0)).sum()),
+        worst_root_run_id: worst,
+    })
+}
+
+/// The autonomy findings, in this order, each only when its count is above 0:
+/// `durable_orphaned`, `autonomy_revoked`, `autonomy_killed`, `autonomy_denial_breaker`.
+fn autonomy_findings(a: &ObsFleetHealthReportAutonomy) -> Vec<ObsFleetHealthReportFindingsItem> {
+    let mut out = Vec::new();
+    if a.orphaned > 0 {
+        out.push(finding(
+            "durable_orphaned",
+            a.orphaned,
+            "Background runs were orphaned: the gateway (or their node) stopped before they \
+             ended; see subagent.list and the restart history (obs.diagnostics)."
+                .to_owned(),
+        ));
+    }
+    if a.revoked > 0 {
+        out.push(finding(
+            "autonomy_revoked",
+            a.revoked,
+            "Runs stopped because their lease was revoked (lease.revoke); see subagent.list."
+                .to_owned(),
+        ));
+    }
+    if a.killed > 0 {
+        out.push(finding(
+            "autonomy_killed",
+            a.killed,
+            "Runs were killed (run.kill or subagent.kill); see subagent.list.".to_owned(),
+        ));
+    }
+    if a.denial_breaker_trips > 0 {
+        out.push(finding(
+            "autonomy_denial_breaker",
+            a.denial_breaker_trips,
+            "Run trees were stopped by the denial breaker after refusals in a row (tools \
+             outside their lease, or denied approvals); check the agents' tools and \
+             autonomy.approvals."
+                .to_owned(),
+        ));
+    }
+    out
 }
 
 /// Fires, skips and fail-opens of a set of gated fires.
@@ -271,9 +381,9 @@ fn finding(code: &str, count: i64, hint: String) -> ObsFleetHealthReportFindings
 /// 5. `cron_wake_gate_efficiency`: gated fires that failed open, when they are at least 20 %
 ///    of the gated fires.
 ///
-/// `durable_orphaned`, `voice_health`, `pipeline_authoring`, `orchestrate_efficiency`,
-/// `memory_lifecycle` and the `autonomy_*` findings are never produced: the gateway has no
-/// durable runs, voice, pipeline authoring, orchestration or memory lifecycle records.
+/// The autonomy findings follow (see [`autonomy_findings`]). `voice_health`,
+/// `pipeline_authoring`, `orchestrate_efficiency` and `memory_lifecycle` are never produced:
+/// the gateway has no voice, pipeline authoring, orchestrate or memory lifecycle records.
 fn findings(
     input: &FleetInput,
     tally: &BTreeMap<String, ToolTally>,
@@ -370,6 +480,7 @@ struct Ctx<'a> {
     findings: &'a [ObsFleetHealthReportFindingsItem],
     tally: &'a BTreeMap<String, ToolTally>,
     most_recent_degraded: Option<&'a str>,
+    autonomy: Option<&'a ObsFleetHealthReportAutonomy>,
 }
 
 fn explain_step(key: &str) -> String {
@@ -399,8 +510,9 @@ const STEP_SEARCH_DEGRADED: &str =
 ///    findings order).
 /// 5. None.
 ///
-/// `fleet_autonomy_degradation` (ranked first by the spec) is never produced: the gateway has
-/// no autonomous-run records.
+/// Before them all (the spec ranks it first): `fleet_autonomy_degradation`, when at least
+/// [`AUTONOMY_MIN_DEGRADED`] background runs of the window were orphaned or revoked and they
+/// are at least half of its runs.
 fn root_cause(c: &Ctx<'_>) -> Option<ObsRootCause> {
     let mut degraded_steps = Vec::new();
     if let Some(key) = c.most_recent_degraded {
@@ -411,6 +523,27 @@ fn root_cause(c: &Ctx<'_>) -> Option<ObsRootCause> {
         degraded_steps.push(step.to_owned());
     }
 
+    if let Some(a) = c
+        .autonomy
+        .filter(|a| a.runs.degraded >= AUTONOMY_MIN_DEGRADED && a.runs.degraded_rate >= HIGH_RATE)
+    {
+        let mut steps =
+            vec!["List the runs with subagent.list (status orphaned or revoked)".to_owned()];
+        if let Some(root) = &a.worst_root_run_id {
+            steps.insert(
+                0,
+                format!("Look at the worst run tree: subagent.list, rootRunId {root}"),
+            );
+        }
+        return cause(
+            "fleet_autonomy_degradation",
+            format!(
+                "{} of {} background runs in the window were orphaned or revoked ({} orphaned, {} revoked).",
+                a.runs.degraded, a.runs.total, a.orphaned, a.revoked
+            ),
+            steps,
+        );
+    }
     if c.run >= HIGH_RATE_MIN_RUN && c.degraded_rate >= HIGH_RATE {
         return cause(
             "fleet_high_degraded_rate",
@@ -555,6 +688,57 @@ fn cause_step(end_reason: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(id: &str, root: &str, status: &str, cost: f64) -> RunFact {
+        RunFact {
+            run_id: id.into(),
+            root_run_id: root.into(),
+            status: status.into(),
+            cost_usd: cost,
+            ..RunFact::default()
+        }
+    }
+
+    #[test]
+    fn the_autonomy_block_counts_runs_by_final_status_and_names_the_worst_tree() {
+        assert!(autonomy(&[]).is_none());
+        let mut runs = vec![
+            run("a", "a", "completed", 0.5),
+            run("b", "a", "orphaned", 0.1),
+            run("c", "c", "revoked", 0.2),
+            run("d", "c", "killed", 0.0),
+            run("e", "c", "revoked", 0.0),
+        ];
+        runs[0].error = Some("the denial breaker stopped the run tree".into());
+        runs[0].finish_reason = Some("circuit_open".into());
+        let a = autonomy(&runs).unwrap();
+        assert_eq!((a.runs.total, a.runs.degraded), (5, 3));
+        assert!((a.runs.degraded_rate - 0.6).abs() < 1e-9);
+        assert_eq!((a.orphaned, a.revoked, a.killed), (1, 2, 1));
+        assert_eq!((a.breaker_trips, a.denial_breaker_trips), (1, 1));
+        assert!((a.cost_usd - 0.8).abs() < 1e-9);
+        assert_eq!(a.worst_root_run_id.as_deref(), Some("c"));
+        let codes: Vec<String> = autonomy_findings(&a).into_iter().map(|f| f.code).collect();
+        assert_eq!(
+            codes,
+            [
+                "durable_orphaned",
+                "autonomy_revoked",
+                "autonomy_killed",
+                "autonomy_denial_breaker"
+            ]
+        );
+        // Three degraded runs of five: autonomy degradation is the likely root cause.
+        let r = fleet_health(&FleetInput {
+            runs,
+            ..FleetInput::default()
+        });
+        assert_eq!(
+            r.likely_root_cause.unwrap().code,
+            "fleet_autonomy_degradation"
+        );
+        assert!(r.autonomy.is_some());
+    }
     use crate::obs::explain::assert_golden;
     use crate::store::records::UsageFacts;
 

@@ -146,6 +146,20 @@ pub struct FleetInput {
     /// Gated cron fires of the window: (agent id, decision: wake | skip | failed_open,
     /// tool calls, estimated turns saved).
     pub gate_fires: Vec<GateFire>,
+    /// Background runs that started or ended in the window (the autonomy block; empty: no
+    /// block).
+    pub runs: Vec<RunFact>,
+}
+
+/// One background run, as the fleet report reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunFact {
+    pub run_id: String,
+    pub root_run_id: String,
+    pub status: String,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+    pub cost_usd: f64,
 }
 
 /// One gated cron fire.

@@ -434,3 +434,40 @@ impl Store {
         }))
     }
 }
+
+/// Most runs one fleet report reads.
+const RUNS_IN_REPORT: i64 = 100_000;
+
+impl Store {
+    /// Runs that started or ended within [start, end] (the fleet report's autonomy block).
+    pub async fn runs_window(
+        &self,
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<crate::store::records::RunFact>, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(
+                "SELECT run_id, root_run_id, status, finish_reason, error, cost_usd FROM runs \
+                 WHERE (started_at BETWEEN $1 AND $2) OR (completed_at BETWEEN $1 AND $2) \
+                 ORDER BY started_at, run_id LIMIT $3",
+            )
+            .bind(start)
+            .bind(end)
+            .bind(RUNS_IN_REPORT)
+            .fetch_all(p)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok::<_, sqlx::Error>(crate::store::records::RunFact {
+                        run_id: r.col("run_id")?,
+                        root_run_id: r.col("root_run_id")?,
+                        status: r.col("status")?,
+                        finish_reason: r.col("finish_reason")?,
+                        error: r.col("error")?,
+                        cost_usd: r.col::<Option<f64>>("cost_usd")?.unwrap_or(0.0),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }))
+    }
+}

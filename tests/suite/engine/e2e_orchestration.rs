@@ -184,6 +184,19 @@ async fn a_three_level_tree_is_listed_waited_for_and_killed_at_once() {
     // Killing it again kills nothing.
     let again = ok(&gw, ADMIN, "run.kill", json!({"rootRunId": root_id})).await;
     assert_eq!(again, json!({"killed": 0, "leasesRevoked": 0}));
+    // The fleet report counts them.
+    let fleet = ok(&gw, ADMIN, "obs.fleet.health", json!({})).await;
+    let a = &fleet["autonomy"];
+    assert_eq!(a["runs"]["total"], 3, "{fleet}");
+    assert_eq!(a["killed"], 3);
+    assert_eq!(a["worstRootRunId"], root_id);
+    let codes: Vec<&str> = fleet["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    assert!(codes.contains(&"autonomy_killed"), "{codes:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,6 +299,9 @@ async fn a_revoked_lease_refuses_the_next_tool_call_and_the_call_in_flight_compl
     let text = history.to_string();
     assert!(text.contains("lease was revoked"), "{text}");
     assert!(!text.contains("never reached"), "{text}");
+    let fleet = ok(&gw, ADMIN, "obs.fleet.health", json!({})).await;
+    assert_eq!(fleet["autonomy"]["revoked"], 1, "{fleet}");
+    assert_eq!(fleet["autonomy"]["runs"]["degraded"], 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,6 +509,8 @@ async fn the_denial_breaker_stops_the_tree_as_completed() {
         c["error"].as_str().unwrap().contains("denial breaker"),
         "{c}"
     );
+    let fleet = ok(&gw, ADMIN, "obs.fleet.health", json!({})).await;
+    assert_eq!(fleet["autonomy"]["denialBreakerTrips"], 1, "{fleet}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
