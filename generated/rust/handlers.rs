@@ -1556,7 +1556,7 @@ pub trait SubagentApi: Send + Sync {
     > + Send;
     /// `subagent.steer` (scope `admin`): Sends a steering message to a running sub-agent, injected at its next step boundary.
     ///
-    /// The spec describes the operation without naming it ("injects a message at the child's next step boundary and returns {status: steered_inject, runId}"); the name and parameters are the reference's. A running run always takes the message: at its next step boundary it joins the conversation as a user message before the next model call (a turn about to end takes one more step for it), and it is stored with the turn's messages. The reference's restart (status steered, oldRunId) is therefore never answered here; the values stay for compatibility. A run that already ended (or runs on another node) -32002; unknown run -32001.
+    /// The spec describes the operation without naming it ("injects a message at the child's next step boundary and returns {status: steered_inject, runId}"); the name and parameters are the reference's. A running run always takes the message: at its next step boundary it joins the conversation as a user message before the next model call (a turn about to end takes one more step for it), and it is stored with the turn's messages. The reference's restart (status steered, oldRunId) is therefore never answered here; the values stay for compatibility. Works whichever node runs it (the message waits in the store for the node that holds the run). A run that already ended -32002; unknown run -32001.
     fn steer(
         &self,
         ctx: &crate::api::CallContext,

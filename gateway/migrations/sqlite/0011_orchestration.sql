@@ -27,3 +27,18 @@ CREATE TABLE approval_denials (
     created_at     BIGINT NOT NULL,
     PRIMARY KEY (session_key, tool_name, args_digest)
 );
+
+-- What an operator asked of a run that another node holds (runs.claimed_by): killed or
+-- revoked. The holder applies it within half a second (at once when the notification
+-- arrives); the intent is in the row, so a node that missed the notification still obeys.
+ALTER TABLE runs ADD COLUMN stop_requested TEXT;
+
+-- Steering messages for runs another node holds, taken by the holder (not exported: state of
+-- a running fleet).
+CREATE TABLE run_steering (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id         TEXT NOT NULL,
+    message        TEXT NOT NULL,
+    created_at     BIGINT NOT NULL
+);
+CREATE INDEX run_steering_by_run ON run_steering (run_id, id);

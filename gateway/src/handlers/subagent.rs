@@ -17,9 +17,6 @@ use crate::store::runs::RunRow;
 
 use super::Rpc;
 
-/// How long a kill waits for the killed runs to record their final status before it answers.
-pub(super) const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// A run's status as stored.
 pub(super) fn status_of(s: &str) -> SubagentRunStatus {
     SubagentRunStatus::from_wire(s).unwrap_or(SubagentRunStatus::Failed)
@@ -97,10 +94,10 @@ impl SubagentApi for Rpc {
             .run_get(ctx.tenant(), &p.target)
             .await?
             .ok_or_else(|| GatewayError::not_found("Run", &p.target))?;
-        let tree = engine.runs.tree();
-        let runs = tree.subtree(&row.run_id);
-        let (killed, _) = tree.kill(&runs);
-        crate::runtime::tree::ended(&runs, KILL_WAIT).await;
+        let (killed, _) = engine
+            .runs
+            .kill(crate::store::runs::StopScope::Subtree(&row.run_id))
+            .await?;
         Ok(SubagentKillResult {
             killed: killed > 0,
             run_id: row.run_id,
@@ -128,7 +125,7 @@ impl SubagentApi for Rpc {
         _ctx: &CallContext,
         _p: SubagentPauseParams,
     ) -> Result<SubagentPauseResult, GatewayError> {
-        let changed = self.engine().runs.tree().set_paused(true);
+        let changed = self.engine().runs.set_paused(true).await;
         Ok(SubagentPauseResult {
             paused: true,
             accepting_spawns: false,
@@ -142,7 +139,7 @@ impl SubagentApi for Rpc {
         _ctx: &CallContext,
         _p: SubagentResumeParams,
     ) -> Result<SubagentResumeResult, GatewayError> {
-        let changed = self.engine().runs.tree().set_paused(false);
+        let changed = self.engine().runs.set_paused(false).await;
         Ok(SubagentResumeResult {
             paused: false,
             accepting_spawns: true,
@@ -179,19 +176,12 @@ impl SubagentApi for Rpc {
             .run_get(ctx.tenant(), &p.target)
             .await?
             .ok_or_else(|| GatewayError::not_found("Run", &p.target))?;
-        let live = engine
-            .runs
-            .tree()
-            .get(&row.run_id)
-            .filter(|r| r.stopped().is_none());
-        let Some(live) = live else {
-            return Err(GatewayError::Conflict(if row.completed_at.is_some() {
-                format!("Run {} has already ended ({})", row.run_id, row.status)
-            } else {
-                format!("Run {} is not running on this node", row.run_id)
-            }));
-        };
-        live.steer(p.message);
+        if row.completed_at.is_some() || !engine.runs.steer(&row.run_id, p.message).await? {
+            return Err(GatewayError::Conflict(format!(
+                "Run {} is not running ({})",
+                row.run_id, row.status
+            )));
+        }
         Ok(SubagentSteerResult {
             status: SubagentSteerResultStatus::SteeredInject,
             run_id: row.run_id,

@@ -58,6 +58,9 @@ pub struct Control {
     pub tree: crate::runtime::tree::RunTree,
     /// Approval decisions for the turns waiting on this node, across generations.
     pub approvals: crate::runtime::approvals::Waiters,
+    /// Bumped when another node left a stop or a steering message for a run (the runs
+    /// service of the running generation looks at once).
+    pub runs_epoch: tokio::sync::watch::Sender<u64>,
 }
 
 impl Control {
@@ -82,6 +85,7 @@ impl Control {
             limits: Default::default(),
             tree: Default::default(),
             approvals: Default::default(),
+            runs_epoch: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -126,6 +130,12 @@ impl crate::fanout::Node for Control {
     fn announced(&self, what: Option<&str>) {
         if what == Some(crate::runtime::scheduler::ANNOUNCE) {
             crate::runtime::scheduler::rearm(self);
+        } else if what == Some(crate::runtime::runs::ANNOUNCE_RUNS) {
+            self.runs_epoch.send_modify(|v| *v += 1);
+        } else if what == Some(crate::runtime::runs::ANNOUNCE_PAUSED) {
+            self.tree.set_paused(true);
+        } else if what == Some(crate::runtime::runs::ANNOUNCE_RESUMED) {
+            self.tree.set_paused(false);
         } else {
             self.registry_epoch.send_modify(|v| *v += 1);
         }
@@ -133,6 +143,7 @@ impl crate::fanout::Node for Control {
 
     fn resync(&self) {
         self.registry_epoch.send_modify(|v| *v += 1);
+        self.runs_epoch.send_modify(|v| *v += 1);
         crate::runtime::scheduler::rearm(self);
     }
 }

@@ -220,6 +220,9 @@ impl Engine {
             config.autonomy.clone(),
         ));
         turns.attach_runs(&runs);
+        if store.is_shared() {
+            runs.watch_remote();
+        }
         let scheduler = Arc::new(Scheduler::new(
             config.scheduler.clone(),
             store.clone(),

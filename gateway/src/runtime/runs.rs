@@ -16,7 +16,7 @@ use crate::runtime::control::Control;
 use crate::runtime::sessions::SessionIdent;
 use crate::runtime::tree::{LiveRun, Placement, Stop};
 use crate::runtime::turn::{TurnOutcome, TurnRequest, Turns};
-use crate::store::runs::RunRow;
+use crate::store::runs::{RunRow, StopScope};
 use crate::store::Store;
 
 /// A run to start.
@@ -520,5 +520,144 @@ impl Runs {
             let any_ended = futures_util::future::select_all(wakes);
             let _ = tokio::time::timeout_at(deadline, any_ended).await;
         }
+    }
+}
+
+/// What `store.announce` says when a stop or a steering message waits for another node.
+pub const ANNOUNCE_RUNS: &str = "runs";
+/// What it says when spawning is paused or resumed fleet-wide.
+pub const ANNOUNCE_PAUSED: &str = "subagents:paused";
+pub const ANNOUNCE_RESUMED: &str = "subagents:resumed";
+/// How often a node of a shared database looks for stops and steering messages other nodes
+/// left for its runs (at once when their notification arrives).
+const REMOTE_WATCH: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long a kill waits for the killed runs to record their final status.
+pub const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Runs {
+    /// The live runs of `scope` on this node.
+    fn local(&self, scope: StopScope<'_>) -> Vec<Arc<LiveRun>> {
+        let tree = &self.control.tree;
+        match scope {
+            StopScope::Tree(root) => tree.tree(root),
+            StopScope::Subtree(run) => tree.subtree(run),
+            StopScope::Run(run) => tree.get(run).into_iter().collect(),
+        }
+    }
+
+    /// Kills the runs of `scope` wherever they run: here at once, on other nodes through the
+    /// store; answers (runs killed, leases revoked) once they have ended (at most
+    /// [`KILL_WAIT`]).
+    pub async fn kill(&self, scope: StopScope<'_>) -> Result<(usize, usize), GatewayError> {
+        let local = self.local(scope);
+        let (mut killed, mut revoked) = self.control.tree.kill(&local);
+        let remote = self.store.runs_request_stop(scope, "killed").await?;
+        if !remote.is_empty() {
+            self.store.announce(ANNOUNCE_RUNS).await;
+        }
+        killed += remote.len();
+        revoked += remote.iter().filter(|m| m.before.is_none()).count();
+        let deadline = tokio::time::Instant::now() + KILL_WAIT;
+        crate::runtime::tree::ended(&local, KILL_WAIT).await;
+        let ids: Vec<String> = remote.into_iter().map(|m| m.run_id).collect();
+        while !ids.is_empty()
+            && tokio::time::Instant::now() < deadline
+            && !self.store.runs_ended(&ids).await?
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Ok((killed, revoked))
+    }
+
+    /// Revokes the leases of `scope` wherever its runs run; answers how many were revoked.
+    pub async fn revoke(&self, scope: StopScope<'_>) -> Result<usize, GatewayError> {
+        let local = self
+            .local(scope)
+            .iter()
+            .filter(|r| r.lease.revoke())
+            .count();
+        let remote = self.store.runs_request_stop(scope, "revoked").await?;
+        if !remote.is_empty() {
+            self.store.announce(ANNOUNCE_RUNS).await;
+        }
+        Ok(local + remote.len())
+    }
+
+    /// Steers a running run wherever it runs; false when no node runs it.
+    pub async fn steer(&self, run_id: &str, message: String) -> Result<bool, GatewayError> {
+        if let Some(live) = self
+            .control
+            .tree
+            .get(run_id)
+            .filter(|r| r.stopped().is_none())
+        {
+            live.steer(message);
+            return Ok(true);
+        }
+        match self.store.run_holder(run_id).await? {
+            Some(node) if node != *self.control.node_id => {
+                self.store.run_steer_add(run_id, &message).await?;
+                self.store.announce(ANNOUNCE_RUNS).await;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Pauses or resumes spawning on every node; true when this node's state changed.
+    pub async fn set_paused(&self, paused: bool) -> bool {
+        let changed = self.control.tree.set_paused(paused);
+        self.store
+            .announce(if paused {
+                ANNOUNCE_PAUSED
+            } else {
+                ANNOUNCE_RESUMED
+            })
+            .await;
+        changed
+    }
+
+    /// On a shared database: applies the stops and steering messages other nodes leave for
+    /// this node's runs, every [`REMOTE_WATCH`] and whenever they announce one. Ends with the
+    /// generation (the task holds the service weakly).
+    pub fn watch_remote(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let mut epoch = self.control.runs_epoch.subscribe();
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the watch ends when its generation's runs service is dropped"
+        )]
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(REMOTE_WATCH) => {}
+                    changed = epoch.changed() => if changed.is_err() { break },
+                }
+                let Some(runs) = weak.upgrade() else { break };
+                if let Err(e) = runs.apply_remote().await {
+                    tracing::warn!(error = %e, "stops and steering of other nodes not read");
+                }
+            }
+        });
+    }
+
+    async fn apply_remote(&self) -> Result<(), GatewayError> {
+        let tree = &self.control.tree;
+        for (run_id, what) in self.store.runs_stops_for_me().await? {
+            let Some(live) = tree.get(&run_id) else {
+                continue;
+            };
+            if what == "killed" {
+                tree.kill(&tree.subtree(&run_id));
+            } else {
+                live.lease.revoke();
+            }
+        }
+        for (run_id, message) in self.store.run_steering_take().await? {
+            if let Some(live) = tree.get(&run_id) {
+                live.steer(message);
+            }
+        }
+        Ok(())
     }
 }

@@ -471,3 +471,143 @@ impl Store {
         }))
     }
 }
+
+/// Which runs a stop request names.
+#[derive(Debug, Clone, Copy)]
+pub enum StopScope<'a> {
+    /// Every run of the tree under this root.
+    Tree(&'a str),
+    /// This run and every run below it.
+    Subtree(&'a str),
+    /// This one run.
+    Run(&'a str),
+}
+
+/// A run another node holds that a stop request marked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Marked {
+    pub run_id: String,
+    /// What was requested of it before (None: nothing; `revoked`: its lease was revoked).
+    pub before: Option<String>,
+}
+
+impl Store {
+    /// Marks the unfinished runs of `scope` that other nodes hold with `what` (`killed` or
+    /// `revoked`; a kill overrides a revocation, nothing overrides a kill); answers the runs
+    /// marked, with what was requested of them before.
+    pub async fn runs_request_stop(
+        &self,
+        scope: StopScope<'_>,
+        what: &str,
+    ) -> Result<Vec<Marked>, GatewayError> {
+        let (cond, id) = match scope {
+            StopScope::Tree(root) => ("r.root_run_id = $1", root),
+            StopScope::Subtree(run) => ("r.run_id IN (SELECT run_id FROM sub)", run),
+            StopScope::Run(run) => ("r.run_id = $1", run),
+        };
+        let sub = "WITH RECURSIVE sub (run_id) AS (SELECT run_id FROM runs WHERE run_id = $1 \
+                   UNION ALL SELECT c.run_id FROM runs c JOIN sub ON c.parent_run_id = sub.run_id) ";
+        let select = format!(
+            "{sub}SELECT r.run_id, r.stop_requested FROM runs r WHERE {cond} \
+             AND r.completed_at IS NULL AND r.claimed_by IS NOT NULL AND r.claimed_by <> $2 \
+             AND (r.stop_requested IS NULL OR (r.stop_requested = 'revoked' AND $3 = 'killed'))"
+        );
+        let marked: Vec<(String, Option<String>)> = on_pool!(self.pool(), |p| {
+            sqlx::query_as(&select)
+                .bind(id)
+                .bind(self.node())
+                .bind(what)
+                .fetch_all(p)
+                .await?
+        });
+        for (run_id, _) in &marked {
+            on_pool!(self.pool(), |p| sqlx::query(
+                "UPDATE runs SET stop_requested = $1 WHERE run_id = $2 AND completed_at IS NULL"
+            )
+            .bind(what)
+            .bind(run_id)
+            .execute(p)
+            .await
+            .map(drop))?;
+        }
+        Ok(marked
+            .into_iter()
+            .map(|(run_id, before)| Marked { run_id, before })
+            .collect())
+    }
+
+    /// Stop requests for unfinished runs this node holds: (run id, killed | revoked).
+    pub async fn runs_stops_for_me(&self) -> Result<Vec<(String, String)>, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| sqlx::query_as(
+            "SELECT run_id, stop_requested FROM runs WHERE claimed_by = $1 \
+             AND completed_at IS NULL AND stop_requested IS NOT NULL"
+        )
+        .bind(self.node())
+        .fetch_all(p)
+        .await?))
+    }
+
+    /// Which node holds an unfinished run (None: ended, unknown or held by nobody).
+    pub async fn run_holder(&self, run_id: &str) -> Result<Option<String>, GatewayError> {
+        Ok(
+            on_pool!(self.pool(), |p| sqlx::query_scalar::<_, Option<String>>(
+                "SELECT claimed_by FROM runs WHERE run_id = $1 AND completed_at IS NULL"
+            )
+            .bind(run_id)
+            .fetch_optional(p)
+            .await?)
+            .flatten(),
+        )
+    }
+
+    /// Whether every run of `ids` has ended.
+    pub async fn runs_ended(&self, ids: &[String]) -> Result<bool, GatewayError> {
+        for id in ids {
+            let open: Option<String> = on_pool!(self.pool(), |p| sqlx::query_scalar(
+                "SELECT run_id FROM runs WHERE run_id = $1 AND completed_at IS NULL"
+            )
+            .bind(id)
+            .fetch_optional(p)
+            .await?);
+            if open.is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Queues a steering message for a run another node holds.
+    pub async fn run_steer_add(&self, run_id: &str, message: &str) -> Result<(), GatewayError> {
+        on_pool!(self.pool(), |p| sqlx::query(
+            "INSERT INTO run_steering (run_id, message, created_at) VALUES ($1, $2, $3)"
+        )
+        .bind(run_id)
+        .bind(message)
+        .bind(crate::clock::now_ms())
+        .execute(p)
+        .await
+        .map(drop))?;
+        Ok(())
+    }
+
+    /// Takes the steering messages for runs this node holds: (run id, message), oldest first.
+    pub async fn run_steering_take(&self) -> Result<Vec<(String, String)>, GatewayError> {
+        let rows: Vec<(i64, String, String)> = on_pool!(self.pool(), |p| sqlx::query_as(
+            "SELECT s.id, s.run_id, s.message FROM run_steering s JOIN runs r \
+             ON r.run_id = s.run_id WHERE r.claimed_by = $1 ORDER BY s.id"
+        )
+        .bind(self.node())
+        .fetch_all(p)
+        .await?);
+        for (id, _, _) in &rows {
+            on_pool!(self.pool(), |p| sqlx::query(
+                "DELETE FROM run_steering WHERE id = $1"
+            )
+            .bind(id)
+            .execute(p)
+            .await
+            .map(drop))?;
+        }
+        Ok(rows.into_iter().map(|(_, r, m)| (r, m)).collect())
+    }
+}

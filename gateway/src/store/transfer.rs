@@ -122,8 +122,8 @@ pub struct Table {
     identity: bool,
 }
 
-/// Every exported table, parents before children. `nodes`, `leases` and `fanout` are state of
-/// a running fleet and are not exported.
+/// Every exported table, parents before children. `nodes`, `leases`, `fanout` and
+/// `run_steering` are state of a running fleet and are not exported.
 pub const TABLES: &[Table] = &[
     Table {
         name: "providers",

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use serde_json::{json, Value};
 
-const TREE: &str = r#"
+pub(crate) const TREE: &str = r#"
 providers:
   script:
     type: scripted
@@ -55,6 +55,10 @@ providers:
       - match: "STEER"
         steps:
           - reply: "steered ok"
+      - match: "ask approval"
+        steps:
+          - toolCalls: [{name: session_notes}]
+          - reply: "approved path"
       - match: "outside"
         steps:
           - toolCalls: [{name: save_file, arguments: {path: a.txt, content: x}}]
@@ -69,7 +73,7 @@ agents:
   narrow: {model: script/m1, tools: [current_time], maxSteps: 6}
 "#;
 
-async fn spawn(gw: &Gateway, token: &str, agent: &str, task: &str) -> Value {
+pub(crate) async fn spawn(gw: &Gateway, token: &str, agent: &str, task: &str) -> Value {
     ok(
         gw,
         token,
@@ -80,7 +84,7 @@ async fn spawn(gw: &Gateway, token: &str, agent: &str, task: &str) -> Value {
 }
 
 /// The runs of `root`'s tree as `subagent.list` shows them, by depth.
-async fn tree_of(gw: &Gateway, root: &str) -> Vec<Value> {
+pub(crate) async fn tree_of(gw: &Gateway, root: &str) -> Vec<Value> {
     let list = ok(gw, ADMIN, "subagent.list", json!({})).await;
     let mut runs: Vec<Value> = list["runs"]
         .as_array()
@@ -94,7 +98,7 @@ async fn tree_of(gw: &Gateway, root: &str) -> Vec<Value> {
 }
 
 /// Waits until `root`'s tree has `n` runs, all running.
-async fn until_running(gw: &Gateway, root: &str, n: usize) -> Vec<Value> {
+pub(crate) async fn until_running(gw: &Gateway, root: &str, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + STEP;
     loop {
         let runs = tree_of(gw, root).await;

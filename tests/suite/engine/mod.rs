@@ -7,7 +7,7 @@ mod e2e_context;
 mod e2e_local;
 mod e2e_memory;
 mod e2e_memory_limits;
-mod e2e_orchestration;
+pub(crate) mod e2e_orchestration;
 mod e2e_owners;
 mod e2e_scheduler;
 mod e2e_tenancy;

@@ -1,0 +1,119 @@
+//! Run trees on a two-node PostgreSQL fleet: a kill, a revocation, a steering message, a
+//! spawn pause and an approval decided on node A reach the run that node B holds.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::*;
+use crate::engine::e2e_orchestration::{spawn, tree_of, until_running, TREE};
+
+async fn wait(gw: &Gateway, run_id: &str) -> serde_json::Value {
+    let w = ok(
+        gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": [run_id], "timeoutMs": 15000}),
+    )
+    .await;
+    w["results"][0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stops_steering_pause_and_approvals_reach_the_node_that_holds_the_run() {
+    let url = crate::pg::database().await;
+    let config = format!(
+        "{TREE}autonomy:\n  approvals:\n    tools: [session_notes]\n    timeoutSeconds: 60\n"
+    );
+    let a = start_on(&url, &config).await;
+    let b = start_on(&url, &config).await;
+
+    // A three-level tree on B, killed from A.
+    let root = spawn(&b, ADMIN, "boss", "level one").await;
+    let root_id = root["runId"].as_str().unwrap().to_owned();
+    until_running(&b, &root_id, 3).await;
+    let t = Instant::now();
+    let killed = ok(&a, ADMIN, "run.kill", json!({"rootRunId": root_id})).await;
+    assert_eq!(killed, json!({"killed": 3, "leasesRevoked": 3}));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let runs = tree_of(&a, &root_id).await;
+    assert_eq!(runs.len(), 3);
+    for r in &runs {
+        assert_eq!(r["status"], "killed", "{r}");
+    }
+
+    // A lease of a run on B, revoked from A by its id.
+    let run = spawn(&b, ADMIN, "leaf", "revocable").await;
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    let lease = until_running(&b, &run_id, 1).await[0]["leaseId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let revoked = ok(&a, ADMIN, "lease.revoke", json!({"leaseId": lease})).await;
+    assert_eq!(revoked["revoked"], 1);
+    let done = wait(&a, &run_id).await;
+    assert_eq!(done["completion"]["status"], "revoked", "{done}");
+
+    // A steering message sent to A for a run on B.
+    let run = spawn(&b, ADMIN, "leaf", "slow child").await;
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    until_running(&b, &run_id, 1).await;
+    let steered = ok(
+        &a,
+        ADMIN,
+        "subagent.steer",
+        json!({"target": run_id, "message": "STEER: from node A"}),
+    )
+    .await;
+    assert_eq!(steered["status"], "steered_inject");
+    let done = wait(&a, &run_id).await;
+    assert_eq!(done["completion"]["response"], "steered ok", "{done}");
+
+    // Spawning paused on A is paused on B.
+    let paused = ok(&a, ADMIN, "subagent.pause", json!({})).await;
+    assert_eq!(paused["changed"], true);
+    let deadline = Instant::now() + STEP;
+    loop {
+        let r = b
+            .call(
+                ADMIN,
+                "session.spawn",
+                json!({"agent": "leaf", "task": "quick three"}),
+            )
+            .await;
+        if code(&r) == -32002 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B still spawns: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ok(&a, ADMIN, "subagent.resume", json!({})).await;
+    let deadline = Instant::now() + STEP;
+    while ok(&b, ADMIN, "subagent.status", json!({})).await["paused"] == true {
+        assert!(Instant::now() < deadline, "B stays paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A tool call waiting on B, approved on A.
+    let run = spawn(&b, ADMIN, "leaf", "ask approval").await;
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + STEP;
+    let id = loop {
+        let p = ok(&a, ADMIN, "admin.approval.pending", json!({})).await;
+        if let Some(r) = p["requests"].as_array().unwrap().first() {
+            assert_eq!(r["sessionKey"], run["sessionKey"]);
+            break r["id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no request");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    ok(
+        &a,
+        ADMIN,
+        "admin.approval.resolve",
+        json!({"id": id, "approved": true}),
+    )
+    .await;
+    let done = wait(&a, &run_id).await;
+    assert_eq!(done["completion"]["response"], "approved path", "{done}");
+}
