@@ -556,3 +556,63 @@ async fn another_tenant_cannot_wait_on_a_run_or_learn_that_it_exists() {
     let r = gw.call(RPC, "subagent.wait", json!({})).await;
     assert_eq!(code(&r), -32602, "{r}");
 }
+
+/// kill -9 of the real binary with a revoked run and a running one: after the restart the
+/// revoked run is still revoked, and the running one is orphaned, never resumed; the fleet
+/// report counts both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_9_a_revoked_run_stays_revoked_and_a_running_one_is_orphaned() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(&config, config_yaml(dir.path(), TREE)).unwrap();
+    let (mut child, port) = spawn_binary(dir.path(), &config, "first").await;
+    let call = |m: &'static str, p: Value| call_port(port, ADMIN, m, p);
+    let revoked = call(
+        "session.spawn",
+        json!({"agent": "leaf", "task": "revocable", "async": true}),
+    )
+    .await["result"]["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = call("lease.revoke", json!({"rootRunId": revoked})).await;
+    assert_eq!(r["result"]["revoked"], 1, "{r}");
+    let w = call(
+        "subagent.wait",
+        json!({"runIds": [revoked], "timeoutMs": 10000}),
+    )
+    .await;
+    assert_eq!(w["result"]["results"][0]["completion"]["status"], "revoked");
+    let running = call(
+        "session.spawn",
+        json!({"agent": "leaf", "task": "level three", "async": true}),
+    )
+    .await["result"]["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let (mut child, port) = spawn_binary(dir.path(), &config, "second").await;
+    let list = call_port(port, ADMIN, "subagent.list", json!({})).await;
+    let runs = list["result"]["runs"].as_array().unwrap();
+    let status = |id: &str| {
+        runs.iter()
+            .find(|r| r["runId"] == id)
+            .map(|r| r["status"].clone())
+            .unwrap()
+    };
+    assert_eq!(status(&revoked), "revoked", "{list}");
+    assert_eq!(status(&running), "orphaned", "{list}");
+    let fleet = call_port(port, ADMIN, "obs.fleet.health", json!({})).await;
+    let a = &fleet["result"]["autonomy"];
+    assert_eq!(
+        (a["revoked"].clone(), a["orphaned"].clone()),
+        (json!(1), json!(1)),
+        "{fleet}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
