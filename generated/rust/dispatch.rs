@@ -314,8 +314,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::CapabilitiesIntrospectParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::CapabilitiesApi>::introspect(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::ChannelsCapabilities => {
             let params = invoke::parse_params::<

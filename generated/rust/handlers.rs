@@ -222,6 +222,22 @@ pub trait AuthApi: Send + Sync {
         Output = Result<super::types::AuthSetResult, crate::api::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `capabilities` namespace: Live self-inspection of an agent's authorization.
+pub trait CapabilitiesApi: Send + Sync {
+    /// `capabilities.introspect` (scope `rpc`): The caller's own capabilities and remaining budget and quota, read live.
+    ///
+    /// Only ever about the caller itself, never another; there is no parameter to name one. Over /rpc and /ws the caller is a client token, never an agent's run: it gets kind client, its scopes, enabled false and no capabilities (capability enforcement applies to runs; a client's reach is its scopes) - a documented answer rather than the reference's not-found. An agent's turn reads its own answer (kind run or turn, with its agent, its tools and its remaining budget) through its my_capabilities tool (group agents), and a local process through tool.invoke on the capability socket.
+    fn introspect(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::CapabilitiesIntrospectParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::CapabilitiesIntrospectResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+}
 /// Handlers of the `config` namespace: Reading, validating and changing the daemon's configuration, its version history (every change is a commit), and the audit log of configuration writes. All admin.
 pub trait ConfigApi: Send + Sync {
     /// `config.apply` (scope `admin`): Replaces the whole configuration with the params (a full configuration object).
@@ -1646,7 +1662,7 @@ pub trait TokensApi: Send + Sync {
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
+pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + CapabilitiesApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::api::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -1830,6 +1846,18 @@ impl<O: crate::api::tenancy::Owners> AuthApi for Fake<O> {
         _params: super::types::AuthSetParams,
     ) -> Result<super::types::AuthSetResult, crate::api::error::GatewayError> {
         self.ran("auth.set")
+    }
+}
+impl<O: crate::api::tenancy::Owners> CapabilitiesApi for Fake<O> {
+    async fn introspect(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::CapabilitiesIntrospectParams,
+    ) -> Result<
+        super::types::CapabilitiesIntrospectResult,
+        crate::api::error::GatewayError,
+    > {
+        self.ran("capabilities.introspect")
     }
 }
 impl<O: crate::api::tenancy::Owners> ConfigApi for Fake<O> {

@@ -1800,7 +1800,7 @@ pub struct BrowserTabsResultTabsItem {
 }
 /// Parameters of `capabilities.introspect`.
 ///
-/// Source: reference.
+/// Source: designed.
 #[derive(
     Debug,
     Clone,
@@ -1813,7 +1813,7 @@ pub struct BrowserTabsResultTabsItem {
 pub struct CapabilitiesIntrospectParams {}
 /// Result of `capabilities.introspect`.
 ///
-/// Source: reference.
+/// Source: designed.
 #[derive(
     Debug,
     Clone,
@@ -1824,25 +1824,31 @@ pub struct CapabilitiesIntrospectParams {}
 )]
 #[serde(deny_unknown_fields)]
 pub struct CapabilitiesIntrospectResult {
-    /// The caller's agent.
-    #[serde(rename = "agentId")]
-    pub agent_id: String,
-    /// Whether capability enforcement (autonomy) is enabled for this agent.
+    /// client - a token over /rpc or /ws; run - a background run's turn; turn - an agent's turn that is not a run (a chat).
+    #[serde(rename = "kind")]
+    pub kind: CapabilitiesIntrospectResultKind,
+    /// The caller's agent; absent for a client.
+    #[serde(rename = "agentId", default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The scopes the caller holds (a turn's, narrowed from its caller's).
+    #[serde(rename = "scopes")]
+    pub scopes: Vec<String>,
+    /// Whether capability enforcement (the gate decision) applies - true for a run.
     #[serde(rename = "enabled")]
     pub enabled: bool,
     /// Capabilities the caller holds now, sorted.
     #[serde(rename = "caps")]
     pub caps: Vec<String>,
-    /// Remaining run budget; absent when the run has none.
+    /// What the turn may still spend (its agent's budget, less what the turn used so far, and the run's time limit); absent for a client, and when none of the three is limited.
     #[serde(rename = "budget", default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<CapabilitiesIntrospectResultBudget>,
     /// Remaining quota of outward actions (messages, posts) for this hour; absent when not limited.
     #[serde(rename = "outwardQuota", default, skip_serializing_if = "Option::is_none")]
     pub outward_quota: Option<CapabilitiesIntrospectResultOutwardQuota>,
 }
-/// Remaining run budget; absent when the run has none.
+/// What the turn may still spend (its agent's budget, less what the turn used so far, and the run's time limit); absent for a client, and when none of the three is limited.
 ///
-/// Source: reference.
+/// Source: designed.
 #[derive(
     Debug,
     Clone,
@@ -1853,19 +1859,62 @@ pub struct CapabilitiesIntrospectResult {
 )]
 #[serde(deny_unknown_fields)]
 pub struct CapabilitiesIntrospectResultBudget {
-    /// Tokens the run may still use.
+    /// Tokens the turn may still use; null when it has no token limit.
     #[serde(rename = "tokensRemaining")]
-    pub tokens_remaining: i64,
-    /// Wall-clock milliseconds the run has left.
+    pub tokens_remaining: Option<i64>,
+    /// Wall-clock milliseconds the run has left; null when it has no limit.
     #[serde(rename = "wallClockMsRemaining")]
-    pub wall_clock_ms_remaining: i64,
+    pub wall_clock_ms_remaining: Option<i64>,
     /// USD the run may still spend; null when the run has no cost limit.
     #[serde(rename = "usdRemaining")]
     pub usd_remaining: Option<f64>,
 }
+/// client - a token over /rpc or /ws; run - a background run's turn; turn - an agent's turn that is not a run (a chat).
+///
+/// Source: designed.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    ::schemars::JsonSchema
+)]
+pub enum CapabilitiesIntrospectResultKind {
+    #[serde(rename = "client")]
+    Client,
+    #[serde(rename = "run")]
+    Run,
+    #[serde(rename = "turn")]
+    Turn,
+}
+impl CapabilitiesIntrospectResultKind {
+    /// The wire string of this value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Run => "run",
+            Self::Turn => "turn",
+        }
+    }
+    /// The value of a wire string; None for any other string.
+    pub fn from_wire(s: &str) -> Option<Self> {
+        match s {
+            "client" => Some(Self::Client),
+            "run" => Some(Self::Run),
+            "turn" => Some(Self::Turn),
+            _ => None,
+        }
+    }
+}
 /// Remaining quota of outward actions (messages, posts) for this hour; absent when not limited.
 ///
-/// Source: reference.
+/// Source: designed.
 #[derive(
     Debug,
     Clone,

@@ -4,6 +4,7 @@ mod admin;
 mod agent;
 mod agents;
 mod auth;
+mod capabilities;
 mod config;
 mod context;
 mod cron;

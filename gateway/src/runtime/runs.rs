@@ -211,6 +211,7 @@ impl Runs {
             client_id: &spec.caller.client_id,
             tools: spec.only_tools.clone(),
             denial_threshold: self.autonomy.denial_breaker.threshold,
+            timeout: spec.timeout,
         })
     }
 

@@ -62,6 +62,8 @@ pub struct LiveRun {
     pub refusals: AtomicU32,
     /// Refusals in a row that trip the denial breaker.
     pub denial_threshold: u32,
+    /// When the run's wall-clock limit ends, if it has one.
+    pub deadline: Option<std::time::Instant>,
     /// true once the run ended (its final status is in the store).
     ended: watch::Sender<bool>,
 }
@@ -204,6 +206,8 @@ pub struct Placement<'a> {
     pub tools: Option<std::collections::BTreeSet<String>>,
     /// Consecutive gate refusals that trip the denial breaker.
     pub denial_threshold: u32,
+    /// The run's wall-clock limit, if it has one.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// The registry of live runs, and the spawn pause.
@@ -299,6 +303,7 @@ impl RunTree {
             children: AtomicU32::new(0),
             refusals: AtomicU32::new(0),
             denial_threshold: p.denial_threshold.max(1),
+            deadline: p.timeout.map(|t| std::time::Instant::now() + t),
             ended: watch::channel(false).0,
         });
         self.lock().insert(run.run_id.clone(), run.clone());
@@ -407,6 +412,7 @@ mod tests {
             client_id: "c",
             tools: None,
             denial_threshold: 2,
+            timeout: None,
         })
     }
 
@@ -448,6 +454,7 @@ mod tests {
             client_id: "c",
             tools: Some(["t1".to_owned(), "t2".to_owned()].into()),
             denial_threshold: 2,
+            timeout: None,
         });
         // A child's capabilities never exceed its parent's.
         let child = tree.register(Placement {
@@ -457,6 +464,7 @@ mod tests {
             client_id: "c",
             tools: Some(["t2".to_owned(), "t3".to_owned()].into()),
             denial_threshold: 2,
+            timeout: None,
         });
         assert_eq!(
             child

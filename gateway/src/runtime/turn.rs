@@ -512,6 +512,7 @@ impl Turns {
         let limits = agent.budget();
         let breaker = self.agents.defaults().circuit_breaker_threshold.max(1);
         let tool_trace_id = trace.trace_id.clone();
+        let spent = crate::runtime::tools::Spent::default();
         let ctx = ToolContext {
             store: &self.store,
             media: &self.media,
@@ -529,6 +530,8 @@ impl Turns {
             caller: &req.caller,
             scopes: req.scopes,
             runs: &self.runs,
+            offered: tools,
+            spent: &spent,
         };
         let mut out = TurnOutcome {
             response: String::new(),
@@ -618,6 +621,7 @@ impl Turns {
             out.input_tokens += response.usage.input;
             out.output_tokens += response.usage.output;
             out.cost_usd += model.cost(&response.usage);
+            spent.set(out.input_tokens + out.output_tokens, out.cost_usd);
             out.model = model.id();
             out.response = response.content.clone();
             let assistant =

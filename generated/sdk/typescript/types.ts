@@ -1241,11 +1241,19 @@ export interface CapabilitiesIntrospectParams {
  */
 export interface CapabilitiesIntrospectResult {
   /**
-   * The caller's agent.
+   * client - a token over /rpc or /ws; run - a background run's turn; turn - an agent's turn that is not a run (a chat).
    */
-  "agentId": string;
+  "kind": CapabilitiesIntrospectResultKind;
   /**
-   * Whether capability enforcement (autonomy) is enabled for this agent.
+   * The caller's agent; absent for a client.
+   */
+  "agentId"?: string;
+  /**
+   * The scopes the caller holds (a turn's, narrowed from its caller's).
+   */
+  "scopes": string[];
+  /**
+   * Whether capability enforcement (the gate decision) applies - true for a run.
    */
   "enabled": boolean;
   /**
@@ -1253,7 +1261,7 @@ export interface CapabilitiesIntrospectResult {
    */
   "caps": string[];
   /**
-   * Remaining run budget; absent when the run has none.
+   * What the turn may still spend (its agent's budget, less what the turn used so far, and the run's time limit); absent for a client, and when none of the three is limited.
    */
   "budget"?: CapabilitiesIntrospectResultBudget;
   /**
@@ -1263,22 +1271,27 @@ export interface CapabilitiesIntrospectResult {
 }
 
 /**
- * Remaining run budget; absent when the run has none.
+ * What the turn may still spend (its agent's budget, less what the turn used so far, and the run's time limit); absent for a client, and when none of the three is limited.
  */
 export interface CapabilitiesIntrospectResultBudget {
   /**
-   * Tokens the run may still use.
+   * Tokens the turn may still use; null when it has no token limit.
    */
-  "tokensRemaining": number;
+  "tokensRemaining": number | null;
   /**
-   * Wall-clock milliseconds the run has left.
+   * Wall-clock milliseconds the run has left; null when it has no limit.
    */
-  "wallClockMsRemaining": number;
+  "wallClockMsRemaining": number | null;
   /**
    * USD the run may still spend; null when the run has no cost limit.
    */
   "usdRemaining": number | null;
 }
+
+/**
+ * client - a token over /rpc or /ws; run - a background run's turn; turn - an agent's turn that is not a run (a chat).
+ */
+export type CapabilitiesIntrospectResultKind = "client" | "run" | "turn";
 
 /**
  * Remaining quota of outward actions (messages, posts) for this hour; absent when not limited.

@@ -55,6 +55,11 @@ providers:
       - match: "STEER"
         steps:
           - reply: "steered ok"
+      - match: "introspect"
+        steps:
+          - toolCalls: [{name: my_capabilities}]
+            usage: {input: 40, output: 10}
+          - reply: "introspected"
       - match: "ask approval"
         steps:
           - toolCalls: [{name: session_notes}]
@@ -71,6 +76,7 @@ agents:
   leaf: {model: script/m1, tools: [current_time, session_notes], maxSteps: 6}
   star: {model: script/m1, tools: ["*"], maxSteps: 4}
   narrow: {model: script/m1, tools: [current_time], maxSteps: 6}
+  intro: {model: script/m1, tools: ["group:agents", current_time], maxSteps: 4, budget: {tokens: 500}}
 "#;
 
 pub(crate) async fn spawn(gw: &Gateway, token: &str, agent: &str, task: &str) -> Value {
@@ -615,4 +621,60 @@ async fn after_a_kill_9_a_revoked_run_stays_revoked_and_a_running_one_is_orphane
     );
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn introspection_answers_a_client_its_scopes_and_a_run_its_own_tools_and_budget() {
+    let gw = start(TREE).await;
+    let me = ok(&gw, RPC, "capabilities.introspect", json!({})).await;
+    assert_eq!(
+        me,
+        json!({"kind": "client", "scopes": ["rpc"], "enabled": false, "caps": []})
+    );
+    let run = spawn(&gw, RPC, "intro", "introspect").await;
+    let run_id = run["runId"].as_str().unwrap();
+    let w = ok(
+        &gw,
+        RPC,
+        "subagent.wait",
+        json!({"runIds": [run_id], "timeoutMs": 10000}),
+    )
+    .await;
+    assert_eq!(
+        w["results"][0]["completion"]["response"], "introspected",
+        "{w}"
+    );
+    let h = ok(
+        &gw,
+        ADMIN,
+        "session.history",
+        json!({"session_key": run["sessionKey"]}),
+    )
+    .await;
+    let tool = h["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let answer: Value = serde_json::from_str(&tool).unwrap();
+    validate_result("capabilities.introspect", &answer);
+    assert_eq!(answer["kind"], "run");
+    assert_eq!(answer["agentId"], "intro");
+    assert_eq!(answer["enabled"], true);
+    assert_eq!(
+        answer["caps"],
+        json!([
+            "current_time",
+            "my_capabilities",
+            "spawn_agent",
+            "wait_agents"
+        ])
+    );
+    assert_eq!(answer["budget"]["tokensRemaining"], 450, "{answer}");
+    assert_eq!(answer["budget"]["wallClockMsRemaining"], Value::Null);
+    assert_eq!(answer["scopes"], json!(["rpc"]));
 }

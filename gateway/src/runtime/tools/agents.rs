@@ -4,6 +4,10 @@
 use serde_json::{json, Value};
 
 use super::{Tool, ToolContext, ToolResult};
+use crate::api::generated::types::{
+    CapabilitiesIntrospectResult, CapabilitiesIntrospectResultBudget,
+    CapabilitiesIntrospectResultKind,
+};
 use crate::providers::BoxFuture;
 use crate::runtime::runs::{SpawnFrom, Waited};
 
@@ -132,5 +136,67 @@ impl Tool for WaitAgents {
             let results: Vec<Value> = waited.iter().map(Waited::to_json).collect();
             Ok(json!({"results": results}).to_string())
         })
+    }
+}
+
+/// `my_capabilities`: the turn's own capabilities and what it may still spend - the agent's
+/// view of `capabilities.introspect`.
+pub struct MyCapabilities;
+
+/// The introspection answer of a turn (`capabilities.introspect` for an agent).
+pub fn introspect(ctx: &ToolContext<'_>) -> CapabilitiesIntrospectResult {
+    let mut caps: Vec<String> = ctx.offered.iter().map(|t| t.name.clone()).collect();
+    caps.sort();
+    let limits = ctx.agent.budget();
+    let (tokens, usd) = ctx.spent.get();
+    let wall = ctx.run.and_then(|r| r.deadline).map(|d| {
+        d.saturating_duration_since(std::time::Instant::now())
+            .as_millis() as i64
+    });
+    let budget =
+        (limits.tokens.is_some() || limits.cost_usd.is_some() || wall.is_some()).then(|| {
+            CapabilitiesIntrospectResultBudget {
+                tokens_remaining: limits
+                    .tokens
+                    .map(|t| (t.max(0) as u64).saturating_sub(tokens) as i64),
+                wall_clock_ms_remaining: wall,
+                usd_remaining: limits.cost_usd.map(|c| (c - usd).max(0.0)),
+            }
+        });
+    CapabilitiesIntrospectResult {
+        kind: if ctx.run.is_some() {
+            CapabilitiesIntrospectResultKind::Run
+        } else {
+            CapabilitiesIntrospectResultKind::Turn
+        },
+        agent_id: Some(ctx.agent_id.to_owned()),
+        scopes: ctx.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+        enabled: ctx.run.is_some(),
+        caps,
+        budget,
+        outward_quota: None,
+    }
+}
+
+impl Tool for MyCapabilities {
+    fn name(&self) -> &'static str {
+        "my_capabilities"
+    }
+
+    fn description(&self) -> &'static str {
+        "Answers this turn's own capabilities: its tools, its scopes, and the tokens, time and \
+         cost it may still spend."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({"type": "object", "properties": {}, "additionalProperties": false})
+    }
+
+    fn opt_in_group(&self) -> Option<&'static str> {
+        Some(GROUP)
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolContext<'a>, _args: &'a Value) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async move { serde_json::to_string(&introspect(ctx)).map_err(|e| e.to_string()) })
     }
 }

@@ -41,6 +41,35 @@ pub struct ToolContext<'a> {
     pub scopes: crate::api::scopes::Scopes,
     /// Background runs (the sub-agent tools), reached only when a tool needs them.
     pub runs: &'a OnceLock<std::sync::Weak<crate::runtime::runs::Runs>>,
+    /// The tools this turn offers (what `my_capabilities` reports).
+    pub offered: &'a [ToolSpec],
+    /// What the turn has spent so far.
+    pub spent: &'a Spent,
+}
+
+/// Tokens and cost a turn has spent so far (updated after each model call).
+#[derive(Default)]
+pub struct Spent {
+    tokens: std::sync::atomic::AtomicU64,
+    usd_bits: std::sync::atomic::AtomicU64,
+}
+
+impl Spent {
+    /// Records the turn's totals so far.
+    pub fn set(&self, tokens: u64, usd: f64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.tokens.store(tokens, Relaxed);
+        self.usd_bits.store(usd.to_bits(), Relaxed);
+    }
+
+    /// (tokens, USD) spent so far.
+    pub fn get(&self) -> (u64, f64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.tokens.load(Relaxed),
+            f64::from_bits(self.usd_bits.load(Relaxed)),
+        )
+    }
 }
 
 impl ToolContext<'_> {
@@ -108,6 +137,7 @@ impl Tools {
             Arc::new(files::SaveFile),
             Arc::new(agents::SpawnAgent),
             Arc::new(agents::WaitAgents),
+            Arc::new(agents::MyCapabilities),
         ];
         let list = tools
             .into_iter()

@@ -8,6 +8,7 @@ from typing_extensions import NotRequired, Required, TypedDict
 AgentGetOperationModelsResultOperationsItemSource = Literal["config", "default"]
 BrowserAction = Literal["click", "type", "fill", "press", "hover", "select", "scroll", "wait"]
 BrowserConsoleResultEntriesItemLevel = Literal["debug", "log", "info", "warn", "error"]
+CapabilitiesIntrospectResultKind = Literal["client", "run", "turn"]
 ChannelsChannelStatus = Literal["connected", "disconnected", "error", "disabled"]
 ChannelsHealthResultChannelsItemConnectionMode = Literal["websocket", "long_polling", "webhook", "in_process"]
 ConfigAuditRecordOrigin = Literal["rpc", "cli", "startup", "external"]
@@ -589,17 +590,19 @@ CapabilitiesIntrospectParams = TypedDict("CapabilitiesIntrospectParams", {
 
 # Result of `capabilities.introspect`.
 CapabilitiesIntrospectResult = TypedDict("CapabilitiesIntrospectResult", {
-    "agentId": "Required[str]",
+    "kind": "Required[CapabilitiesIntrospectResultKind]",
+    "agentId": "NotRequired[str]",
+    "scopes": "Required[List[str]]",
     "enabled": "Required[bool]",
     "caps": "Required[List[str]]",
     "budget": "NotRequired[CapabilitiesIntrospectResultBudget]",
     "outwardQuota": "NotRequired[CapabilitiesIntrospectResultOutwardQuota]",
 }, total=False)
 
-# Remaining run budget; absent when the run has none.
+# What the turn may still spend (its agent's budget, less what the turn used so far, and the run's time limit); absent for a client, and when none of the three is limited.
 CapabilitiesIntrospectResultBudget = TypedDict("CapabilitiesIntrospectResultBudget", {
-    "tokensRemaining": "Required[int]",
-    "wallClockMsRemaining": "Required[int]",
+    "tokensRemaining": "Required[Optional[int]]",
+    "wallClockMsRemaining": "Required[Optional[int]]",
     "usdRemaining": "Required[Optional[float]]",
 }, total=False)
 
