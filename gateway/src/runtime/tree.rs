@@ -404,7 +404,7 @@ mod tests {
     use super::*;
     use crate::config::autonomy::SubagentLimits;
 
-    fn place<'a>(tree: &RunTree, id: &str, parent: Option<&'a Arc<LiveRun>>) -> Arc<LiveRun> {
+    fn place(tree: &RunTree, id: &str, parent: Option<&Arc<LiveRun>>) -> Arc<LiveRun> {
         tree.register(Placement {
             run_id: id.to_owned(),
             parent,
@@ -437,7 +437,7 @@ mod tests {
         assert!(!b.stop(Stop::Revoked));
         assert_eq!(tree.kill(&tree.subtree("a")), (0, 0));
         // A root's kill cancels every descendant's token, registered or not.
-        tree.kill(&[root.clone()]);
+        tree.kill(std::slice::from_ref(&root));
         assert!(c.kill.is_cancelled());
         tree.finish(&b);
         assert!(tree.get("b").is_none());

@@ -205,6 +205,9 @@ struct Tokens {
 
 /// Who a turn serves and with which models, settled at its start.
 struct Opening {
+    /// The turn's admission slot when the turn took one itself (a background run holds its
+    /// own in the request): parked while the turn waits for an approval.
+    permit: Option<crate::runtime::admission::Permit>,
     agent: Arc<Agent>,
     session_key: Option<String>,
     /// The turn's events belong to the session's owner (an ephemeral turn's to its caller).
@@ -316,7 +319,8 @@ impl Turns {
         let permit = self.control.admission.admit_turn(&req)?;
         let mut trace = TurnTrace::start();
         let _guard = self.admit(&req).await?;
-        let opening = self.open_turn(&req)?;
+        let mut opening = self.open_turn(&req)?;
+        opening.permit = permit;
         let user = ChatMessage::user(req.message.clone());
         let user_tokens = sessions::message_tokens(&user);
         let reserve = opening
@@ -352,7 +356,6 @@ impl Turns {
                 messages,
                 &tools,
                 &mut trace,
-                permit.as_ref().or(req.admitted.as_ref()),
             )
             .await?;
         let first_seq = self.persist(&req, &assembled, &stepped).await?;
@@ -410,6 +413,7 @@ impl Turns {
             .cloned()
             .ok_or_else(|| GatewayError::Unavailable(format!("Model not found: {primary}")))?;
         Ok(Opening {
+            permit: None,
             agent,
             session_key,
             owner,
@@ -505,8 +509,8 @@ impl Turns {
         mut messages: Vec<ChatMessage>,
         tools: &[ToolSpec],
         trace: &mut TurnTrace,
-        permit: Option<&crate::runtime::admission::Permit>,
     ) -> Result<Stepped, GatewayError> {
+        let permit = opening.permit.as_ref().or(req.admitted.as_ref());
         let agent = &opening.agent;
         let max_steps = req.max_steps.unwrap_or_else(|| agent.max_steps()).max(1);
         let limits = agent.budget();
@@ -1063,6 +1067,7 @@ mod tests {
 
     fn opening(window: u64) -> Opening {
         Opening {
+            permit: None,
             agent: Arc::new(Agent {
                 id: "a".into(),
                 config: AgentSettings::default(),
