@@ -358,3 +358,17 @@ pub async fn call_port(port: u16, token: &str, method: &str, params: Value) -> V
         .await
         .unwrap()
 }
+
+/// The events `/api/activity` shows admin (the newest 100), as text.
+pub async fn activity(gw: &Gateway) -> String {
+    let v: Value = reqwest::Client::new()
+        .get(gw.url("/api/activity?limit=100"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v.to_string()
+}

@@ -220,12 +220,7 @@ impl SessionApi for Rpc {
         ctx: &CallContext,
         p: SessionRunStatusParams,
     ) -> Result<SessionRunStatusResult, GatewayError> {
-        let r = self
-            .engine()
-            .store
-            .run_get(ctx.tenant(), &p.run_id)
-            .await?
-            .ok_or_else(|| GatewayError::not_found("Run", &p.run_id))?;
+        let r = self.run_row(ctx, &p.run_id).await?;
         let end = r.completed_at.unwrap_or_else(crate::clock::now_ms);
         Ok(SessionRunStatusResult {
             status: run_status(&r.status),

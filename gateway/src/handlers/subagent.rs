@@ -82,6 +82,21 @@ fn waited(w: Waited) -> SubagentWaitResultResultsItem {
     }
 }
 
+impl Rpc {
+    /// A run the caller reaches, or -32001.
+    pub(super) async fn run_row(
+        &self,
+        ctx: &CallContext,
+        id: &str,
+    ) -> Result<RunRow, GatewayError> {
+        self.engine()
+            .store
+            .run_get(ctx.tenant(), id)
+            .await?
+            .ok_or_else(|| GatewayError::not_found("Run", id))
+    }
+}
+
 impl SubagentApi for Rpc {
     async fn kill(
         &self,
@@ -89,11 +104,7 @@ impl SubagentApi for Rpc {
         p: SubagentKillParams,
     ) -> Result<SubagentKillResult, GatewayError> {
         let engine = self.engine();
-        let row = engine
-            .store
-            .run_get(ctx.tenant(), &p.target)
-            .await?
-            .ok_or_else(|| GatewayError::not_found("Run", &p.target))?;
+        let row = self.run_row(ctx, &p.target).await?;
         let (killed, _) = engine
             .runs
             .kill(crate::store::runs::StopScope::Subtree(&row.run_id))
@@ -171,11 +182,7 @@ impl SubagentApi for Rpc {
         p: SubagentSteerParams,
     ) -> Result<SubagentSteerResult, GatewayError> {
         let engine = self.engine();
-        let row = engine
-            .store
-            .run_get(ctx.tenant(), &p.target)
-            .await?
-            .ok_or_else(|| GatewayError::not_found("Run", &p.target))?;
+        let row = self.run_row(ctx, &p.target).await?;
         if row.completed_at.is_some() || !engine.runs.steer(&row.run_id, p.message).await? {
             return Err(GatewayError::Conflict(format!(
                 "Run {} is not running ({})",

@@ -314,6 +314,7 @@ pub const TABLES: &[Table] = &[
             txt_n("delivery"),
             txt_n("resume"),
             txt_n("claimed_by"),
+            txt_n("stop_requested"),
         ],
         order_by: "run_id",
         identity: false,
@@ -1512,6 +1513,29 @@ mod tests {
     /// One row in each table of the control plane.
     async fn populate_control(s: &Store) {
         use crate::store::control_plane::{AuditRow, AuthRow, SecretRow, TokenRow, VersionRow};
+        s.approval_insert(&crate::store::approvals::ApprovalRow {
+            id: "appr_1".into(),
+            session_key: "agent:a:api:t:u".into(),
+            agent_id: "a".into(),
+            tool_name: "save_file".into(),
+            summary: "save_file with arguments: path".into(),
+            args_digest: "ab".repeat(32),
+            owner: "t".into(),
+            created_at: 1,
+            expires_at: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        s.denial_remember(
+            "agent:a:api:t:u",
+            "save_file",
+            &"ab".repeat(32),
+            Some("no"),
+            3,
+        )
+        .await
+        .unwrap();
         s.token_insert(&TokenRow {
             id: "app".into(),
             digest: Some("ab".repeat(32)),
@@ -1624,18 +1648,19 @@ mod tests {
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], FORMAT);
         assert_eq!(header["version"], 1);
-        assert_eq!(header["schema"], 10);
+        assert_eq!(header["schema"], 11);
         assert_eq!(header["source"], src.backend_name());
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(
             TABLES.iter().map(|t| rows(t.name)).collect::<Vec<_>>(),
             [
-                2, 1, 3, 4, 1, 2, 0, 0, 0, 0, 0, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1,
-                1, 1
+                2, 1, 3, 4, 1, 2, 0, 0, 0, 0, 0, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1,
+                1, 1, 1, 1
             ],
             "providers agents sessions messages notes memories (entities mentions observations \
              sources summaries: none) runs usage usage_hourly \
-             deliveries cron_jobs cron_runs heartbeat_state heartbeat_events api_tokens secrets \
+             deliveries cron_jobs cron_runs heartbeat_state heartbeat_events approvals \
+             approval_denials api_tokens secrets \
              auth_profiles config_versions (config_document config_files_seen: none) \
              config_audit trace_rows diagnostics prompt_reports channel_activity"
         );
@@ -1996,11 +2021,11 @@ mod tests {
         for (header, says) in [
             (
                 r#"{"format":"agent-gateway-store","version":1,"schema":4}"#,
-                "schema version 4 and this build is at version 10: migrate first",
+                "schema version 4 and this build is at version 11: migrate first",
             ),
             (
-                r#"{"format":"agent-gateway-store","version":1,"schema":11}"#,
-                "schema version 11, newer than this build's 10",
+                r#"{"format":"agent-gateway-store","version":1,"schema":12}"#,
+                "schema version 12, newer than this build's 11",
             ),
             (
                 r#"{"format":"agent-gateway-store","version":2,"schema":5}"#,

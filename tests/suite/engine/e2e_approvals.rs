@@ -92,19 +92,6 @@ async fn tool_results(gw: &Gateway, key: &str) -> Vec<String> {
         .collect()
 }
 
-async fn activity(gw: &Gateway) -> String {
-    let v: Value = reqwest::Client::new()
-        .get(gw.url("/api/activity?limit=100"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v.to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_call_runs_once_approved_and_holds_no_admission_slot() {
     let gw = start(&config(30)).await;

@@ -116,6 +116,11 @@ pub(crate) async fn until_running(gw: &Gateway, root: &str, n: usize) -> Vec<Val
     }
 }
 
+/// A session's transcript (`session.history` as admin).
+async fn history(gw: &Gateway, key: &Value) -> Value {
+    ok(gw, ADMIN, "session.history", json!({"session_key": key})).await
+}
+
 async fn usage_rows(gw: &Gateway) -> i64 {
     let db = database(gw).await;
     sqlx::query_scalar("SELECT COUNT(*) FROM usage")
@@ -228,13 +233,7 @@ async fn a_tree_runs_to_its_end_and_each_parent_reads_its_childs_answer() {
     assert_eq!(runs.len(), 3, "{runs:?}");
     assert!(runs.iter().all(|r| r["status"] == "completed"), "{runs:?}");
     // The mid run's wait_agents result carried the leaf's answer into its conversation.
-    let history = ok(
-        &gw,
-        ADMIN,
-        "session.history",
-        json!({"session_key": runs[1]["sessionKey"]}),
-    )
-    .await;
+    let history = history(&gw, &runs[1]["sessionKey"]).await;
     let text = history.to_string();
     assert!(text.contains("quick leaf"), "{text}");
 }
@@ -299,13 +298,7 @@ async fn a_revoked_lease_refuses_the_next_tool_call_and_the_call_in_flight_compl
     let st = ok(&gw, ADMIN, "session.run_status", json!({"run_id": run_id})).await;
     assert_eq!(st["status"], "revoked");
     assert!(st["tokensUsed"]["total"].as_i64().unwrap() > 0, "{st}");
-    let history = ok(
-        &gw,
-        ADMIN,
-        "session.history",
-        json!({"session_key": run["sessionKey"]}),
-    )
-    .await;
+    let history = history(&gw, &run["sessionKey"]).await;
     let text = history.to_string();
     assert!(text.contains("lease was revoked"), "{text}");
     assert!(!text.contains("never reached"), "{text}");
@@ -342,13 +335,7 @@ async fn steering_joins_a_running_run_before_its_next_model_call() {
         waited["results"][0]["completion"]["response"], "steered ok",
         "{waited}"
     );
-    let history = ok(
-        &gw,
-        ADMIN,
-        "session.history",
-        json!({"session_key": run["sessionKey"]}),
-    )
-    .await;
+    let history = history(&gw, &run["sessionKey"]).await;
     let users: Vec<&str> = history["messages"]
         .as_array()
         .unwrap()
@@ -644,13 +631,7 @@ async fn introspection_answers_a_client_its_scopes_and_a_run_its_own_tools_and_b
         w["results"][0]["completion"]["response"], "introspected",
         "{w}"
     );
-    let h = ok(
-        &gw,
-        ADMIN,
-        "session.history",
-        json!({"session_key": run["sessionKey"]}),
-    )
-    .await;
+    let h = history(&gw, &run["sessionKey"]).await;
     let tool = h["messages"]
         .as_array()
         .unwrap()

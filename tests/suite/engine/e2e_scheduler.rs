@@ -738,20 +738,6 @@ async fn state_after_errors(gw: &Gateway, n: i64) -> Value {
     }
 }
 
-/// The events `/api/activity` shows admin.
-async fn activity(gw: &Gateway) -> String {
-    let v: Value = reqwest::Client::new()
-        .get(gw.url("/api/activity?limit=100"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v.to_string()
-}
-
 #[tokio::test]
 async fn failing_heartbeats_back_off_and_alert_once_per_cooldown() {
     let gw = start(FAILING).await;
