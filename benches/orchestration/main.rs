@@ -1,0 +1,304 @@
+//! Run trees on the release binary (issue 30): asynchronous spawns per second with instant
+//! scripted steps, registry memory per live run, `run.kill` of a 50-run three-level tree, and
+//! the wake-up of 100 `subagent.wait` callers. `--gate N` instead runs N gate decisions
+//! in-process (for callgrind: instructions per decision). See README.md.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::disallowed_methods,
+    reason = "a bench: its tasks end before main returns"
+)]
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
+const TOKEN: &str = "bench-secret-0123456789abcdefghijklmnopqrstuv";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(dir: &std::path::Path, port: u16) -> Child {
+    // root spawns 7 mids, each mid spawns 6 leaves: 1 + 7 + 42 = 50 runs in three levels.
+    let mids = (0..7)
+        .map(|i| format!("{{name: spawn_agent, arguments: {{task: \"mid {i}\", agent: mid}}}}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let leaves = (0..6)
+        .map(|i| format!("{{name: spawn_agent, arguments: {{task: \"leaf {i}\", agent: leaf}}}}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let config = format!(
+        "gateway:\n  port: {port}\n  dataDir: {data}\n  tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  \
+         rateLimit: {{windowMs: 1000, maxRequests: 100000000}}\n  \
+         limits: {{maxConcurrentTurnsPerClient: 100000, maxConcurrentTurns: 100000}}\n\
+         local: {{autoFetch: false}}\n\
+         providers:\n  s:\n    type: scripted\n    models: [m]\n    script:\n\
+         \x20     - match: \"root\"\n        steps:\n          - toolCalls: [{mids}]\n          - toolCalls: [{{name: wait_agents, arguments: {{timeoutMs: 600000}}}}]\n          - reply: done\n\
+         \x20     - match: \"mid\"\n        steps:\n          - toolCalls: [{leaves}]\n          - toolCalls: [{{name: wait_agents, arguments: {{timeoutMs: 600000}}}}]\n          - reply: done\n\
+         \x20     - match: \"leaf\"\n        steps:\n          - reply: never\n            delayMs: 600000\n\
+         \x20     - match: \"slow\"\n        steps:\n          - reply: slow done\n            delayMs: 600000\n\
+         \x20     - match: \"timed\"\n        steps:\n          - reply: timed done\n            delayMs: 1500\n\
+         \x20     - steps:\n          - reply: instant\n\
+         agents:\n  default: {{model: s/m}}\n  root: {{model: s/m, tools: [\"group:agents\"], maxSteps: 4}}\n  \
+         mid: {{model: s/m, tools: [\"group:agents\"], maxSteps: 4}}\n  leaf: {{model: s/m}}\n\
+         autonomy:\n  subagents: {{maxDepth: 3, maxChildrenPerRun: 10, maxConcurrent: 100000}}\n",
+        data = dir.join("data").display()
+    );
+    let path = dir.join("bench.yaml");
+    std::fs::write(&path, config).unwrap();
+    Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("AGENT_GATEWAY_LOG", "warn")
+        .env("AGENT_GATEWAY_NO_FETCH", "1")
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_healthy(port: u16) {
+    for _ in 0..200 {
+        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gateway did not start");
+}
+
+async fn rpc(client: &reqwest::Client, port: u16, method: &str, params: Value) -> Value {
+    let v: Value = client
+        .post(format!("http://127.0.0.1:{port}/rpc"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v.get("result")
+        .cloned()
+        .unwrap_or_else(|| panic!("{method}: {v}"))
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+/// Spawns `n` runs of `task` from 16 concurrent clients; their ids.
+async fn spawn_many(client: &reqwest::Client, port: u16, n: usize, task: &str) -> Vec<String> {
+    let per = n / 16;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (client, task) = (client.clone(), task.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for _ in 0..per {
+                let r = rpc(
+                    &client,
+                    port,
+                    "session.spawn",
+                    json!({"agent": "default", "task": task, "async": true}),
+                )
+                .await;
+                ids.push(r["runId"].as_str().unwrap().to_owned());
+            }
+            ids
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.extend(t.await.unwrap());
+    }
+    ids
+}
+
+async fn all_ended(client: &reqwest::Client, port: u16, ids: &[String]) {
+    for chunk in ids.chunks(100) {
+        let w = rpc(
+            client,
+            port,
+            "subagent.wait",
+            json!({"runIds": chunk, "timeoutMs": 600000}),
+        )
+        .await;
+        for r in w["results"].as_array().unwrap() {
+            assert_ne!(r["status"], "timeout", "{r}");
+        }
+    }
+}
+
+/// N gate decisions on a live run in-process (no approval policy): run under callgrind and
+/// divide.
+fn gate(n: u64) {
+    use agent_gateway::runtime::tree::{Gate, Placement, RunTree};
+    let tree = RunTree::default();
+    let run = tree.register(Placement {
+        run_id: "run_bench".into(),
+        parent: None,
+        agent_id: "a",
+        client_id: "c",
+        tools: None,
+        denial_threshold: 3,
+        timeout: None,
+    });
+    let mut allowed = 0u64;
+    for _ in 0..n {
+        if std::hint::black_box(run.gate(std::hint::black_box("current_time"), true))
+            == Gate::Allowed
+        {
+            allowed += 1;
+        }
+    }
+    println!("{allowed} of {n} gate decisions allowed");
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--gate") {
+        gate(
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(1_000_000),
+        );
+        return;
+    }
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = spawn(dir.path(), port);
+    wait_healthy(port).await;
+    let client = reqwest::Client::new();
+
+    // 1. 1000 asynchronous spawns with an instant step: runs per second until all ended.
+    let t = Instant::now();
+    let ids = spawn_many(&client, port, 1008, "instant").await;
+    all_ended(&client, port, &ids).await;
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "spawns: {} runs spawned and ended in {secs:.3} s: {:.0} runs/s",
+        ids.len(),
+        ids.len() as f64 / secs
+    );
+
+    // 2. Memory per live run: 1000 runs in a long model call.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(child.id());
+    let live = spawn_many(&client, port, 1008, "slow").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_kib(child.id());
+    println!(
+        "memory: RSS {before} KiB -> {after} KiB with {} live runs: {:.1} KiB per live run (whole process: task, turn, session, registry)",
+        live.len(),
+        (after.saturating_sub(before)) as f64 / live.len() as f64
+    );
+    for id in &live {
+        rpc(&client, port, "run.kill", json!({"rootRunId": id})).await;
+    }
+
+    // 3. run.kill of a 50-run three-level tree.
+    let mut kills = Vec::new();
+    for _ in 0..rounds {
+        let root = rpc(
+            &client,
+            port,
+            "session.spawn",
+            json!({"agent": "root", "task": "root", "async": true}),
+        )
+        .await["runId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let st = rpc(&client, port, "subagent.status", json!({})).await;
+            if st["runningRuns"] == 49 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "tree not built: {st}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t = Instant::now();
+        let k = rpc(&client, port, "run.kill", json!({"rootRunId": root})).await;
+        kills.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(k["killed"], 50, "{k}");
+    }
+    println!(
+        "run.kill of 50 runs in three levels ({rounds} trees, answered once all are terminal): p50 {:.2} ms, p99 {:.2} ms",
+        percentile(kills.clone(), 0.5),
+        percentile(kills, 0.99)
+    );
+
+    // 4. 100 waiters on one run that ends.
+    let mut wakes = Vec::new();
+    for _ in 0..(rounds / 4).max(2) {
+        let run = rpc(
+            &client,
+            port,
+            "session.spawn",
+            json!({"agent": "default", "task": "timed", "async": true}),
+        )
+        .await["runId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let mut waiters = Vec::new();
+        for _ in 0..100 {
+            let (client, run) = (client.clone(), run.clone());
+            waiters.push(tokio::spawn(async move {
+                let w = rpc(
+                    &client,
+                    port,
+                    "subagent.wait",
+                    json!({"runIds": [run], "timeoutMs": 60000}),
+                )
+                .await;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as f64;
+                now - w["results"][0]["completion"]["completedAt"]
+                    .as_f64()
+                    .unwrap()
+            }));
+        }
+        for w in waiters {
+            wakes.push(w.await.unwrap());
+        }
+    }
+    println!(
+        "100 waiters per run ({} waits): woken after the run's end p50 {:.1} ms, p99 {:.1} ms (millisecond clock)",
+        wakes.len(),
+        percentile(wakes.clone(), 0.5),
+        percentile(wakes, 0.99)
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
