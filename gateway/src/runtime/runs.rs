@@ -182,7 +182,7 @@ impl Runs {
             ..RunRow::default()
         };
         if let Err(e) = self.store.run_insert(&row).await {
-            self.control.tree.finish(&live);
+            self.control.tree.finish(&live, None);
             return Err(e);
         }
         if spec.spawned {
@@ -332,10 +332,14 @@ impl Runs {
                     json!({"error": msg})
                 }
             };
-            if let Err(e) = runs.store.run_finish(&finished).await {
-                tracing::error!(run = %finished.run_id, error = %e, "run outcome not recorded");
-            }
-            runs.control.tree.finish(&live);
+            let stored = match runs.store.run_finish(&finished).await {
+                Ok(()) => Some(finished.clone()),
+                Err(e) => {
+                    tracing::error!(run = %finished.run_id, error = %e, "run outcome not recorded");
+                    None
+                }
+            };
+            runs.control.tree.finish(&live, stored);
             if spec.spawned {
                 runs.control.events.publish_owned(
                     Some(Arc::from(finished.client_id.as_str())),
@@ -471,7 +475,8 @@ impl Runs {
 
     /// Waits until every run of `run_ids` has ended or `timeout` passed; one answer per id, in
     /// order. Runs `tenant` does not reach answer [`Waited::Unknown`], like runs that do not
-    /// exist.
+    /// exist. A run live on this node wakes its waiters with its final row (no trip to the
+    /// store); runs other nodes hold are read again every [`WAIT_POLL`].
     pub async fn wait(
         &self,
         tenant: &crate::api::tenancy::Tenant,
@@ -479,45 +484,54 @@ impl Runs {
         timeout: std::time::Duration,
     ) -> Result<Vec<Waited>, GatewayError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut known = Vec::with_capacity(run_ids.len());
+        // (answer so far, the live run when this node runs it)
+        let mut slots: Vec<(Waited, Option<Arc<LiveRun>>)> = Vec::with_capacity(run_ids.len());
         for id in run_ids {
-            known.push(self.store.run_get(tenant, id).await?.is_some());
+            let live = self.control.tree.get(id);
+            let answer = match self.store.run_get(tenant, id).await? {
+                None => Waited::Unknown(id.clone()),
+                Some(row) if row.completed_at.is_some() => Waited::Ended(Box::new(row)),
+                Some(_) => Waited::Running(id.clone()),
+            };
+            slots.push((answer, live));
         }
         loop {
-            // Live runs on this node wake the wait when they end; others are polled.
-            let pending: Vec<Arc<LiveRun>> = run_ids
-                .iter()
-                .zip(&known)
-                .filter(|(_, k)| **k)
-                .filter_map(|(id, _)| self.control.tree.get(id))
-                .collect();
-            let mut out = Vec::with_capacity(run_ids.len());
-            let mut running = false;
-            for (id, k) in run_ids.iter().zip(&known) {
-                if !*k {
-                    out.push(Waited::Unknown(id.clone()));
+            let mut remote = false;
+            for (answer, live) in &mut slots {
+                let Waited::Running(id) = answer else {
                     continue;
-                }
-                match self.store.run_get(tenant, id).await? {
-                    None => out.push(Waited::Unknown(id.clone())),
-                    Some(row) if row.completed_at.is_some() => {
-                        out.push(Waited::Ended(Box::new(row)));
-                    }
-                    Some(_) => {
-                        running = true;
-                        out.push(Waited::Running(id.clone()));
+                };
+                match live.as_ref().map(|l| (l.final_row(), l.has_ended())) {
+                    Some((Some(row), _)) => *answer = Waited::Ended(Box::new((*row).clone())),
+                    Some((None, false)) => {}
+                    // Ended without a stored row, or held by another node: ask the store.
+                    _ => {
+                        let id = id.clone();
+                        match self.store.run_get(tenant, &id).await? {
+                            Some(row) if row.completed_at.is_some() => {
+                                *answer = Waited::Ended(Box::new(row));
+                            }
+                            _ => remote = remote || live.is_none(),
+                        }
                     }
                 }
             }
-            if !running || tokio::time::Instant::now() >= deadline {
-                return Ok(out);
+            let pending: Vec<&Arc<LiveRun>> = slots
+                .iter()
+                .filter(|(a, _)| matches!(a, Waited::Running(_)))
+                .filter_map(|(_, l)| l.as_ref())
+                .collect();
+            if (pending.is_empty() && !remote) || tokio::time::Instant::now() >= deadline {
+                return Ok(slots.into_iter().map(|(a, _)| a).collect());
             }
             type Wake<'w> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'w>>;
             let mut wakes: Vec<Wake<'_>> = pending
                 .iter()
                 .map(|r| Box::pin(r.ended()) as Wake<'_>)
                 .collect();
-            wakes.push(Box::pin(tokio::time::sleep(WAIT_POLL)));
+            if remote {
+                wakes.push(Box::pin(tokio::time::sleep(WAIT_POLL)));
+            }
             let any_ended = futures_util::future::select_all(wakes);
             let _ = tokio::time::timeout_at(deadline, any_ended).await;
         }

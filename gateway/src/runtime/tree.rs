@@ -64,8 +64,9 @@ pub struct LiveRun {
     pub denial_threshold: u32,
     /// When the run's wall-clock limit ends, if it has one.
     pub deadline: Option<std::time::Instant>,
-    /// true once the run ended (its final status is in the store).
-    ended: watch::Sender<bool>,
+    /// Set once the run ended: its final row as stored (None: it never started, or its row
+    /// could not be written), waking its waiters.
+    ended: watch::Sender<Option<Option<Arc<crate::store::runs::RunRow>>>>,
 }
 
 impl LiveRun {
@@ -109,7 +110,17 @@ impl LiveRun {
     /// Waits until the run has ended.
     pub async fn ended(&self) {
         let mut rx = self.ended.subscribe();
-        let _ = rx.wait_for(|e| *e).await;
+        let _ = rx.wait_for(Option::is_some).await;
+    }
+
+    /// Whether the run has ended.
+    pub fn has_ended(&self) -> bool {
+        self.ended.borrow().is_some()
+    }
+
+    /// The run's final row once it has ended (read by waiters without a trip to the store).
+    pub fn final_row(&self) -> Option<Arc<crate::store::runs::RunRow>> {
+        self.ended.borrow().clone().flatten()
     }
 }
 
@@ -304,17 +315,18 @@ impl RunTree {
             refusals: AtomicU32::new(0),
             denial_threshold: p.denial_threshold.max(1),
             deadline: p.timeout.map(|t| std::time::Instant::now() + t),
-            ended: watch::channel(false).0,
+            ended: watch::channel(None).0,
         });
         self.lock().insert(run.run_id.clone(), run.clone());
         run
     }
 
-    /// Removes an ended run (its final status is stored) and wakes its waiters.
-    pub fn finish(&self, run: &LiveRun) {
+    /// Removes an ended run and wakes its waiters with its final row (`row`: as stored; None
+    /// when there is none).
+    pub fn finish(&self, run: &LiveRun, row: Option<crate::store::runs::RunRow>) {
         run.lease.revoke();
         self.lock().remove(&run.run_id);
-        run.ended.send_replace(true);
+        run.ended.send_replace(Some(row.map(Arc::new)));
     }
 
     /// A live run.
@@ -439,7 +451,7 @@ mod tests {
         // A root's kill cancels every descendant's token, registered or not.
         tree.kill(std::slice::from_ref(&root));
         assert!(c.kill.is_cancelled());
-        tree.finish(&b);
+        tree.finish(&b, None);
         assert!(tree.get("b").is_none());
         assert!(!b.lease.valid(), "an ended run's lease is revoked");
     }
@@ -539,7 +551,7 @@ mod tests {
             let run = run.clone();
             tokio::spawn(async move { run.ended().await })
         };
-        tree.finish(&run);
+        tree.finish(&run, None);
         tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
             .await
             .unwrap()
