@@ -155,8 +155,22 @@ impl Runs {
     }
 
     /// Records the run as running and starts it on its own task (it keeps running when the
-    /// caller stops waiting).
+    /// caller stops waiting). The start itself is finished whole even when the caller goes
+    /// away in the middle (a parent killed during its `spawn_agent` call, a client hanging up):
+    /// a registered run always gets its task, and its row a final status.
     pub async fn start_run(self: &Arc<Self>, spec: RunSpec) -> Result<Started, GatewayError> {
+        let runs = self.clone();
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the start runs to its end whatever its caller does; it ends with it"
+        )]
+        let start = tokio::spawn(async move { runs.start_whole(spec).await });
+        start
+            .await
+            .map_err(|e| GatewayError::Internal(format!("the run did not start: {e}")))?
+    }
+
+    async fn start_whole(self: &Arc<Self>, spec: RunSpec) -> Result<Started, GatewayError> {
         self.admit_spawn(&spec)?;
         let permit = self.control.admission.admit(Some(&spec.caller.client_id))?;
         if spec.agent.suspended {
