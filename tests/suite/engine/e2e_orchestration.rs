@@ -248,7 +248,8 @@ async fn subagent_kill_stops_one_subtree_and_leaves_the_rest() {
     let r = ok(&gw, ADMIN, "subagent.kill", json!({"target": mid})).await;
     assert_eq!(r, json!({"killed": true, "runId": mid}));
     let runs = tree_of(&gw, &root_id).await;
-    assert_eq!(runs[0]["status"], "running", "{runs:?}");
+    // The root goes on: its wait sees the child cancelled (it may already have answered).
+    assert_ne!(runs[0]["status"], "killed", "{runs:?}");
     assert_eq!(runs[1]["status"], "killed");
     assert_eq!(runs[2]["status"], "killed");
     // The root's wait_agents sees its child cancelled and the root answers.
