@@ -230,6 +230,13 @@ impl Approvals {
     ) -> Result<Decision, GatewayError> {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis((row.expires_at - row.created_at).max(0) as u64);
+        // Only a shared database has other nodes whose decisions must be read from the row;
+        // on SQLite every decision arrives through this node's waiters.
+        let poll = if self.store.is_shared() {
+            POLL
+        } else {
+            Duration::from_secs(u64::from(crate::config::autonomy::MAX_APPROVAL_SECONDS))
+        };
         loop {
             tokio::select! {
                 changed = async { rx.wait_for(Option::is_some).await.map(|d| d.clone()) } => {
@@ -249,7 +256,7 @@ impl Approvals {
                     self.store.approval_lapse(&row.id, crate::clock::now_ms()).await?;
                     return Ok(Decision::Denied("not run: the turn was stopped".into()));
                 }
-                () = tokio::time::sleep(POLL) => {}
+                () = tokio::time::sleep(poll) => {}
             }
             // Decided here or elsewhere: the row says how.
             if let Some(r) = self.store.approval_get(&row.id).await? {
