@@ -8,6 +8,7 @@
 #   CALLGRIND_KEEP=/tmp/cg benches/v1_proxy/instructions.sh gateway   (keeps the dumps)
 #   API_TOKENS=1000 benches/v1_proxy/instructions.sh gateway   (1000 API tokens stored first)
 #   THREADS=1 benches/v1_proxy/instructions.sh gateway   (also each thread's count per request)
+#   STREAM=1 benches/v1_proxy/instructions.sh gateway   (streaming requests: "stream": true)
 #
 # Needs valgrind, curl and python3, and the bench built once (`cargo bench --bench v1_proxy
 # --no-run`): its binary plays the upstream (and the proxy). One keep-alive client sends 200
@@ -104,17 +105,23 @@ EOF
 fi
 
 load() {
-  python3 - "$port" "$1" "$token" "$model" <<'EOF'
+  python3 - "$port" "$1" "$token" "$model" "${STREAM:-0}" <<'EOF'
 import http.client, json, sys
 port, n, token, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+stream = sys.argv[5] == "1"
 conn = http.client.HTTPConnection("127.0.0.1", port)
-body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+request = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+if stream:
+    request["stream"] = True
+body = json.dumps(request)
 headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+# Streamed, the answer arrives in pieces ("hel", "lo", ...) and ends with [DONE].
+expect = b"[DONE]" if stream else b"hello from upstream"
 for _ in range(n):
     conn.request("POST", "/v1/chat/completions", body, headers)
     answer = conn.getresponse()
     text = answer.read()
-    if answer.status != 200 or b"hello from upstream" not in text:
+    if answer.status != 200 or expect not in text:
         sys.exit(f"unexpected answer {answer.status}: {text[:200]!r}")
 EOF
 }
@@ -127,7 +134,10 @@ callgrind_control -d > /dev/null 2>&1
 sleep 1
 dumps=$(ls "$work"/cg.*.2 "$work"/cg.*.2-* 2>/dev/null || true)
 total=$(cat $dumps | awk '/^summary:/ {s += $2} END {print s}')
-echo "$target: $((total / n)) instructions per request ($n requests, $total in all)"
+# (guard.sh reads the "gateway: N" line of the non-streaming count)
+label=$target
+if [ "${STREAM:-0}" = 1 ]; then label="$target (streaming)"; fi
+echo "$label: $((total / n)) instructions per request ($n requests, $total in all)"
 if [ -n "$threads_flag" ]; then
   per=$(for f in $dumps; do awk -v n="$n" '/^summary:/ {if ($2 > 0) printf "%d ", $2 / n}' "$f"; done)
   echo "per thread, per request (largest first): $(echo $per | tr ' ' '\n' | sort -rn | tr '\n' ' ')"

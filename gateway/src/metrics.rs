@@ -53,6 +53,7 @@ const MODEL_DURATION: &str = "agentgw_model_call_duration_seconds";
 const TURNS: &str = "agentgw_turns_total";
 const QUEUE_DEPTH: &str = "agentgw_queue_depth";
 const RECORDER_DROPPED: &str = "agentgw_recorder_dropped_total";
+const RECORDER_BACKPRESSURE: &str = "agentgw_recorder_backpressure_total";
 const MEMORY_INDEX_ENTRIES: &str = "agentgw_memory_index_entries";
 
 /// Tenants with a series of their own in `agentgw_memory_index_entries` (the largest ones);
@@ -152,6 +153,10 @@ fn describe() {
     describe_counter!(
         RECORDER_DROPPED,
         "Observability rows dropped because the writer's queue was full, by kind"
+    );
+    describe_counter!(
+        RECORDER_BACKPRESSURE,
+        "Model calls that waited to start because the writer's queue held its most usage rows"
     );
 }
 
@@ -696,6 +701,11 @@ pub fn recorder_dropped(kind: &'static str, rows: u64) {
         || counter!(RECORDER_DROPPED, "kind" => kind),
         |c| c.increment(rows),
     );
+}
+
+/// A model call waited for room in the writer's queue: `agentgw_recorder_backpressure_total`.
+pub fn recorder_backpressure() {
+    counter!(RECORDER_BACKPRESSURE).increment(1);
 }
 
 // ---------------------------------------------------------------------------------------

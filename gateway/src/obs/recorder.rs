@@ -73,7 +73,7 @@ pub struct TurnEnd<'a> {
 impl TurnTrace {
     pub fn start() -> Self {
         Self {
-            trace_id: uuid::Uuid::new_v4().simple().to_string(),
+            trace_id: crate::clock::ordered_id().simple().to_string(),
             started: Instant::now(),
             tools: Vec::new(),
             budget: None,

@@ -41,7 +41,7 @@ impl SseParser {
                 rest = stripped;
             }
         }
-        while let Some(pos) = rest.iter().position(|b| *b == b'\n' || *b == b'\r') {
+        while let Some(pos) = memchr::memchr2(b'\n', b'\r', rest) {
             self.line.extend_from_slice(&rest[..pos]);
             let terminator = rest[pos];
             rest = &rest[pos + 1..];
@@ -76,20 +76,23 @@ impl SseParser {
         if line.first() == Some(&b':') {
             return; // comment (keep-alive)
         }
-        let text = String::from_utf8_lossy(line);
-        let (field, value) = match text.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (text.as_ref(), ""),
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(at) => {
+                let (field, value) = line.split_at(at);
+                let value = value.get(1..).unwrap_or_default();
+                (field, value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
         };
         match field {
-            "data" => {
+            b"data" => {
                 if self.has_data {
                     self.data.push('\n');
                 }
-                self.data.push_str(value);
+                self.data.push_str(&text(value));
                 self.has_data = true;
             }
-            "event" => self.event = Some(value.to_string()),
+            b"event" => self.event = Some(text(value).into_owned()),
             _ => {} // id, retry and unknown fields are of no use here
         }
     }
@@ -103,6 +106,15 @@ impl SseParser {
                 data: std::mem::take(&mut self.data),
             });
         }
+    }
+}
+
+/// A field's value as text: borrowed when it is valid UTF-8 (the checked conversion is a
+/// fraction of the lossy one's cost), invalid sequences replaced otherwise.
+fn text(value: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(value) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(value),
     }
 }
 
@@ -267,6 +279,23 @@ mod tests {
             parser.push(chunk, &mut out);
         }
         assert_eq!(out.into_iter().collect::<Vec<_>>(), vec![ev(None, "x")]);
+    }
+
+    #[test]
+    fn multi_byte_text_split_anywhere_and_invalid_bytes_replaced() {
+        let input = "event: é\ndata: 漢字 😀\n\n".as_bytes();
+        for piece in 1..input.len() {
+            assert_eq!(
+                parse_in_pieces(input, piece),
+                vec![ev(Some("é"), "漢字 😀")],
+                "pieces of {piece}"
+            );
+        }
+        let invalid = b"data: a\xffb\xe2\x82\n\n";
+        assert_eq!(
+            parse_in_pieces(invalid, 3),
+            vec![ev(None, "a\u{fffd}b\u{fffd}")]
+        );
     }
 
     #[test]

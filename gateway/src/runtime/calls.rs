@@ -148,6 +148,9 @@ impl ModelCalls {
         cancel: &CancellationToken,
         who: CallFor<'_>,
     ) -> Result<Called, StepFailed> {
+        // Backpressure: while the record writer is far behind, calls wait to start (their
+        // usage rows are never dropped); at once otherwise.
+        self.store.usage_room().await;
         // One sink for the step: it knows whether any attempt of any model streamed text.
         let step_sink = sink.map(DeltaSink::attempt);
         let sink = step_sink.as_ref();

@@ -13,6 +13,7 @@
 //! Every acknowledged write is committed before the answer is sent.
 
 pub mod approvals;
+mod batch;
 #[cfg(test)]
 mod conformance;
 pub mod context;

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use super::batch::{self, MultiInsert};
 use super::usage::{hour_of, HOUR_MS};
 use super::{on_pool, text, Pool, Store, StoreRow};
 use crate::api::error::GatewayError;
@@ -145,19 +146,24 @@ impl ObsBatch {
     }
 }
 
-const INSERT_TRACE: &str =
+static INSERT_TRACE: MultiInsert = MultiInsert::new(
     "INSERT INTO trace_rows (ts, seq, kind, session_key, tenant_id, chat_id, \
      message_id, trace_id, agent_id, channel, tool_name, status, duration_ms, tokens, cost_usd, \
-     synthetic, finish_reason, error_kind, result_digest, result_bytes, detail, fallback) VALUES \
-     ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-     $21, $22)";
+     synthetic, finish_reason, error_kind, result_digest, result_bytes, detail, fallback) VALUES ",
+    22,
+);
 
-const INSERT_DIAG: &str = "INSERT INTO diagnostics (ts, category, type, tenant_id, agent_id, \
-     session_key, channel_id, data) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+static INSERT_DIAG: MultiInsert = MultiInsert::new(
+    "INSERT INTO diagnostics (ts, category, type, tenant_id, agent_id, \
+     session_key, channel_id, data) VALUES ",
+    8,
+);
 
-const INSERT_PROMPT: &str =
+static INSERT_PROMPT: MultiInsert = MultiInsert::new(
     "INSERT INTO prompt_reports (session_key, agent_id, run_id, created_at, \
-     report) VALUES ($1, $2, $3, $4, $5)";
+     report) VALUES ",
+    5,
+);
 
 const UPSERT_CHANNEL: &str = "INSERT INTO channel_activity (channel_id, channel_type, last_active_at, \
      messages_sent, messages_received) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel_id) DO \
@@ -166,59 +172,65 @@ const UPSERT_CHANNEL: &str = "INSERT INTO channel_activity (channel_id, channel_
      messages_sent = channel_activity.messages_sent + excluded.messages_sent, \
      messages_received = channel_activity.messages_received + excluded.messages_received";
 
-/// Writes a batch in one transaction.
+/// Writes a batch in one transaction, as multi-row INSERTs ([`super::batch`]).
 pub(super) async fn write_batch(pool: &Pool, b: &ObsBatch) -> Result<(), sqlx::Error> {
     on_pool!(pool, |p| {
         let mut tx = p.begin().await?;
-        for t in &b.trace {
-            sqlx::query(super::dialect::sql(p, INSERT_TRACE))
-                .bind(t.ts)
-                .bind(t.seq)
-                .bind(t.kind)
-                .bind(text(&t.session_key))
-                .bind(&t.tenant_id)
-                .bind(&t.chat_id)
-                .bind(&t.message_id)
-                .bind(&t.trace_id)
-                .bind(&t.agent_id)
-                .bind(&t.channel)
-                .bind(&t.tool_name)
-                .bind(t.status)
-                .bind(t.duration_ms)
-                .bind(t.tokens)
-                .bind(t.cost_usd)
-                .bind(i64::from(t.synthetic))
-                .bind(t.finish_reason)
-                .bind(&t.error_kind)
-                .bind(&t.result_digest)
-                .bind(t.result_bytes)
-                .bind(&t.detail)
-                .bind(i64::from(t.fallback))
-                .execute(&mut *tx)
-                .await?;
+        for chunk in batch::chunks(&b.trace) {
+            let mut q = sqlx::query(super::dialect::sql(p, INSERT_TRACE.text(chunk.len())));
+            for t in chunk {
+                q = q
+                    .bind(t.ts)
+                    .bind(t.seq)
+                    .bind(t.kind)
+                    .bind(text(&t.session_key))
+                    .bind(&t.tenant_id)
+                    .bind(&t.chat_id)
+                    .bind(&t.message_id)
+                    .bind(&t.trace_id)
+                    .bind(&t.agent_id)
+                    .bind(&t.channel)
+                    .bind(&t.tool_name)
+                    .bind(t.status)
+                    .bind(t.duration_ms)
+                    .bind(t.tokens)
+                    .bind(t.cost_usd)
+                    .bind(i64::from(t.synthetic))
+                    .bind(t.finish_reason)
+                    .bind(&t.error_kind)
+                    .bind(&t.result_digest)
+                    .bind(t.result_bytes)
+                    .bind(&t.detail)
+                    .bind(i64::from(t.fallback));
+            }
+            q.execute(&mut *tx).await?;
         }
-        for d in &b.diag {
-            sqlx::query(super::dialect::sql(p, INSERT_DIAG))
-                .bind(d.ts)
-                .bind(d.category)
-                .bind(d.kind)
-                .bind(&d.tenant_id)
-                .bind(&d.agent_id)
-                .bind(d.session_key.as_deref().map(text))
-                .bind(&d.channel_id)
-                .bind(&d.data)
-                .execute(&mut *tx)
-                .await?;
+        for chunk in batch::chunks(&b.diag) {
+            let mut q = sqlx::query(super::dialect::sql(p, INSERT_DIAG.text(chunk.len())));
+            for d in chunk {
+                q = q
+                    .bind(d.ts)
+                    .bind(d.category)
+                    .bind(d.kind)
+                    .bind(&d.tenant_id)
+                    .bind(&d.agent_id)
+                    .bind(d.session_key.as_deref().map(text))
+                    .bind(&d.channel_id)
+                    .bind(&d.data);
+            }
+            q.execute(&mut *tx).await?;
         }
-        for r in &b.prompts {
-            sqlx::query(super::dialect::sql(p, INSERT_PROMPT))
-                .bind(text(&r.session_key))
-                .bind(&r.agent_id)
-                .bind(&r.run_id)
-                .bind(r.created_at)
-                .bind(&r.report)
-                .execute(&mut *tx)
-                .await?;
+        for chunk in batch::chunks(&b.prompts) {
+            let mut q = sqlx::query(super::dialect::sql(p, INSERT_PROMPT.text(chunk.len())));
+            for r in chunk {
+                q = q
+                    .bind(text(&r.session_key))
+                    .bind(&r.agent_id)
+                    .bind(&r.run_id)
+                    .bind(r.created_at)
+                    .bind(&r.report);
+            }
+            q.execute(&mut *tx).await?;
         }
         for c in b.channels.values() {
             sqlx::query(super::dialect::sql(p, UPSERT_CHANNEL))

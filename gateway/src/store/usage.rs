@@ -1,18 +1,20 @@
 //! The `usage` table: one row per model call (tokens, cost, latency, outcome) per agent,
 //! session and provider, and its hourly rollup `usage_hourly`; the billing methods read them.
-//! The same writer task records the observability rows (`obs.rs`: the session index,
-//! diagnostic events, prompt reports, channel activity).
+//! The same writer records the observability rows (`obs.rs`: the session index, diagnostic
+//! events, prompt reports, channel activity).
 //!
 //! Rows are written behind the request: `usage_record` (and `obs_record`) queue the row and
-//! return; one writer task takes every row queued meanwhile into one transaction (group
-//! commit), so a model call never waits for the database and under load one commit serves
-//! many calls. Readers call `usage_flush` first (the writer answers once every row queued
-//! before it is committed), so they always see every call that finished before them;
-//! shutdown flushes too. A killed process loses at most the usage rows of the last few
-//! milliseconds, and the observability rows of the last second (they wait longer, so that one
-//! commit serves many turns).
-//! Usage rows are never dropped; observability rows are dropped (and counted) when more than
-//! [`MAX_QUEUED_OBS`] wait, so a stalled database cannot grow the queue without bound.
+//! return; one writer task takes every row queued meanwhile into one transaction of
+//! multi-row INSERTs (group commit, `batch.rs`), so a model call never waits
+//! for the database and under load one commit serves many calls. Readers call `usage_flush`
+//! first (the writer answers once every row queued before it is committed), so they always
+//! see every call that finished before them; shutdown flushes too. A killed process loses at
+//! most the usage rows of the last few milliseconds, and the observability rows of the last
+//! second (they wait longer, so that one commit serves many turns).
+//! Usage rows are never dropped: when [`MAX_QUEUED_USAGE`] wait, model calls wait to start
+//! (`usage_room`); observability rows are dropped (and counted) when more than
+//! [`MAX_QUEUED_OBS`] wait. Either way a slow or stalled database cannot grow the queue
+//! without bound.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +23,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::batch::{self, MultiInsert};
 use super::obs::{ObsBatch, ObsRow};
 use super::{on_pool, Pool, Store};
 use crate::api::error::GatewayError;
@@ -51,7 +54,13 @@ pub struct UsageRow {
 const MAX_BATCH: usize = 500;
 
 /// Observability rows that may wait for the writer at most; more are dropped and counted.
-pub const MAX_QUEUED_OBS: usize = 100_000;
+pub const MAX_QUEUED_OBS: usize = 20_000;
+
+/// Usage rows that may wait for the writer before model calls wait too: billing rows are
+/// never dropped, so a store slower than the load holds new calls back (backpressure,
+/// counted in `agentgw_recorder_backpressure_total`) instead of letting the queue, and the
+/// process's memory, grow for as long as the load lasts.
+pub const MAX_QUEUED_USAGE: usize = 20_000;
 
 enum Item {
     Row(UsageRow),
@@ -70,6 +79,11 @@ pub struct UsageQueue {
     queued_obs: Arc<AtomicUsize>,
     /// Observability rows dropped because [`MAX_QUEUED_OBS`] already waited.
     dropped_obs: Arc<std::sync::atomic::AtomicU64>,
+    /// Usage rows among the queued ones.
+    queued_usage: Arc<AtomicUsize>,
+    /// Told each time the writer takes rows (model calls held back by [`MAX_QUEUED_USAGE`]
+    /// wait for it).
+    room: Arc<tokio::sync::Notify>,
 }
 
 impl UsageQueue {
@@ -88,21 +102,24 @@ impl UsageQueue {
             queued: Arc::default(),
             queued_obs: Arc::default(),
             dropped_obs: Arc::default(),
+            queued_usage: Arc::default(),
+            room: Arc::default(),
         };
         (queue, rx)
     }
 
     fn start_writer(&self, pool: Pool, rx: mpsc::UnboundedReceiver<Item>) {
+        let counts = Counts {
+            queued: self.queued.clone(),
+            queued_obs: self.queued_obs.clone(),
+            queued_usage: self.queued_usage.clone(),
+            room: self.room.clone(),
+        };
         #[allow(
             clippy::disallowed_methods,
             reason = "the usage writer ends when its channel closes (the store is dropped)"
         )]
-        tokio::spawn(write_loop(
-            pool,
-            rx,
-            self.queued.clone(),
-            self.queued_obs.clone(),
-        ));
+        tokio::spawn(write_loop(pool, rx, counts));
     }
 
     /// Rows waiting for the writer.
@@ -121,12 +138,21 @@ const MAX_OBS_BATCH: usize = 2000;
 /// alone, a row waits this long (readers and shutdown flush first, so nobody sees the wait).
 const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
 
-async fn write_loop(
-    pool: Pool,
-    mut rx: mpsc::UnboundedReceiver<Item>,
+/// The queue's counters, shared by the writer and the handles that queue rows.
+struct Counts {
     queued: Arc<AtomicUsize>,
     queued_obs: Arc<AtomicUsize>,
-) {
+    queued_usage: Arc<AtomicUsize>,
+    room: Arc<tokio::sync::Notify>,
+}
+
+async fn write_loop(pool: Pool, mut rx: mpsc::UnboundedReceiver<Item>, counts: Counts) {
+    let Counts {
+        queued,
+        queued_obs,
+        queued_usage,
+        room,
+    } = counts;
     // Observability rows wait across batches, up to OBS_GATHER or MAX_OBS_BATCH: one commit
     // then serves many turns even when calls come one at a time (a commit's page writes cost
     // more than a row's inserts).
@@ -186,6 +212,10 @@ async fn write_loop(
         let left = queued
             .fetch_sub(taken, Ordering::Relaxed)
             .saturating_sub(taken);
+        if !rows.is_empty() {
+            queued_usage.fetch_sub(rows.len(), Ordering::Relaxed);
+            room.notify_waiters();
+        }
         crate::metrics::set_queue_depth("usage_writer", left);
         if !rows.is_empty() {
             insert_with_retries(&pool, &rows).await;
@@ -232,59 +262,18 @@ async fn write_obs(pool: &Pool, obs: &mut ObsBatch) {
     }
 }
 
-/// Rows per INSERT statement: a batch goes in as statements of these sizes (largest first),
-/// so the database prepares a handful of statements once and every value is bound directly
-/// (64 × 15 = 960 parameters at most, within both backends' limits).
-const CHUNKS: [usize; 4] = [64, 16, 4, 1];
-const COLUMNS: &str = "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, \
+/// The usage INSERT for each chunk size.
+static INSERT_USAGE: MultiInsert = MultiInsert::new(
+    "INSERT INTO usage (ts, agent_id, session_key, provider, model, operation, \
      input_tokens, output_tokens, cached_tokens, cost_usd, latency_ms, ok, error_kind, \
-     cache_write_tokens, cache_saved_usd) VALUES ";
-/// Values per usage row.
-const WIDTH: usize = 15;
-
-/// The INSERT of `n` rows (built once per size).
-fn insert_sql(n: usize) -> &'static str {
-    static SQL: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let all = SQL.get_or_init(|| {
-        CHUNKS
-            .iter()
-            .map(|&n| {
-                let rows: Vec<String> = (0..n)
-                    .map(|r| {
-                        let cols: Vec<String> =
-                            (1..=WIDTH).map(|c| format!("${}", r * WIDTH + c)).collect();
-                        format!("({})", cols.join(","))
-                    })
-                    .collect();
-                format!("{COLUMNS}{}", rows.join(","))
-            })
-            .collect()
-    });
-    let at = CHUNKS
-        .iter()
-        .position(|&c| c == n)
-        .unwrap_or(CHUNKS.len() - 1);
-    &all[at]
-}
-
-/// The batch split into statement-sized chunks, largest first.
-fn chunks(batch: &[UsageRow]) -> Vec<&[UsageRow]> {
-    let mut out = Vec::new();
-    let mut rest = batch;
-    for size in CHUNKS {
-        while rest.len() >= size {
-            let (chunk, tail) = rest.split_at(size);
-            out.push(chunk);
-            rest = tail;
-        }
-    }
-    out
-}
+     cache_write_tokens, cache_saved_usd) VALUES ",
+    15,
+);
 
 /// The INSERT of one chunk, every value bound (a macro: the same for both backends).
 macro_rules! insert {
     ($pool:expr, $chunk:expr) => {{
-        let mut q = sqlx::query(super::dialect::sql($pool, insert_sql($chunk.len())));
+        let mut q = sqlx::query(super::dialect::sql($pool, INSERT_USAGE.text($chunk.len())));
         for u in $chunk.iter() {
             q = q
                 .bind(u.ts)
@@ -369,7 +358,7 @@ async fn insert_batch(pool: &Pool, batch: &[UsageRow]) -> Result<(), sqlx::Error
     let sums = hourly(batch);
     on_pool!(pool, |p| {
         let mut tx = p.begin().await?;
-        for chunk in chunks(batch) {
+        for chunk in batch::chunks(batch) {
             insert!(p, chunk).execute(&mut *tx).await?;
         }
         for ((hour, agent, provider, model), h) in &sums {
@@ -397,11 +386,34 @@ async fn insert_batch(pool: &Pool, batch: &[UsageRow]) -> Result<(), sqlx::Error
 impl Store {
     /// Queues one model call's row (written behind the request).
     pub fn usage_record(&self, u: UsageRow) -> Result<(), GatewayError> {
-        self.usage.queued.fetch_add(1, Ordering::Relaxed);
-        self.usage
-            .tx
-            .send(Item::Row(u))
-            .map_err(|_| GatewayError::Internal("usage writer stopped".into()))
+        let q = &self.usage;
+        q.queued.fetch_add(1, Ordering::Relaxed);
+        q.queued_usage.fetch_add(1, Ordering::Relaxed);
+        q.tx.send(Item::Row(u)).map_err(|_| {
+            q.queued.fetch_sub(1, Ordering::Relaxed);
+            q.queued_usage.fetch_sub(1, Ordering::Relaxed);
+            GatewayError::Internal("usage writer stopped".into())
+        })
+    }
+
+    /// Returns at once while fewer than [`MAX_QUEUED_USAGE`] usage rows wait for the writer
+    /// (one atomic read); otherwise waits until the writer has taken rows below it, counted
+    /// once per held-back call. Called before each model call.
+    pub async fn usage_room(&self) {
+        let q = &self.usage;
+        if q.queued_usage.load(Ordering::Relaxed) < MAX_QUEUED_USAGE {
+            return;
+        }
+        crate::metrics::recorder_backpressure();
+        loop {
+            let notified = q.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if q.queued_usage.load(Ordering::Relaxed) < MAX_QUEUED_USAGE {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Queues one observability row (written behind the request); dropped and counted when
@@ -461,17 +473,6 @@ fn test_row(ts: i64) -> UsageRow {
 #[cfg(test)]
 mod chunk_tests {
     use super::*;
-
-    #[test]
-    fn batches_split_into_statement_sizes_largest_first() {
-        let rows = |n| vec![UsageRow::default(); n];
-        let sizes = |n| chunks(&rows(n)).iter().map(|c| c.len()).collect::<Vec<_>>();
-        assert_eq!(sizes(0), Vec::<usize>::new());
-        assert_eq!(sizes(1), [1]);
-        assert_eq!(sizes(64), [64]);
-        assert_eq!(sizes(27), [16, 4, 4, 1, 1, 1]);
-        assert_eq!(sizes(MAX_BATCH).iter().sum::<usize>(), MAX_BATCH);
-    }
 
     #[tokio::test]
     async fn one_statement_and_many_statement_batches_are_all_written() {
@@ -549,5 +550,43 @@ mod queue_tests {
         assert_eq!(store.recorder_depth(), 0);
         assert_eq!(count(&store, "diagnostics").await, MAX_QUEUED_OBS as i64);
         assert_eq!(count(&store, "usage").await, 3);
+    }
+
+    /// Usage rows are never dropped: below [`MAX_QUEUED_USAGE`] waiting rows a model call
+    /// starts at once; at it, the call waits (counted) until the writer has taken rows.
+    #[tokio::test]
+    async fn at_the_usage_cap_model_calls_wait_for_the_writer() {
+        use futures_util::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let opened = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let (queue, rx) = UsageQueue::unstarted();
+        let store = Store {
+            usage: queue.clone(),
+            ..opened.clone()
+        };
+        for ts in 0..MAX_QUEUED_USAGE - 1 {
+            store.usage_record(test_row(ts as i64)).unwrap();
+        }
+        assert!(
+            store.usage_room().now_or_never().is_some(),
+            "one below the cap, a call starts at once"
+        );
+        store.usage_record(test_row(0)).unwrap();
+        let waiting = store.usage_room();
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(200), &mut waiting)
+                .await
+                .is_err(),
+            "at the cap a call waits"
+        );
+        queue.start_writer(store.pool().clone(), rx);
+        tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+            .await
+            .expect("the writer made room");
+        store.usage_flush().await.unwrap();
+        assert_eq!(count(&store, "usage").await, MAX_QUEUED_USAGE as i64);
+        assert_eq!(store.recorder_depth(), 0);
+        assert!(store.usage_room().now_or_never().is_some());
     }
 }

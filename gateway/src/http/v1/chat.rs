@@ -173,7 +173,7 @@ pub async fn complete(
     req: ChatCompletionRequest,
 ) -> Result<ChatCompletionResponse, V1Error> {
     let (system, input) = prompt_of(&req.messages)?;
-    let id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
+    let id = format!("chatcmpl-{}", crate::clock::ordered_id());
     let mut turn = turn_for(state, principal, &req.model, &id, system, input)?;
     turn.temperature = req.temperature;
     turn.max_tokens = req.max_tokens.map(|t| t.min(u64::from(u32::MAX)) as u32);
@@ -202,12 +202,7 @@ pub async fn complete(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let started = StreamingTurn::begin(state.engine.clone(), turn).await?;
-    let chunker = Chunker {
-        id,
-        created,
-        model: req.model,
-        include_usage,
-    };
+    let chunker = Chunker::new(id, created, req.model, include_usage);
     let opening = chunker.frame(
         Delta {
             role: Some("assistant".to_owned()),
@@ -227,10 +222,59 @@ struct Chunker {
     created: i64,
     model: String,
     include_usage: bool,
+    /// A content chunk's frame before and after its text: cut once from a serialized chunk
+    /// whose text is a marker, so that each delta writes only its own text between them
+    /// (byte for byte what serializing the whole chunk gives; see the test).
+    content_frame: Option<(Vec<u8>, Vec<u8>)>,
 }
+
+/// The text of the template chunk; serialized, it is `"\u0001"`, which neither the chunk's
+/// fields before the text nor those after it contain (those after it are fixed).
+const MARKER: &str = "\u{1}";
+const MARKER_JSON: &[u8] = b"\"\\u0001\"";
 
 impl Render for Chunker {
     fn delta(&mut self, text: String) -> Bytes {
+        let Some((head, tail)) = &self.content_frame else {
+            return self.content(text);
+        };
+        let mut out = Vec::with_capacity(head.len() + text.len() + 8 + tail.len());
+        out.extend_from_slice(head);
+        if serde_json::to_writer(&mut out, &text).is_err() {
+            return Bytes::new();
+        }
+        out.extend_from_slice(tail);
+        Bytes::from(out)
+    }
+
+    fn done(&mut self, result: Result<TurnOutcome, crate::api::error::GatewayError>) -> Bytes {
+        self.closing(result)
+    }
+}
+
+impl Chunker {
+    fn new(id: String, created: i64, model: String, include_usage: bool) -> Self {
+        let mut chunker = Self {
+            id,
+            created,
+            model,
+            include_usage,
+            content_frame: None,
+        };
+        let template = chunker.content(MARKER.to_owned());
+        // The marker's last occurrence is the text (the fields after it are fixed).
+        chunker.content_frame = template
+            .windows(MARKER_JSON.len())
+            .rposition(|w| w == MARKER_JSON)
+            .and_then(|at| {
+                let (head, rest) = template.split_at_checked(at)?;
+                Some((head.to_vec(), rest.get(MARKER_JSON.len()..)?.to_vec()))
+            });
+        chunker
+    }
+
+    /// A content chunk serialized whole.
+    fn content(&self, text: String) -> Bytes {
         self.frame(
             Delta {
                 role: None,
@@ -240,12 +284,6 @@ impl Render for Chunker {
         )
     }
 
-    fn done(&mut self, result: Result<TurnOutcome, crate::api::error::GatewayError>) -> Bytes {
-        self.closing(result)
-    }
-}
-
-impl Chunker {
     fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<CompletionUsage>) -> Bytes {
         let chunk = ChatCompletionChunk {
             id: self.id.clone(),
@@ -309,5 +347,34 @@ impl Chunker {
         }
         out.extend_from_slice(&sse::frame(None, "[DONE]"));
         Bytes::from(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A content frame written around its text is byte for byte the chunk serialized whole,
+    /// whatever the text and whatever the model's name (even one holding the marker).
+    #[test]
+    fn a_delta_frame_is_the_whole_chunk_serialized() {
+        let models = ["up/model", "odd \"name\" \\ é", "has \u{1} the marker", ""];
+        let texts = [
+            "hello",
+            "",
+            "quote \" backslash \\ slash /",
+            "line\nbreak\r\n",
+            "\u{1}",
+            "tab\t\u{7f}\u{0}",
+            "é 漢字 😀",
+        ];
+        for model in models {
+            let mut chunker = Chunker::new("chatcmpl-1".to_owned(), 17, model.to_owned(), true);
+            assert!(chunker.content_frame.is_some(), "{model}");
+            for text in texts {
+                let whole = chunker.content(text.to_owned());
+                assert_eq!(chunker.delta(text.to_owned()), whole, "{model:?} {text:?}");
+            }
+        }
     }
 }

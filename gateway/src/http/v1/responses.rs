@@ -287,14 +287,14 @@ pub async fn create(
     req: ResponsesRequest,
 ) -> Result<ResponsesResponse, V1Error> {
     let (system, input) = prompt_of(&req)?;
-    let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
+    let id = format!("resp_{}", crate::clock::ordered_id().simple());
     let mut turn = turn_for(state, principal, &req.model, &id, system, input)?;
     turn.temperature = req.temperature;
     turn.max_tokens = req
         .max_output_tokens
         .map(|t| t.min(u64::from(u32::MAX)) as u32);
     let shape = Shape {
-        message_id: format!("msg_{}", uuid::Uuid::new_v4().simple()),
+        message_id: format!("msg_{}", crate::clock::ordered_id().simple()),
         id,
         created_at: chrono::Utc::now().timestamp(),
         model: req.model.clone(),
