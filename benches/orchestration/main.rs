@@ -164,6 +164,7 @@ fn gate(n: u64) {
         tools: None,
         denial_threshold: 3,
         timeout: None,
+        budget: &Default::default(),
     });
     let mut allowed = 0u64;
     for _ in 0..n {

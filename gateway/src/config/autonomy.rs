@@ -20,6 +20,21 @@ pub struct AutonomyConfig {
     pub denial_breaker: DenialBreaker,
     /// Tool calls that wait for an operator's decision (`admin.approval.*`); none by default.
     pub approvals: ApprovalsConfig,
+    /// What one run tree may spend in all (every run of it together); unlimited by default.
+    pub tree_budget: TreeBudgetConfig,
+}
+
+/// `autonomy.treeBudget`: the budget of a root, shared by every run of its tree. Once it is
+/// spent, the tree's gate decisions refuse tool calls and its turns end `budget_exceeded`
+/// after the model call that spent it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TreeBudgetConfig {
+    /// Tokens (input and output) of every model call of the tree.
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<u64>,
+    /// USD of every model call of the tree, at the configured prices.
+    pub max_cost_usd: Option<f64>,
 }
 
 /// Largest `autonomy.approvals.timeoutSeconds` (a day).
@@ -113,5 +128,45 @@ pub fn validate(c: &AutonomyConfig) -> Result<(), ConfigError> {
     if c.denial_breaker.threshold == 0 || c.denial_breaker.threshold > 1000 {
         return Err(bad("denialBreaker.threshold", 1000));
     }
+    if c.tree_budget.max_tokens == Some(0) {
+        return Err(ConfigError(
+            "autonomy.treeBudget.maxTokens must be at least 1".into(),
+        ));
+    }
+    if let Some(usd) = c.tree_budget.max_cost_usd {
+        if !usd.is_finite() || usd <= 0.0 {
+            return Err(ConfigError(
+                "autonomy.treeBudget.maxCostUsd must be a positive number".into(),
+            ));
+        }
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_budget_is_unlimited_by_default_and_its_limits_are_checked() {
+        let mut c = AutonomyConfig::default();
+        assert_eq!(c.tree_budget, TreeBudgetConfig::default());
+        assert!(validate(&c).is_ok());
+        c.tree_budget.max_tokens = Some(1);
+        c.tree_budget.max_cost_usd = Some(0.01);
+        assert!(validate(&c).is_ok(), "the smallest limits");
+        c.tree_budget.max_tokens = Some(0);
+        assert!(validate(&c).unwrap_err().0.contains("treeBudget.maxTokens"));
+        c.tree_budget.max_tokens = None;
+        for usd in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            c.tree_budget.max_cost_usd = Some(usd);
+            assert!(
+                validate(&c)
+                    .unwrap_err()
+                    .0
+                    .contains("treeBudget.maxCostUsd"),
+                "{usd}"
+            );
+        }
+    }
 }

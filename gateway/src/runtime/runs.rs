@@ -226,6 +226,7 @@ impl Runs {
             tools: spec.only_tools.clone(),
             denial_threshold: self.autonomy.denial_breaker.threshold,
             timeout: spec.timeout,
+            budget: &self.autonomy.tree_budget,
         })
     }
 

@@ -41,6 +41,61 @@ impl Lease {
     }
 }
 
+/// What a run tree has spent and may spend (`autonomy.treeBudget`), shared by every run of
+/// the tree: each model call of any of its runs adds to it.
+#[derive(Debug, Default)]
+pub struct TreeBudget {
+    tokens: std::sync::atomic::AtomicU64,
+    usd_bits: std::sync::atomic::AtomicU64,
+    pub max_tokens: Option<u64>,
+    pub max_usd: Option<f64>,
+}
+
+impl TreeBudget {
+    pub fn new(config: &crate::config::autonomy::TreeBudgetConfig) -> Self {
+        Self {
+            max_tokens: config.max_tokens,
+            max_usd: config.max_cost_usd,
+            ..Self::default()
+        }
+    }
+
+    /// Adds one model call's tokens and cost.
+    pub fn add(&self, tokens: u64, usd: f64) {
+        self.tokens.fetch_add(tokens, Ordering::AcqRel);
+        if usd > 0.0 {
+            let _ = self
+                .usd_bits
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+                    Some((f64::from_bits(bits) + usd).to_bits())
+                });
+        }
+    }
+
+    /// (tokens, USD) the tree has spent.
+    pub fn spent(&self) -> (u64, f64) {
+        (
+            self.tokens.load(Ordering::Acquire),
+            f64::from_bits(self.usd_bits.load(Ordering::Acquire)),
+        )
+    }
+
+    /// (tokens, USD) the tree may still spend; None where it has no limit.
+    pub fn remaining(&self) -> (Option<u64>, Option<f64>) {
+        let (tokens, usd) = self.spent();
+        (
+            self.max_tokens.map(|m| m.saturating_sub(tokens)),
+            self.max_usd.map(|m| (m - usd).max(0.0)),
+        )
+    }
+
+    /// Whether a limit is reached.
+    pub fn spent_out(&self) -> bool {
+        let (tokens, usd) = self.remaining();
+        tokens == Some(0) || usd.is_some_and(|u| u <= 0.0)
+    }
+}
+
 /// One live run.
 pub struct LiveRun {
     pub run_id: String,
@@ -64,6 +119,8 @@ pub struct LiveRun {
     pub denial_threshold: u32,
     /// When the run's wall-clock limit ends, if it has one.
     pub deadline: Option<std::time::Instant>,
+    /// The tree's budget (its root's, shared with every run of the tree).
+    pub budget: Arc<TreeBudget>,
     /// Set once the run ended: its final row as stored (None: it never started, or its row
     /// could not be written), waking its waiters.
     ended: watch::Sender<Option<Option<Arc<crate::store::runs::RunRow>>>>,
@@ -146,11 +203,16 @@ impl LiveRun {
             return Gate::Revoked;
         }
         let within = offered && self.lease.tools.as_ref().is_none_or(|t| t.contains(tool));
-        if within {
+        let funded = !self.budget.spent_out();
+        if within && funded {
             self.refusals.store(0, Ordering::Release);
             return Gate::Allowed;
         }
-        let why = format!("refused: {tool} is not within this run's capabilities");
+        let why = if within {
+            format!("refused: {tool} was not run, the run tree's budget is spent")
+        } else {
+            format!("refused: {tool} is not within this run's capabilities")
+        };
         if self.refused() {
             Gate::Breaker(format!(
                 "{why}; refusals in a row stopped the run tree (denial breaker)"
@@ -219,6 +281,8 @@ pub struct Placement<'a> {
     pub denial_threshold: u32,
     /// The run's wall-clock limit, if it has one.
     pub timeout: Option<std::time::Duration>,
+    /// A root's budget (a child shares its parent's).
+    pub budget: &'a crate::config::autonomy::TreeBudgetConfig,
 }
 
 /// The registry of live runs, and the spawn pause.
@@ -279,7 +343,7 @@ impl RunTree {
     /// Registers a new live run under its parent (a child's kill token and capabilities hang
     /// off its parent's).
     pub fn register(&self, p: Placement<'_>) -> Arc<LiveRun> {
-        let (root, depth, kill, tools) = match p.parent {
+        let (root, depth, kill, tools, budget) = match p.parent {
             Some(parent) => {
                 parent.children.fetch_add(1, Ordering::AcqRel);
                 let tools = match (&parent.lease.tools, p.tools) {
@@ -292,9 +356,16 @@ impl RunTree {
                     parent.depth + 1,
                     parent.kill.child_token(),
                     tools,
+                    parent.budget.clone(),
                 )
             }
-            None => (p.run_id.clone(), 0, CancellationToken::new(), p.tools),
+            None => (
+                p.run_id.clone(),
+                0,
+                CancellationToken::new(),
+                p.tools,
+                Arc::new(TreeBudget::new(p.budget)),
+            ),
         };
         let run = Arc::new(LiveRun {
             lease: Lease {
@@ -315,6 +386,7 @@ impl RunTree {
             refusals: AtomicU32::new(0),
             denial_threshold: p.denial_threshold.max(1),
             deadline: p.timeout.map(|t| std::time::Instant::now() + t),
+            budget,
             ended: watch::channel(None).0,
         });
         self.lock().insert(run.run_id.clone(), run.clone());
@@ -425,6 +497,7 @@ mod tests {
             tools: None,
             denial_threshold: 2,
             timeout: None,
+            budget: &Default::default(),
         })
     }
 
@@ -467,6 +540,7 @@ mod tests {
             tools: Some(["t1".to_owned(), "t2".to_owned()].into()),
             denial_threshold: 2,
             timeout: None,
+            budget: &Default::default(),
         });
         // A child's capabilities never exceed its parent's.
         let child = tree.register(Placement {
@@ -477,6 +551,7 @@ mod tests {
             tools: Some(["t2".to_owned(), "t3".to_owned()].into()),
             denial_threshold: 2,
             timeout: None,
+            budget: &Default::default(),
         });
         assert_eq!(
             child
@@ -502,6 +577,56 @@ mod tests {
         assert!(child.kill.is_cancelled());
         assert_eq!(tree.denial_breaker_trips(), 1);
         assert_eq!(root.gate("t1", true), Gate::Revoked);
+    }
+
+    /// A tree spends one budget: a child's calls count against its root's, and once a
+    /// limit is reached every run of the tree is refused at its gate (at the limit, not one
+    /// past it); a run of another tree is not.
+    #[test]
+    fn a_tree_shares_one_budget_and_its_gates_refuse_once_it_is_spent() {
+        let tree = RunTree::default();
+        let config = crate::config::autonomy::TreeBudgetConfig {
+            max_tokens: Some(100),
+            max_cost_usd: Some(1.0),
+        };
+        let place_in = |id: &str, parent: Option<&Arc<LiveRun>>| {
+            tree.register(Placement {
+                run_id: id.to_owned(),
+                parent,
+                agent_id: "a",
+                client_id: "c",
+                tools: None,
+                denial_threshold: 100,
+                timeout: None,
+                budget: &config,
+            })
+        };
+        let root = place_in("r", None);
+        let child = place_in("k", Some(&root));
+        let other = place_in("o", None);
+        child.budget.add(60, 0.25);
+        root.budget.add(39, 0.25);
+        assert_eq!(root.budget.remaining(), (Some(1), Some(0.5)));
+        assert_eq!(child.gate("t", true), Gate::Allowed, "one token left");
+        child.budget.add(1, 0.0);
+        assert!(root.budget.spent_out());
+        for run in [&root, &child] {
+            match run.gate("t", true) {
+                Gate::Refused(why) => assert!(why.contains("budget is spent"), "{why}"),
+                g => panic!("{g:?}"),
+            }
+        }
+        assert_eq!(
+            other.gate("t", true),
+            Gate::Allowed,
+            "another tree's budget"
+        );
+        other.budget.add(0, 1.0);
+        assert!(other.budget.spent_out(), "the cost limit alone");
+        let unlimited = place(&tree, "u", None);
+        unlimited.budget.add(u64::MAX / 2, 1e9);
+        assert!(!unlimited.budget.spent_out());
+        assert_eq!(unlimited.budget.remaining(), (None, None));
     }
 
     #[test]

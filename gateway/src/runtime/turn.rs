@@ -566,6 +566,12 @@ impl Turns {
                     revoked(&mut out);
                     break;
                 }
+                // The tree's budget (other runs of it may have spent it) is checked before
+                // each model call.
+                if run.budget.spent_out() {
+                    out.finish = FinishReason::BudgetExceeded;
+                    break;
+                }
                 for m in run.take_steering() {
                     messages.push(ChatMessage::user(m));
                 }
@@ -624,7 +630,12 @@ impl Turns {
             let Called { response, model } = called;
             out.input_tokens += response.usage.input;
             out.output_tokens += response.usage.output;
-            out.cost_usd += model.cost(&response.usage);
+            let cost = model.cost(&response.usage);
+            out.cost_usd += cost;
+            if let Some(run) = &req.run {
+                run.budget
+                    .add(response.usage.input + response.usage.output, cost);
+            }
             spent.set(out.input_tokens + out.output_tokens, out.cost_usd);
             out.model = model.id();
             out.response = response.content.clone();
@@ -635,7 +646,8 @@ impl Turns {
             let over_budget = limits
                 .tokens
                 .is_some_and(|t| out.input_tokens + out.output_tokens > t.max(0) as u64)
-                || limits.cost_usd.is_some_and(|c| out.cost_usd > c);
+                || limits.cost_usd.is_some_and(|c| out.cost_usd > c)
+                || req.run.as_ref().is_some_and(|r| r.budget.spent_out());
             if over_budget {
                 out.finish = FinishReason::BudgetExceeded;
                 break;

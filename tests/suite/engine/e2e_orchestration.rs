@@ -660,3 +660,96 @@ async fn introspection_answers_a_client_its_scopes_and_a_run_its_own_tools_and_b
     assert_eq!(answer["budget"]["wallClockMsRemaining"], Value::Null);
     assert_eq!(answer["scopes"], json!(["rpc"]));
 }
+
+const BUDGETED: &str = r#"
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "budget root"
+        steps:
+          - toolCalls: [{name: spawn_agent, arguments: {task: "budget child", agent: spender}}]
+            usage: {input: 5, output: 5}
+          - toolCalls: [{name: wait_agents, arguments: {timeoutMs: 20000}}]
+            usage: {input: 0, output: 0}
+          - toolCalls: [{name: current_time}]
+            usage: {input: 0, output: 0}
+          - reply: "root never answers"
+      - match: "budget child"
+        steps:
+          - toolCalls: [{name: my_capabilities}]
+            usage: {input: 30, output: 10}
+          - reply: "child spent it"
+            usage: {input: 40, output: 20}
+          - reply: "never reached"
+      - steps:
+          - reply: "fresh tree"
+            usage: {input: 1, output: 1}
+agents:
+  spender: {model: script/m1, tools: ["group:agents", current_time], maxSteps: 6}
+autonomy:
+  treeBudget: {maxTokens: 100}
+"#;
+
+/// `autonomy.treeBudget`: every run of a tree spends its root's budget. The child sees what
+/// the tree has left, spends the rest and ends `budget_exceeded`; its parent makes no model
+/// call after that (its turn ends `budget_exceeded` before the next step); a new tree starts
+/// with the whole budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_tree_spends_one_budget_and_stops_when_it_is_spent() {
+    let gw = start(BUDGETED).await;
+    let root = spawn(&gw, RPC, "spender", "budget root").await;
+    let root_id = root["runId"].as_str().unwrap();
+    let waited = ok(
+        &gw,
+        RPC,
+        "subagent.wait",
+        json!({"runIds": [root_id], "timeoutMs": 20000}),
+    )
+    .await;
+    let done = &waited["results"][0];
+    assert_eq!(
+        done["completion"]["finishReason"], "budget_exceeded",
+        "{waited}"
+    );
+    let runs = tree_of(&gw, root_id).await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let child = &runs[1];
+    // The child's introspection: 100 - (10 by the root + 40 by its own first call).
+    let h = history(&gw, &child["sessionKey"]).await;
+    let messages = h["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{child} {h}"));
+    let tool = messages
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap_or_else(|| panic!("{child} {h}"));
+    let answer: Value = serde_json::from_str(tool["content"].as_str().unwrap()).unwrap();
+    assert_eq!(answer["budget"]["tokensRemaining"], 50, "{answer}");
+    assert_eq!(answer["budget"]["usdRemaining"], Value::Null, "{answer}");
+    assert!(
+        messages.iter().any(|m| m["content"] == "child spent it"),
+        "{h}"
+    );
+    assert!(!messages.iter().any(|m| m["content"] == "never reached"));
+    // The root never made its fourth model call: no current_time call, no answer.
+    let h = history(&gw, &root["sessionKey"]).await;
+    let text = h.to_string();
+    assert!(!text.contains("current_time"), "{text}");
+    assert!(!text.contains("root never answers"), "{text}");
+    // Another tree has the whole budget.
+    let fresh = spawn(&gw, RPC, "spender", "another tree").await;
+    let waited = ok(
+        &gw,
+        RPC,
+        "subagent.wait",
+        json!({"runIds": [fresh["runId"]], "timeoutMs": 20000}),
+    )
+    .await;
+    assert_eq!(
+        waited["results"][0]["completion"]["response"], "fresh tree",
+        "{waited}"
+    );
+    gw.stop().await;
+}

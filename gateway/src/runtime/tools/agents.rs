@@ -153,14 +153,28 @@ pub fn introspect(ctx: &ToolContext<'_>) -> CapabilitiesIntrospectResult {
         d.saturating_duration_since(std::time::Instant::now())
             .as_millis() as i64
     });
+    // The smaller of the turn's own budget (its agent's) and its tree's.
+    let (tree_tokens, tree_usd) = ctx.run.map_or((None, None), |r| r.budget.remaining());
+    let smaller_u = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let tokens_remaining = smaller_u(
+        limits
+            .tokens
+            .map(|t| (t.max(0) as u64).saturating_sub(tokens)),
+        tree_tokens,
+    );
+    let usd_remaining = match (limits.cost_usd.map(|c| (c - usd).max(0.0)), tree_usd) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let budget =
-        (limits.tokens.is_some() || limits.cost_usd.is_some() || wall.is_some()).then(|| {
+        (tokens_remaining.is_some() || usd_remaining.is_some() || wall.is_some()).then(|| {
             CapabilitiesIntrospectResultBudget {
-                tokens_remaining: limits
-                    .tokens
-                    .map(|t| (t.max(0) as u64).saturating_sub(tokens) as i64),
+                tokens_remaining: tokens_remaining.map(|t| t.min(i64::MAX as u64) as i64),
                 wall_clock_ms_remaining: wall,
-                usd_remaining: limits.cost_usd.map(|c| (c - usd).max(0.0)),
+                usd_remaining,
             }
         });
     CapabilitiesIntrospectResult {
