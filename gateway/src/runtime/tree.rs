@@ -489,6 +489,15 @@ mod tests {
     use crate::config::autonomy::SubagentLimits;
 
     fn place(tree: &RunTree, id: &str, parent: Option<&Arc<LiveRun>>) -> Arc<LiveRun> {
+        place_with(tree, id, parent, &Default::default())
+    }
+
+    fn place_with(
+        tree: &RunTree,
+        id: &str,
+        parent: Option<&Arc<LiveRun>>,
+        budget: &crate::config::autonomy::TreeBudgetConfig,
+    ) -> Arc<LiveRun> {
         tree.register(Placement {
             run_id: id.to_owned(),
             parent,
@@ -497,7 +506,7 @@ mod tests {
             tools: None,
             denial_threshold: 2,
             timeout: None,
-            budget: &Default::default(),
+            budget,
         })
     }
 
@@ -589,18 +598,7 @@ mod tests {
             max_tokens: Some(100),
             max_cost_usd: Some(1.0),
         };
-        let place_in = |id: &str, parent: Option<&Arc<LiveRun>>| {
-            tree.register(Placement {
-                run_id: id.to_owned(),
-                parent,
-                agent_id: "a",
-                client_id: "c",
-                tools: None,
-                denial_threshold: 100,
-                timeout: None,
-                budget: &config,
-            })
-        };
+        let place_in = |id: &str, parent| place_with(&tree, id, parent, &config);
         let root = place_in("r", None);
         let child = place_in("k", Some(&root));
         let other = place_in("o", None);

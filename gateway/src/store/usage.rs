@@ -520,19 +520,30 @@ mod queue_tests {
             .unwrap())
     }
 
+    /// A store whose writer has not started: rows wait until `queue.start_writer(.., rx)`.
+    async fn stalled() -> (
+        tempfile::TempDir,
+        Store,
+        UsageQueue,
+        mpsc::UnboundedReceiver<Item>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let opened = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let (queue, rx) = UsageQueue::unstarted();
+        let store = Store {
+            usage: queue.clone(),
+            ..opened
+        };
+        (dir, store, queue, rx)
+    }
+
     /// A store that does not move (its writer stalled): the calls on the answer path return at
     /// once (they are not async: nothing in them can wait), observability rows are kept up to
     /// the cap and the first one past it is dropped and counted, usage rows are never dropped;
     /// once the store moves again, everything kept is written.
     #[tokio::test]
     async fn a_stalled_store_never_holds_up_a_request_and_drops_only_past_the_cap() {
-        let dir = tempfile::tempdir().unwrap();
-        let opened = Store::open(&dir.path().join("t.db")).await.unwrap();
-        let (queue, rx) = UsageQueue::unstarted();
-        let store = Store {
-            usage: queue.clone(),
-            ..opened.clone()
-        };
+        let (_dir, store, queue, rx) = stalled().await;
         for i in 0..MAX_QUEUED_OBS {
             store.obs_record(diag(i));
         }
@@ -557,13 +568,7 @@ mod queue_tests {
     #[tokio::test]
     async fn at_the_usage_cap_model_calls_wait_for_the_writer() {
         use futures_util::FutureExt;
-        let dir = tempfile::tempdir().unwrap();
-        let opened = Store::open(&dir.path().join("t.db")).await.unwrap();
-        let (queue, rx) = UsageQueue::unstarted();
-        let store = Store {
-            usage: queue.clone(),
-            ..opened.clone()
-        };
+        let (_dir, store, queue, rx) = stalled().await;
         for ts in 0..MAX_QUEUED_USAGE - 1 {
             store.usage_record(test_row(ts as i64)).unwrap();
         }
