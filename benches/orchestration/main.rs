@@ -10,24 +10,20 @@
     reason = "a bench: its tasks end before main returns"
 )]
 
-use std::process::{Child, Command};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[path = "../ws_idle/gateway.rs"]
+mod gateway;
+use gateway::{rss_kib, spawn_with, Gateway, TOKEN};
+
 const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
-const TOKEN: &str = "bench-secret-0123456789abcdefghijklmnopqrstuv";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn(dir: &std::path::Path, port: u16) -> Child {
-    // root spawns 7 mids, each mid spawns 6 leaves: 1 + 7 + 42 = 50 runs in three levels.
+/// The gateway with the scripted agents of the scenarios: a root that spawns 7 mids, each
+/// spawning 6 leaves (1 + 7 + 42 = 50 runs in three levels), and the single-step tasks.
+async fn start() -> Gateway {
     let mids = (0..7)
         .map(|i| format!("{{name: spawn_agent, arguments: {{task: \"mid {i}\", agent: mid}}}}"))
         .collect::<Vec<_>>()
@@ -36,12 +32,9 @@ fn spawn(dir: &std::path::Path, port: u16) -> Child {
         .map(|i| format!("{{name: spawn_agent, arguments: {{task: \"leaf {i}\", agent: leaf}}}}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let config = format!(
-        "gateway:\n  port: {port}\n  dataDir: {data}\n  tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  \
-         rateLimit: {{windowMs: 1000, maxRequests: 100000000}}\n  \
-         limits: {{maxConcurrentTurnsPerClient: 100000, maxConcurrentTurns: 100000}}\n\
-         local: {{autoFetch: false}}\n\
-         providers:\n  s:\n    type: scripted\n    models: [m]\n    script:\n\
+    let gateway = "  limits: {maxConcurrentTurnsPerClient: 100000, maxConcurrentTurns: 100000}\n";
+    let sections = format!(
+        "providers:\n  s:\n    type: scripted\n    models: [m]\n    script:\n\
          \x20     - match: \"root\"\n        steps:\n          - toolCalls: [{mids}]\n          - toolCalls: [{{name: wait_agents, arguments: {{timeoutMs: 600000}}}}]\n          - reply: done\n\
          \x20     - match: \"mid\"\n        steps:\n          - toolCalls: [{leaves}]\n          - toolCalls: [{{name: wait_agents, arguments: {{timeoutMs: 600000}}}}]\n          - reply: done\n\
          \x20     - match: \"leaf\"\n        steps:\n          - reply: never\n            delayMs: 600000\n\
@@ -50,30 +43,9 @@ fn spawn(dir: &std::path::Path, port: u16) -> Child {
          \x20     - steps:\n          - reply: instant\n\
          agents:\n  default: {{model: s/m}}\n  root: {{model: s/m, tools: [\"group:agents\"], maxSteps: 4}}\n  \
          mid: {{model: s/m, tools: [\"group:agents\"], maxSteps: 4}}\n  leaf: {{model: s/m}}\n\
-         autonomy:\n  subagents: {{maxDepth: 3, maxChildrenPerRun: 10, maxConcurrent: 100000}}\n",
-        data = dir.join("data").display()
+         autonomy:\n  subagents: {{maxDepth: 3, maxChildrenPerRun: 10, maxConcurrent: 100000}}\n"
     );
-    let path = dir.join("bench.yaml");
-    std::fs::write(&path, config).unwrap();
-    Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("AGENT_GATEWAY_LOG", "warn")
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .spawn()
-        .unwrap()
-}
-
-async fn wait_healthy(port: u16) {
-    for _ in 0..200 {
-        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("gateway did not start");
+    spawn_with(Path::new(BIN), gateway, &sections).await
 }
 
 async fn rpc(client: &reqwest::Client, port: u16, method: &str, params: Value) -> Value {
@@ -90,16 +62,6 @@ async fn rpc(client: &reqwest::Client, port: u16, method: &str, params: Value) -
     v.get("result")
         .cloned()
         .unwrap_or_else(|| panic!("{method}: {v}"))
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
@@ -192,10 +154,8 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut child = spawn(dir.path(), port);
-    wait_healthy(port).await;
+    let gw = start().await;
+    let port = gw.port;
     let client = reqwest::Client::new();
 
     // 1. 1000 asynchronous spawns with an instant step: runs per second until all ended.
@@ -211,10 +171,10 @@ async fn main() {
 
     // 2. Memory per live run: 1000 runs in a long model call.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = rss_kib(child.id());
+    let before = rss_kib(gw.child.id());
     let live = spawn_many(&client, port, 1008, "slow").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = rss_kib(child.id());
+    let after = rss_kib(gw.child.id());
     println!(
         "memory: RSS {before} KiB -> {after} KiB with {} live runs: {:.1} KiB per live run (whole process: task, turn, session, registry)",
         live.len(),
@@ -300,6 +260,5 @@ async fn main() {
         percentile(wakes.clone(), 0.5),
         percentile(wakes, 0.99)
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(gw);
 }

@@ -1,4 +1,5 @@
-//! Shared by the WebSocket benches (`ws_idle`, `ws_rpc`): a gateway binary as a child process
+//! Shared by the benches that drive a gateway process (`ws_idle`, `ws_rpc`, `orchestration`): a
+//! gateway binary as a child process
 //! on a free loopback port with a bench configuration, its figures from /proc, and a
 //! WebSocket client with small buffers (so ten thousand of them fit in the bench process).
 #![allow(dead_code)]
@@ -60,6 +61,11 @@ fn free_port() -> u16 {
 
 /// Starts `bin` with the bench configuration plus `extra` lines under `gateway:`.
 pub async fn spawn(bin: &Path, extra: &str) -> Gateway {
+    spawn_with(bin, extra, "").await
+}
+
+/// [`spawn`] with `sections` (providers, agents, ...) appended at the top level.
+pub async fn spawn_with(bin: &Path, extra: &str, sections: &str) -> Gateway {
     assert!(
         bin.exists(),
         "{} not found: build it with `cargo build --release --bin agent-gateway`",
@@ -71,7 +77,7 @@ pub async fn spawn(bin: &Path, extra: &str) -> Gateway {
     std::fs::write(
         &config,
         format!(
-            "gateway:\n  host: 127.0.0.1\n  port: {port}\n  dataDir: {data}\n  tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  rateLimit: {{windowMs: 1000, maxRequests: 1000000000}}\n  wsMessageRateLimit: {{maxMessages: 1000000000, windowMs: 1000}}\n{extra}local: {{autoFetch: false, preload: false}}\n",
+            "gateway:\n  host: 127.0.0.1\n  port: {port}\n  dataDir: {data}\n  tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  rateLimit: {{windowMs: 1000, maxRequests: 1000000000}}\n  wsMessageRateLimit: {{maxMessages: 1000000000, windowMs: 1000}}\n{extra}local: {{autoFetch: false, preload: false}}\n{sections}",
             data = dir.path().join("data").display()
         ),
     )
