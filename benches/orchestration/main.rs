@@ -126,11 +126,11 @@ fn gate(n: u64) {
         tools: None,
         denial_threshold: 3,
         timeout: None,
-        budget: &Default::default(),
+        profile: agent_gateway::runtime::profiles::TreeProfile::plain(&Default::default()),
     });
     let mut allowed = 0u64;
     for _ in 0..n {
-        if std::hint::black_box(run.gate(std::hint::black_box("current_time"), true))
+        if std::hint::black_box(run.gate(std::hint::black_box("current_time"), None, true))
             == Gate::Allowed
         {
             allowed += 1;

@@ -216,8 +216,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::AutonomyEvictParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::AutonomyApi>::evict(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::BrowserAct => {
             let params = invoke::parse_params::<

@@ -222,6 +222,22 @@ pub trait AuthApi: Send + Sync {
         Output = Result<super::types::AuthSetResult, crate::api::error::GatewayError>,
     > + Send;
 }
+/// Handlers of the `autonomy` namespace: Daemon-wide control of the autonomy profile of runs.
+pub trait AutonomyApi: Send + Sync {
+    /// `autonomy.evict` (scope `admin`): Drops a run tree to the default autonomy profile at its next gate decision, without aborting it.
+    ///
+    /// Marks the root run id in the daemon-wide evicted set; at the run's next gate decision its effective profile becomes default. The run keeps running. Denied to ordinary agents - only callers with admin (an agent only through an explicit administrator-trust grant). Reference result plus the root run id and alreadyEvicted; evicting an unknown id is not an error (the mark applies if such a run appears). The mark reaches every node of a fleet and lasts while its tree has a live run (at most 10,000 marks are kept; the oldest goes first). Profiles are `autonomy.profiles` (docs/orchestration.md, "Profiles and eviction").
+    fn evict(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::AutonomyEvictParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::AutonomyEvictResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+}
 /// Handlers of the `capabilities` namespace: Live self-inspection of an agent's authorization.
 pub trait CapabilitiesApi: Send + Sync {
     /// `capabilities.introspect` (scope `rpc`): The caller's own capabilities and remaining budget and quota, read live.
@@ -1662,7 +1678,7 @@ pub trait TokensApi: Send + Sync {
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + CapabilitiesApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
+pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + AutonomyApi + CapabilitiesApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::api::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -1846,6 +1862,15 @@ impl<O: crate::api::tenancy::Owners> AuthApi for Fake<O> {
         _params: super::types::AuthSetParams,
     ) -> Result<super::types::AuthSetResult, crate::api::error::GatewayError> {
         self.ran("auth.set")
+    }
+}
+impl<O: crate::api::tenancy::Owners> AutonomyApi for Fake<O> {
+    async fn evict(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::AutonomyEvictParams,
+    ) -> Result<super::types::AutonomyEvictResult, crate::api::error::GatewayError> {
+        self.ran("autonomy.evict")
     }
 }
 impl<O: crate::api::tenancy::Owners> CapabilitiesApi for Fake<O> {

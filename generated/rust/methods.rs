@@ -1146,7 +1146,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Admin,
         summary: "Drops a run tree to the default autonomy profile at its next gate decision, without aborting it.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: None,

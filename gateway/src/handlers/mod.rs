@@ -4,6 +4,7 @@ mod admin;
 mod agent;
 mod agents;
 mod auth;
+mod autonomy;
 mod capabilities;
 mod config;
 mod context;

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::stream::{self, BoxStream, StreamExt};
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -145,9 +146,28 @@ impl StreamingTurn {
             return Some(Step::Delta(delta));
         }
         let handle = self.done.take()?;
-        Some(Step::Done(handle.await.unwrap_or_else(|e| {
-            Err(GatewayError::Internal(format!("turn task failed: {e}")))
-        })))
+        Some(Step::Done(Self::joined(handle.await)))
+    }
+
+    /// The next step if it is ready now: a delta already sent, or the outcome of a turn that
+    /// has finished and sent every delta. None when the turn is still working.
+    fn ready(&mut self) -> Option<Step> {
+        match self.rx.try_recv() {
+            Ok(delta) => Some(Step::Delta(delta)),
+            Err(mpsc::error::TryRecvError::Empty) => None,
+            Err(mpsc::error::TryRecvError::Disconnected) => {
+                let handle = self.done.as_mut()?;
+                let joined = handle.now_or_never()?;
+                self.done = None;
+                Some(Step::Done(Self::joined(joined)))
+            }
+        }
+    }
+
+    fn joined(
+        joined: Result<Result<TurnOutcome, GatewayError>, tokio::task::JoinError>,
+    ) -> Result<TurnOutcome, GatewayError> {
+        joined.unwrap_or_else(|e| Err(GatewayError::Internal(format!("turn task failed: {e}"))))
     }
 }
 
@@ -158,33 +178,90 @@ pub struct Started {
 }
 
 impl Started {
-    /// The response body: `render` applied to every delta and to the outcome. Dropping the
-    /// stream (the client went away, or its token was revoked) cancels the turn.
-    pub fn frames<R: Render>(mut self, render: R) -> BoxStream<'static, Bytes> {
+    /// The response body: `opening` (the surface's first events), then `render` applied to
+    /// every delta and to the outcome. What is ready when the body is polled goes out as one
+    /// write (the opening with the first delta, and every delta the turn has sent since the
+    /// last write, with the closing frames when the turn has ended): a frame of the body
+    /// costs the server a chunk and a wake-up, whatever its size. Dropping the stream (the
+    /// client went away, or its token was revoked) cancels the turn.
+    pub fn frames<R: Render>(
+        mut self,
+        opening: Option<Bytes>,
+        render: R,
+    ) -> BoxStream<'static, Bytes> {
         let watch = self.turn.watch.take();
         let frames = stream::unfold(
-            (self.turn, self.first, render, false),
-            |(mut turn, pending, mut render, finished)| async move {
+            (self.turn, self.first, opening, render, false),
+            |(mut turn, pending, mut opening, mut render, finished)| async move {
                 if finished {
                     return None;
                 }
-                let step = match pending {
+                let mut step = match pending {
                     Some(s) => s,
                     None => turn.next().await?,
                 };
-                match step {
-                    Step::Delta(text) => {
-                        let f = render.delta(text);
-                        Some((f, (turn, None, render, false)))
-                    }
-                    Step::Done(result) => {
-                        let f = render.done(result);
-                        Some((f, (turn, None, render, true)))
-                    }
+                let mut out = Batch::default();
+                if let Some(o) = opening.take() {
+                    out.push(o);
                 }
+                let ended = loop {
+                    let ended = match step {
+                        Step::Delta(text) => {
+                            out.push(render.delta(text));
+                            false
+                        }
+                        Step::Done(result) => {
+                            out.push(render.done(result));
+                            true
+                        }
+                    };
+                    if ended {
+                        break true;
+                    }
+                    match turn.ready() {
+                        Some(next) => step = next,
+                        None => break false,
+                    }
+                };
+                Some((out.finish(), (turn, None, None, render, ended)))
             },
         )
         .boxed();
         crate::http::sse::until_revoked(frames, watch)
+    }
+}
+
+/// The frames of one write: one frame as it is, several copied into one buffer.
+#[derive(Default)]
+enum Batch {
+    #[default]
+    Empty,
+    One(Bytes),
+    Many(BytesMut),
+}
+
+impl Batch {
+    fn push(&mut self, frame: Bytes) {
+        *self = match std::mem::take(self) {
+            Self::Empty => Self::One(frame),
+            Self::One(first) => {
+                let mut buf = BytesMut::with_capacity((first.len() + frame.len()) * 4);
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&frame);
+                Self::Many(buf)
+            }
+            Self::Many(mut buf) => {
+                buf.extend_from_slice(&frame);
+                Self::Many(buf)
+            }
+        };
+    }
+
+    fn finish(self) -> Bytes {
+        match self {
+            Self::Empty => Bytes::new(),
+            Self::One(frame) => frame,
+            Self::Many(buf) => buf.freeze(),
+        }
     }
 }

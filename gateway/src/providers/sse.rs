@@ -42,7 +42,7 @@ impl SseParser {
             }
         }
         while let Some(pos) = memchr::memchr2(b'\n', b'\r', rest) {
-            self.line.extend_from_slice(&rest[..pos]);
+            let line_here = &rest[..pos];
             let terminator = rest[pos];
             rest = &rest[pos + 1..];
             if terminator == b'\r' {
@@ -52,8 +52,16 @@ impl SseParser {
                     None => self.after_cr = true,
                 }
             }
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line, out);
+            if self.line.is_empty() {
+                // The whole line is in this chunk: read in place.
+                self.line_done(line_here, out);
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.extend_from_slice(line_here);
+                self.line_done(&line, out);
+                line.clear();
+                self.line = line;
+            }
         }
         self.line.extend_from_slice(rest);
     }

@@ -136,6 +136,10 @@ impl crate::fanout::Node for Control {
             self.tree.set_paused(true);
         } else if what == Some(crate::runtime::runs::ANNOUNCE_RESUMED) {
             self.tree.set_paused(false);
+        } else if let Some(root) =
+            what.and_then(|w| w.strip_prefix(crate::runtime::runs::ANNOUNCE_EVICT))
+        {
+            self.tree.evict(root);
         } else {
             self.registry_epoch.send_modify(|v| *v += 1);
         }

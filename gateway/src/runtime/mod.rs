@@ -10,6 +10,7 @@ pub mod control;
 pub mod engine;
 pub mod memory;
 pub mod method_limits;
+pub mod profiles;
 pub mod queue;
 pub mod runs;
 pub mod scheduler;

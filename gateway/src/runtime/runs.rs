@@ -13,6 +13,7 @@ use crate::config::autonomy::AutonomyConfig;
 use crate::runtime::agents::Agent;
 use crate::runtime::agents::Agents;
 use crate::runtime::control::Control;
+use crate::runtime::profiles::Profiles;
 use crate::runtime::sessions::SessionIdent;
 use crate::runtime::tree::{LiveRun, Placement, Stop};
 use crate::runtime::turn::{TurnOutcome, TurnRequest, Turns};
@@ -86,6 +87,8 @@ pub struct Runs {
     turns: Arc<Turns>,
     /// Sub-agent limits and the denial breaker (`autonomy`).
     autonomy: AutonomyConfig,
+    /// `autonomy.profiles`, compiled.
+    profiles: Profiles,
 }
 
 /// How a run ended, from its turn's outcome and what stopped it.
@@ -117,6 +120,7 @@ impl Runs {
             agents,
             control,
             turns,
+            profiles: Profiles::new(&autonomy),
             autonomy,
         }
     }
@@ -226,7 +230,7 @@ impl Runs {
             tools: spec.only_tools.clone(),
             denial_threshold: self.autonomy.denial_breaker.threshold,
             timeout: spec.timeout,
-            budget: &self.autonomy.tree_budget,
+            profile: self.profiles.for_root(&spec.agent.id),
         })
     }
 
@@ -558,6 +562,8 @@ pub const ANNOUNCE_RUNS: &str = "runs";
 /// What it says when spawning is paused or resumed fleet-wide.
 pub const ANNOUNCE_PAUSED: &str = "subagents:paused";
 pub const ANNOUNCE_RESUMED: &str = "subagents:resumed";
+/// Followed by a root run id: `autonomy.evict` on another node.
+pub const ANNOUNCE_EVICT: &str = "autonomy:evict:";
 /// How often a node of a shared database looks for stops and steering messages other nodes
 /// left for its runs (at once when their notification arrives).
 const REMOTE_WATCH: std::time::Duration = std::time::Duration::from_millis(500);
@@ -645,6 +651,16 @@ impl Runs {
             })
             .await;
         changed
+    }
+
+    /// Marks `root` in the daemon-wide evicted set (`autonomy.evict`) on every node: its tree
+    /// works under `default` from its next gate decision. True when this node had it marked.
+    pub async fn evict(&self, root: &str) -> bool {
+        let already = self.control.tree.evict(root);
+        self.store
+            .announce(&format!("{ANNOUNCE_EVICT}{root}"))
+            .await;
+        already
     }
 
     /// On a shared database: applies the stops and steering messages other nodes leave for

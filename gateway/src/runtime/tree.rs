@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::profiles::{Evicted, TreeProfile};
+
 /// Why a run was stopped from outside its turn (the first reason wins).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -41,22 +43,23 @@ impl Lease {
     }
 }
 
-/// What a run tree has spent and may spend (`autonomy.treeBudget`), shared by every run of
-/// the tree: each model call of any of its runs adds to it.
-#[derive(Debug, Default)]
+/// What a run tree has spent and may spend, shared by every run of the tree: each model call
+/// of any of its runs adds to it. Its limits are those of the tree's profile in effect
+/// (`autonomy.treeBudget` for `default`, or the named profile's), which also decides the
+/// tools the tree may call.
+#[derive(Debug)]
 pub struct TreeBudget {
     tokens: std::sync::atomic::AtomicU64,
     usd_bits: std::sync::atomic::AtomicU64,
-    pub max_tokens: Option<u64>,
-    pub max_usd: Option<f64>,
+    pub profile: TreeProfile,
 }
 
 impl TreeBudget {
-    pub fn new(config: &crate::config::autonomy::TreeBudgetConfig) -> Self {
+    pub fn new(profile: TreeProfile) -> Self {
         Self {
-            max_tokens: config.max_tokens,
-            max_usd: config.max_cost_usd,
-            ..Self::default()
+            tokens: std::sync::atomic::AtomicU64::new(0),
+            usd_bits: std::sync::atomic::AtomicU64::new(0),
+            profile,
         }
     }
 
@@ -83,9 +86,10 @@ impl TreeBudget {
     /// (tokens, USD) the tree may still spend; None where it has no limit.
     pub fn remaining(&self) -> (Option<u64>, Option<f64>) {
         let (tokens, usd) = self.spent();
+        let (max_tokens, max_usd) = self.profile.limits();
         (
-            self.max_tokens.map(|m| m.saturating_sub(tokens)),
-            self.max_usd.map(|m| (m - usd).max(0.0)),
+            max_tokens.map(|m| m.saturating_sub(tokens)),
+            max_usd.map(|m| (m - usd).max(0.0)),
         )
     }
 
@@ -196,13 +200,16 @@ pub enum Gate {
 
 impl LiveRun {
     /// The gate decision before a tool call: the lease is valid, the tool is within its
-    /// capabilities (`offered`: the turn offers it; the lease may narrow further). Refusals
-    /// in a row trip the denial breaker.
-    pub fn gate(&self, tool: &str, offered: bool) -> Gate {
+    /// capabilities (`offered`: the turn offers it; the lease and the tree's profile in
+    /// effect may narrow further; `group`: the tool's opt-in group), the tree's budget is not
+    /// spent. Refusals in a row trip the denial breaker.
+    pub fn gate(&self, tool: &str, group: Option<&str>, offered: bool) -> Gate {
         if !self.lease.valid() {
             return Gate::Revoked;
         }
-        let within = offered && self.lease.tools.as_ref().is_none_or(|t| t.contains(tool));
+        let within = offered
+            && self.lease.tools.as_ref().is_none_or(|t| t.contains(tool))
+            && self.budget.profile.allows(tool, group);
         let funded = !self.budget.spent_out();
         if within && funded {
             self.refusals.store(0, Ordering::Release);
@@ -281,14 +288,16 @@ pub struct Placement<'a> {
     pub denial_threshold: u32,
     /// The run's wall-clock limit, if it has one.
     pub timeout: Option<std::time::Duration>,
-    /// A root's budget (a child shares its parent's).
-    pub budget: &'a crate::config::autonomy::TreeBudgetConfig,
+    /// A root's profile, which holds its budget (a child shares its parent's).
+    pub profile: TreeProfile,
 }
 
 /// The registry of live runs, and the spawn pause.
 #[derive(Default)]
 pub struct RunTree {
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
+    /// Roots marked by `autonomy.evict` (daemon-wide).
+    evicted: Evicted,
     paused: AtomicBool,
     breaker_trips: std::sync::atomic::AtomicU64,
 }
@@ -359,13 +368,13 @@ impl RunTree {
                     parent.budget.clone(),
                 )
             }
-            None => (
-                p.run_id.clone(),
-                0,
-                CancellationToken::new(),
-                p.tools,
-                Arc::new(TreeBudget::new(p.budget)),
-            ),
+            None => (p.run_id.clone(), 0, CancellationToken::new(), p.tools, {
+                let budget = TreeBudget::new(p.profile);
+                if self.evicted.contains(&p.run_id) {
+                    budget.profile.evict();
+                }
+                Arc::new(budget)
+            }),
         };
         let run = Arc::new(LiveRun {
             lease: Lease {
@@ -397,8 +406,34 @@ impl RunTree {
     /// when there is none).
     pub fn finish(&self, run: &LiveRun, row: Option<crate::store::runs::RunRow>) {
         run.lease.revoke();
-        self.lock().remove(&run.run_id);
+        {
+            let mut live = self.lock();
+            live.remove(&run.run_id);
+            // An evicted tree's mark goes with its last live run.
+            if !self.evicted.is_empty()
+                && self.evicted.contains(&run.root_run_id)
+                && !live.values().any(|r| r.root_run_id == run.root_run_id)
+            {
+                self.evicted.forget(&run.root_run_id);
+            }
+        }
         run.ended.send_replace(Some(row.map(Arc::new)));
+    }
+
+    /// Marks `root` in the evicted set (`autonomy.evict`): the live runs of its tree use the
+    /// `default` profile from their next gate decision, and a root of that id registered
+    /// later starts evicted. True when it was already marked.
+    pub fn evict(&self, root: &str) -> bool {
+        let already = self.evicted.mark(root);
+        for run in self.tree(root) {
+            run.budget.profile.evict();
+        }
+        already
+    }
+
+    /// Roots in the evicted set.
+    pub fn evicted(&self) -> usize {
+        self.evicted.len()
     }
 
     /// A live run.
@@ -506,7 +541,7 @@ mod tests {
             tools: None,
             denial_threshold: 2,
             timeout: None,
-            budget,
+            profile: TreeProfile::plain(budget),
         })
     }
 
@@ -549,7 +584,7 @@ mod tests {
             tools: Some(["t1".to_owned(), "t2".to_owned()].into()),
             denial_threshold: 2,
             timeout: None,
-            budget: &Default::default(),
+            profile: TreeProfile::plain(&Default::default()),
         });
         // A child's capabilities never exceed its parent's.
         let child = tree.register(Placement {
@@ -560,7 +595,7 @@ mod tests {
             tools: Some(["t2".to_owned(), "t3".to_owned()].into()),
             denial_threshold: 2,
             timeout: None,
-            budget: &Default::default(),
+            profile: TreeProfile::plain(&Default::default()),
         });
         assert_eq!(
             child
@@ -572,20 +607,20 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["t2"]
         );
-        assert_eq!(root.gate("t1", true), Gate::Allowed);
-        assert!(matches!(root.gate("t3", true), Gate::Refused(_)));
+        assert_eq!(root.gate("t1", None, true), Gate::Allowed);
+        assert!(matches!(root.gate("t3", None, true), Gate::Refused(_)));
         assert_eq!(
-            root.gate("t1", true),
+            root.gate("t1", None, true),
             Gate::Allowed,
             "an allowed call resets"
         );
-        assert!(matches!(root.gate("t1", false), Gate::Refused(_)));
-        assert!(matches!(root.gate("t3", true), Gate::Breaker(_)));
+        assert!(matches!(root.gate("t1", None, false), Gate::Refused(_)));
+        assert!(matches!(root.gate("t3", None, true), Gate::Breaker(_)));
         tree.trip_denial_breaker("r");
         assert_eq!(child.stopped(), Some(Stop::DenialBreaker));
         assert!(child.kill.is_cancelled());
         assert_eq!(tree.denial_breaker_trips(), 1);
-        assert_eq!(root.gate("t1", true), Gate::Revoked);
+        assert_eq!(root.gate("t1", None, true), Gate::Revoked);
     }
 
     /// A tree spends one budget: a child's calls count against its root's, and once a
@@ -605,17 +640,17 @@ mod tests {
         child.budget.add(60, 0.25);
         root.budget.add(39, 0.25);
         assert_eq!(root.budget.remaining(), (Some(1), Some(0.5)));
-        assert_eq!(child.gate("t", true), Gate::Allowed, "one token left");
+        assert_eq!(child.gate("t", None, true), Gate::Allowed, "one token left");
         child.budget.add(1, 0.0);
         assert!(root.budget.spent_out());
         for run in [&root, &child] {
-            match run.gate("t", true) {
+            match run.gate("t", None, true) {
                 Gate::Refused(why) => assert!(why.contains("budget is spent"), "{why}"),
                 g => panic!("{g:?}"),
             }
         }
         assert_eq!(
-            other.gate("t", true),
+            other.gate("t", None, true),
             Gate::Allowed,
             "another tree's budget"
         );
@@ -625,6 +660,81 @@ mod tests {
         unlimited.budget.add(u64::MAX / 2, 1e9);
         assert!(!unlimited.budget.spent_out());
         assert_eq!(unlimited.budget.remaining(), (None, None));
+    }
+
+    /// Eviction drops a whole live tree to `default` at its next gate decision without
+    /// stopping it; a mark made before its root exists applies when the root registers, and
+    /// the mark goes with the tree's last live run.
+    #[test]
+    fn an_evicted_tree_uses_default_from_its_next_gate_decision() {
+        use crate::config::autonomy::{AutonomyConfig, ProfileConfig};
+        let mut c = AutonomyConfig::default();
+        c.profiles.insert(
+            "default".into(),
+            ProfileConfig {
+                tools: Some(vec!["safe".into()]),
+                ..ProfileConfig::default()
+            },
+        );
+        c.profiles.insert(
+            "builder".into(),
+            ProfileConfig {
+                agents: vec!["a".into()],
+                tools: Some(vec!["group:agents".into()]),
+                tree_budget: None,
+            },
+        );
+        let profiles = crate::runtime::profiles::Profiles::new(&c);
+        let tree = RunTree::default();
+        let placed = |id: &str, parent: Option<&Arc<LiveRun>>| {
+            tree.register(Placement {
+                run_id: id.to_owned(),
+                parent,
+                agent_id: "a",
+                client_id: "c",
+                tools: None,
+                denial_threshold: 10,
+                timeout: None,
+                profile: profiles.for_root("a"),
+            })
+        };
+        let root = placed("r", None);
+        let child = placed("k", Some(&root));
+        assert_eq!(
+            child.gate("spawn_agent", Some("agents"), true),
+            Gate::Allowed
+        );
+        assert!(!tree.evict("r"), "not marked before");
+        assert!(tree.evict("r"), "already marked");
+        for run in [&root, &child] {
+            assert!(matches!(
+                run.gate("spawn_agent", Some("agents"), true),
+                Gate::Refused(_)
+            ));
+            assert_eq!(
+                run.gate("safe", None, true),
+                Gate::Allowed,
+                "default's tool"
+            );
+            assert!(
+                run.stopped().is_none() && !run.kill.is_cancelled(),
+                "not aborted"
+            );
+        }
+        // Marked before it exists: the root starts evicted.
+        assert!(!tree.evict("later"));
+        let later = placed("later", None);
+        assert!(later.budget.profile.evicted());
+        // The mark goes with the last live run of its tree.
+        tree.finish(&root, None);
+        assert_eq!(tree.evicted(), 2);
+        tree.finish(&child, None);
+        assert_eq!(tree.evicted(), 1);
+        let again = placed("r", None);
+        assert!(
+            !again.budget.profile.evicted(),
+            "a forgotten mark applies no more"
+        );
     }
 
     #[test]

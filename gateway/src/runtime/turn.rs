@@ -535,6 +535,7 @@ impl Turns {
             scopes: req.scopes,
             runs: &self.runs,
             offered: tools,
+            tools: &self.tools,
             spent: &spent,
         };
         let mut out = TurnOutcome {
@@ -674,7 +675,7 @@ impl Turns {
                 let offered = tools.iter().any(|t| t.name == call.name);
                 let gate = match &req.run {
                     None => Gate::Allowed,
-                    Some(run) => run.gate(&call.name, offered),
+                    Some(run) => run.gate(&call.name, self.tools.opt_in_group(&call.name), offered),
                 };
                 let result = match gate {
                     Gate::Allowed if offered => {

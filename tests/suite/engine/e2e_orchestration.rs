@@ -753,3 +753,131 @@ async fn a_run_tree_spends_one_budget_and_stops_when_it_is_spent() {
     );
     gw.stop().await;
 }
+
+const PROFILED: &str = r#"
+providers:
+  script:
+    type: scripted
+    models: [m1]
+    script:
+      - match: "profiled"
+        steps:
+          - toolCalls: [{name: save_file, arguments: {path: one.txt, content: x}}]
+            delayMs: 1500
+            usage: {input: 5, output: 5}
+          - toolCalls: [{name: my_capabilities}]
+            usage: {input: 5, output: 5}
+          - reply: "kept running"
+            usage: {input: 5, output: 5}
+agents:
+  builder: {model: script/m1, tools: [save_file, current_time, "group:agents"], maxSteps: 6}
+  plain: {model: script/m1, tools: [save_file, current_time, "group:agents"], maxSteps: 6}
+autonomy:
+  treeBudget: {maxTokens: 1000}
+  profiles:
+    default: {tools: [current_time, my_capabilities]}
+    build: {agents: [builder], tools: [save_file], treeBudget: {maxTokens: 100000}}
+"#;
+
+/// The tool results of a run's session, in order.
+async fn tool_results(gw: &Gateway, key: &Value) -> Vec<String> {
+    let h = history(gw, key).await;
+    h["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{h}"))
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// `autonomy.profiles` and `autonomy.evict`: a tree of an agent in a named profile may call
+/// what the profile adds and spend its budget; evicted while its first model call is in
+/// flight, the same tree is refused the added tool at its next gate decision, sees default's
+/// budget, and is not stopped (it answers and completes). A tree of an agent in no profile
+/// works under default from the start. Evict is admin-only, strict about its param, and says
+/// when a root was already marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_tree_drops_to_the_default_profile_without_stopping() {
+    let gw = start(PROFILED).await;
+    let evicted = spawn(&gw, RPC, "builder", "profiled").await;
+    let kept = spawn(&gw, RPC, "builder", "profiled").await;
+    let plain = spawn(&gw, RPC, "plain", "profiled").await;
+    let root = evicted["runId"].as_str().unwrap();
+    until_running(&gw, root, 1).await;
+
+    let r = gw
+        .call(RPC, "autonomy.evict", json!({"rootRunId": root}))
+        .await;
+    assert_eq!(code(&r), -32603, "admin only: {r}");
+    let marked = ok(&gw, ADMIN, "autonomy.evict", json!({"rootRunId": root})).await;
+    assert_eq!(
+        marked,
+        json!({"evicted": true, "rootRunId": root, "alreadyEvicted": false})
+    );
+    let again = ok(&gw, ADMIN, "autonomy.evict", json!({"rootRunId": root})).await;
+    assert_eq!(again["alreadyEvicted"], true);
+    for bad in [
+        json!({}),
+        json!({"rootRunId": ""}),
+        json!({"rootRunId": "r".repeat(129)}),
+    ] {
+        let r = gw.call(ADMIN, "autonomy.evict", bad).await;
+        assert_eq!(code(&r), -32602, "{r}");
+    }
+    let unknown = ok(
+        &gw,
+        ADMIN,
+        "autonomy.evict",
+        json!({"rootRunId": "r".repeat(128)}),
+    )
+    .await;
+    assert_eq!(
+        unknown["alreadyEvicted"], false,
+        "an unknown root is marked"
+    );
+
+    let ids: Vec<&Value> = [&evicted, &kept, &plain].map(|r| &r["runId"]).to_vec();
+    let waited = ok(
+        &gw,
+        ADMIN,
+        "subagent.wait",
+        json!({"runIds": ids, "timeoutMs": 20000}),
+    )
+    .await;
+    for r in waited["results"].as_array().unwrap() {
+        assert_eq!(r["status"], "completed", "not stopped: {waited}");
+        assert_eq!(r["completion"]["response"], "kept running", "{waited}");
+    }
+    let caps = |results: &[String]| -> Value { serde_json::from_str(&results[1]).unwrap() };
+
+    // Evicted: the added tool refused, default's tools and budget (1000 - 2 calls of 10).
+    let results = tool_results(&gw, &evicted["sessionKey"]).await;
+    assert!(
+        results[0].contains("not within this run's capabilities"),
+        "{results:?}"
+    );
+    let c = caps(&results);
+    assert_eq!(c["caps"], json!(["current_time", "my_capabilities"]), "{c}");
+    assert_eq!(c["budget"]["tokensRemaining"], 980, "{c}");
+
+    // Never evicted: the profile's tool ran and its budget applies.
+    let results = tool_results(&gw, &kept["sessionKey"]).await;
+    assert!(!results[0].contains("not within"), "{results:?}");
+    let c = caps(&results);
+    assert_eq!(
+        c["caps"],
+        json!(["current_time", "my_capabilities", "save_file"]),
+        "{c}"
+    );
+    assert_eq!(c["budget"]["tokensRemaining"], 99_980, "{c}");
+
+    // An agent in no profile: default from the start.
+    let results = tool_results(&gw, &plain["sessionKey"]).await;
+    assert!(
+        results[0].contains("not within this run's capabilities"),
+        "{results:?}"
+    );
+    assert_eq!(caps(&results)["budget"]["tokensRemaining"], 980);
+    gw.stop().await;
+}

@@ -471,7 +471,7 @@ impl RestApi {
             session_key.0.as_deref(),
         )?;
         let started = StreamingTurn::begin(state.engine.clone(), turn).await?;
-        Ok(Sse::new(started.frames(TokenEvents::default())))
+        Ok(Sse::new(started.frames(None, TokenEvents::default())))
     }
 }
 

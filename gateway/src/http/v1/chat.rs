@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::stream::{self, StreamExt};
 use poem::{IntoResponse, Response};
 use poem_openapi::payload::{Json, Payload};
 use poem_openapi::registry::{MetaMediaType, MetaResponse, MetaResponses, Registry};
@@ -210,10 +209,9 @@ pub async fn complete(
         },
         None,
     );
-    let frames = stream::once(async move { opening })
-        .chain(started.frames(chunker))
-        .boxed();
-    Ok(ChatCompletionResponse::Stream(Sse::new(frames)))
+    Ok(ChatCompletionResponse::Stream(Sse::new(
+        started.frames(Some(opening), chunker),
+    )))
 }
 
 /// Writes the chunks of one completion.

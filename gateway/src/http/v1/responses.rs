@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::stream::{self, StreamExt};
 use poem::{IntoResponse, Response};
 use poem_openapi::payload::{Json, Payload};
 use poem_openapi::registry::{MetaMediaType, MetaResponse, MetaResponses, Registry};
@@ -330,10 +329,9 @@ pub async fn create(
                "part": {"type": "output_text", "text": "", "annotations": []}}),
     ));
     let opening = Bytes::from(opening);
-    let frames = stream::once(async move { opening })
-        .chain(started.frames(Streamed { shape, events }))
-        .boxed();
-    Ok(ResponsesResponse::Stream(Sse::new(frames)))
+    Ok(ResponsesResponse::Stream(Sse::new(
+        started.frames(Some(opening), Streamed { shape, events }),
+    )))
 }
 
 /// The Responses stream after its opening events.

@@ -145,7 +145,20 @@ pub struct MyCapabilities;
 
 /// The introspection answer of a turn (`capabilities.introspect` for an agent).
 pub fn introspect(ctx: &ToolContext<'_>) -> CapabilitiesIntrospectResult {
-    let mut caps: Vec<String> = ctx.offered.iter().map(|t| t.name.clone()).collect();
+    // What the gate would let through now: offered, within the lease, and allowed by the
+    // tree's profile in effect.
+    let within = |name: &str| {
+        ctx.run.is_none_or(|r| {
+            r.lease.tools.as_ref().is_none_or(|t| t.contains(name))
+                && r.budget.profile.allows(name, ctx.tools.opt_in_group(name))
+        })
+    };
+    let mut caps: Vec<String> = ctx
+        .offered
+        .iter()
+        .filter(|t| within(&t.name))
+        .map(|t| t.name.clone())
+        .collect();
     caps.sort();
     let limits = ctx.agent.budget();
     let (tokens, usd) = ctx.spent.get();

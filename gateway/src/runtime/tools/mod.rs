@@ -41,8 +41,11 @@ pub struct ToolContext<'a> {
     pub scopes: crate::api::scopes::Scopes,
     /// Background runs (the sub-agent tools), reached only when a tool needs them.
     pub runs: &'a OnceLock<std::sync::Weak<crate::runtime::runs::Runs>>,
-    /// The tools this turn offers (what `my_capabilities` reports).
+    /// The tools this turn offers (what `my_capabilities` reports, narrowed by the run's
+    /// lease and profile).
     pub offered: &'a [ToolSpec],
+    /// Every registered tool (their opt-in groups).
+    pub tools: &'a Tools,
     /// What the turn has spent so far.
     pub spent: &'a Spent,
 }
