@@ -3132,7 +3132,7 @@ export interface GraphEdge {
    */
   "to": string;
   /**
-   * Expression over the source node's output; the edge is followed only when it holds. An edge without a condition is always followed. A target none of whose incoming edges is followed is skipped.
+   * A CEL expression (the decided expression language: side-effect free, not Turing-complete) over the source node's result; the edge is followed only when it yields true. It sees `output` (the source node's output text), `json` (that text parsed as JSON, null when it is not JSON), `outputs` (every completed node's output text by node id) and `vars` (the run's variables). A result that is not a bool, or an evaluation error, fails the source node (the graph's onFailure applies); graph.define reports an expression that does not parse (code invalid_expression). An edge without a condition is always followed (from a condition node: when it is true). A target none of whose incoming edges is followed is skipped.
    */
   "condition"?: string;
 }
@@ -3304,7 +3304,7 @@ export interface GraphNode {
 }
 
 /**
- * What a graph node does. agent runs one agent turn (config.prompt, a template); tool calls one tool (config.tool, config.args); condition evaluates config.expression over its inputs and only the outgoing edges whose condition holds are followed; transform renders config.template from its inputs without a model call; merge waits for all its inputs and joins their outputs.
+ * What a graph node does. agent runs one agent turn (config.prompt, a template); tool calls one tool (config.tool, config.args); condition evaluates config.expression, a CEL expression over its input (the variables GraphEdge.condition describes, output being its single input's output), and outputs "true" or "false" - its outgoing edges without a condition are followed only when it is true, and those with one when theirs holds (so `output == "false"` is the else branch); transform renders config.template from its inputs without a model call; merge waits for its inputs, leaves out those that were skipped, and joins the others' outputs in the order of its incoming edges, separated by a blank line.
  */
 export type GraphNodeKind = "agent" | "tool" | "condition" | "transform" | "merge";
 
@@ -3489,9 +3489,9 @@ export interface GraphRunSummary {
    */
   "runId": string;
   /**
-   * Saved graph the run was started from; absent for an inline definition.
+   * Saved graph the run was started from; absent for an inline definition. Named definitionId, not the reference's graphId, because the reference's graphId names the run itself (here runId): a client written against the reference would misread it.
    */
-  "graphId"?: string;
+  "definitionId"?: string;
   /**
    * Graph label, when the definition had one.
    */

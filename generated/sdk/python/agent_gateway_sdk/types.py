@@ -1392,7 +1392,7 @@ GraphRunDetailResultNodesItemArtifactsItem = TypedDict("GraphRunDetailResultNode
 # One graph run without its per-node detail.
 GraphRunSummary = TypedDict("GraphRunSummary", {
     "runId": "Required[str]",
-    "graphId": "NotRequired[str]",
+    "definitionId": "NotRequired[str]",
     "label": "NotRequired[str]",
     "status": "Required[GraphRunStatus]",
     "nodeCount": "Required[int]",
