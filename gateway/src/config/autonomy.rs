@@ -27,6 +27,25 @@ pub struct AutonomyConfig {
     /// add tools or budget for the trees of the agents they list (`autonomy.evict` drops a
     /// tree back to `default`).
     pub profiles: std::collections::BTreeMap<String, ProfileConfig>,
+    /// `autonomy.durability`: run statuses and stops are always stored (see
+    /// `docs/orchestration.md`, "Durability"); the key exists for configurations written for
+    /// the spec, and only `enabled: true` is accepted.
+    pub durability: DurabilityConfig,
+}
+
+/// `autonomy.durability`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DurabilityConfig {
+    /// Always true: a revoked or killed run stays so across a restart, and a queued run a
+    /// stop ended is never started.
+    pub enabled: bool,
+}
+
+impl Default for DurabilityConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
 }
 
 /// The name of the baseline profile.
@@ -157,6 +176,11 @@ pub fn validate(c: &AutonomyConfig) -> Result<(), ConfigError> {
         return Err(bad("denialBreaker.threshold", 1000));
     }
     validate_budget("autonomy.treeBudget", &c.tree_budget)?;
+    if !c.durability.enabled {
+        return Err(ConfigError(
+            "autonomy.durability.enabled cannot be false: run statuses and stops are always stored, so a revoked or killed run stays so across a restart".into(),
+        ));
+    }
     validate_profiles(&c.profiles)
 }
 
@@ -239,6 +263,18 @@ fn validate_profiles(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durability_is_on_and_cannot_be_turned_off() {
+        let mut c = AutonomyConfig::default();
+        assert!(c.durability.enabled);
+        assert!(validate(&c).is_ok());
+        c.durability.enabled = false;
+        assert!(validate(&c)
+            .unwrap_err()
+            .0
+            .contains("autonomy.durability.enabled cannot be false"));
+    }
 
     #[test]
     fn profiles_are_checked() {

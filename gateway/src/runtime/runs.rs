@@ -241,6 +241,20 @@ impl Runs {
         mut row: RunRow,
         spec: RunSpec,
     ) -> Result<Started, GatewayError> {
+        // Taken from the queue first: a run a kill or a revocation ended while it waited is
+        // not started (its row keeps that final status).
+        row.started_at = crate::clock::now_ms();
+        row.status = SubagentRunStatus::Running.as_str().to_owned();
+        if !self
+            .store
+            .run_mark_running(&row.run_id, row.started_at)
+            .await?
+        {
+            return Err(GatewayError::Conflict(format!(
+                "Run {} was stopped before it started",
+                row.run_id
+            )));
+        }
         // A run that cannot start now (suspended agent, over `gateway.limits`) fails with the
         // reason on its row: it was acknowledged, so it never just disappears.
         let refused = if spec.agent.suspended {
@@ -261,11 +275,6 @@ impl Runs {
                 return Err(e);
             }
         };
-        row.started_at = crate::clock::now_ms();
-        row.status = SubagentRunStatus::Running.as_str().to_owned();
-        self.store
-            .run_mark_running(&row.run_id, row.started_at)
-            .await?;
         let live = self.register(&row.run_id, &spec);
         Ok(self.spawn_run(row, spec, permit, live))
     }
@@ -587,6 +596,13 @@ impl Runs {
     pub async fn kill(&self, scope: StopScope<'_>) -> Result<(usize, usize), GatewayError> {
         let local = self.local(scope);
         let (mut killed, mut revoked) = self.control.tree.kill(&local);
+        // Runs still waiting for a slot end here and now (their leases were never used).
+        let queued = self
+            .store
+            .runs_end_queued(scope, SubagentRunStatus::Killed.as_str())
+            .await?;
+        killed += queued.len();
+        revoked += queued.len();
         let remote = self.store.runs_request_stop(scope, "killed").await?;
         if !remote.is_empty() {
             self.store.announce(ANNOUNCE_RUNS).await;
@@ -612,11 +628,15 @@ impl Runs {
             .iter()
             .filter(|r| r.lease.revoke())
             .count();
+        let queued = self
+            .store
+            .runs_end_queued(scope, SubagentRunStatus::Revoked.as_str())
+            .await?;
         let remote = self.store.runs_request_stop(scope, "revoked").await?;
         if !remote.is_empty() {
             self.store.announce(ANNOUNCE_RUNS).await;
         }
-        Ok(local + remote.len())
+        Ok(local + queued.len() + remote.len())
     }
 
     /// Steers a running run wherever it runs; false when no node runs it.

@@ -524,14 +524,14 @@ mod tests {
     use crate::config::autonomy::SubagentLimits;
 
     fn place(tree: &RunTree, id: &str, parent: Option<&Arc<LiveRun>>) -> Arc<LiveRun> {
-        place_with(tree, id, parent, &Default::default())
+        place_with(tree, id, parent, TreeProfile::plain(&Default::default()))
     }
 
     fn place_with(
         tree: &RunTree,
         id: &str,
         parent: Option<&Arc<LiveRun>>,
-        budget: &crate::config::autonomy::TreeBudgetConfig,
+        profile: TreeProfile,
     ) -> Arc<LiveRun> {
         tree.register(Placement {
             run_id: id.to_owned(),
@@ -541,7 +541,7 @@ mod tests {
             tools: None,
             denial_threshold: 2,
             timeout: None,
-            profile: TreeProfile::plain(budget),
+            profile,
         })
     }
 
@@ -633,7 +633,8 @@ mod tests {
             max_tokens: Some(100),
             max_cost_usd: Some(1.0),
         };
-        let place_in = |id: &str, parent| place_with(&tree, id, parent, &config);
+        let place_in =
+            |id: &str, parent| place_with(&tree, id, parent, TreeProfile::plain(&config));
         let root = place_in("r", None);
         let child = place_in("k", Some(&root));
         let other = place_in("o", None);
@@ -687,16 +688,7 @@ mod tests {
         let profiles = crate::runtime::profiles::Profiles::new(&c);
         let tree = RunTree::default();
         let placed = |id: &str, parent: Option<&Arc<LiveRun>>| {
-            tree.register(Placement {
-                run_id: id.to_owned(),
-                parent,
-                agent_id: "a",
-                client_id: "c",
-                tools: None,
-                denial_threshold: 10,
-                timeout: None,
-                profile: profiles.for_root("a"),
-            })
+            place_with(&tree, id, parent, profiles.for_root("a"))
         };
         let root = placed("r", None);
         let child = placed("k", Some(&root));

@@ -184,20 +184,59 @@ impl Store {
         Ok(())
     }
 
-    /// A queued run starts on this node: `running` from `now`.
-    pub async fn run_mark_running(&self, run_id: &str, now: i64) -> Result<(), GatewayError> {
-        on_pool!(self.pool(), |p| {
+    /// A queued run starts on this node: `running` from `now`. False when it is no longer
+    /// queued (a kill or a revocation ended it while it waited): it must not start.
+    pub async fn run_mark_running(&self, run_id: &str, now: i64) -> Result<bool, GatewayError> {
+        let changed = on_pool!(self.pool(), |p| {
             sqlx::query(
-            "UPDATE runs SET status = 'running', started_at = $1, claimed_by = $2 WHERE run_id = $3"
-        )
-        .bind(now)
-        .bind(self.node())
-        .bind(run_id)
-        .execute(p)
-        .await
-        .map(drop)
+                "UPDATE runs SET status = 'running', started_at = $1, claimed_by = $2 \
+                 WHERE run_id = $3 AND status = 'queued' AND completed_at IS NULL",
+            )
+            .bind(now)
+            .bind(self.node())
+            .bind(run_id)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
         })?;
-        Ok(())
+        Ok(changed > 0)
+    }
+
+    /// Ends the runs of `scope` that are still queued (acknowledged, not started, on any node
+    /// or none) with final status `status` (`killed` or `revoked`), so that neither the task
+    /// waiting for their slot nor a later restart starts them. Answers the runs ended.
+    pub async fn runs_end_queued(
+        &self,
+        scope: StopScope<'_>,
+        status: &str,
+    ) -> Result<Vec<String>, GatewayError> {
+        let (cond, id) = scope_condition(scope);
+        let select = format!(
+            "{SUBTREE}SELECT r.run_id FROM runs r WHERE {cond} AND r.status = 'queued' \
+             AND r.completed_at IS NULL"
+        );
+        let queued: Vec<String> = on_pool!(self.pool(), |p| {
+            sqlx::query_scalar(&select).bind(id).fetch_all(p).await?
+        });
+        let now = crate::clock::now_ms();
+        let mut ended = Vec::with_capacity(queued.len());
+        for run_id in queued {
+            let changed = on_pool!(self.pool(), |p| sqlx::query(
+                "UPDATE runs SET status = $1, stop_requested = $1, completed_at = $2, \
+                 error = 'stopped before it started' \
+                 WHERE run_id = $3 AND status = 'queued' AND completed_at IS NULL"
+            )
+            .bind(status)
+            .bind(now)
+            .bind(&run_id)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))?;
+            if changed > 0 {
+                ended.push(run_id);
+            }
+        }
+        Ok(ended)
     }
 
     /// Takes over, for this node, the resumable queued runs no live node holds, oldest first.
@@ -472,6 +511,19 @@ impl Store {
     }
 }
 
+/// The runs below `$1` (itself included), for a [`StopScope::Subtree`] condition.
+const SUBTREE: &str = "WITH RECURSIVE sub (run_id) AS (SELECT run_id FROM runs WHERE run_id = $1 \
+     UNION ALL SELECT c.run_id FROM runs c JOIN sub ON c.parent_run_id = sub.run_id) ";
+
+/// The condition on `runs r` that selects `scope`'s runs (after [`SUBTREE`]), and its `$1`.
+fn scope_condition(scope: StopScope<'_>) -> (&'static str, &str) {
+    match scope {
+        StopScope::Tree(root) => ("r.root_run_id = $1", root),
+        StopScope::Subtree(run) => ("r.run_id IN (SELECT run_id FROM sub)", run),
+        StopScope::Run(run) => ("r.run_id = $1", run),
+    }
+}
+
 /// Which runs a stop request names.
 #[derive(Debug, Clone, Copy)]
 pub enum StopScope<'a> {
@@ -500,15 +552,9 @@ impl Store {
         scope: StopScope<'_>,
         what: &str,
     ) -> Result<Vec<Marked>, GatewayError> {
-        let (cond, id) = match scope {
-            StopScope::Tree(root) => ("r.root_run_id = $1", root),
-            StopScope::Subtree(run) => ("r.run_id IN (SELECT run_id FROM sub)", run),
-            StopScope::Run(run) => ("r.run_id = $1", run),
-        };
-        let sub = "WITH RECURSIVE sub (run_id) AS (SELECT run_id FROM runs WHERE run_id = $1 \
-                   UNION ALL SELECT c.run_id FROM runs c JOIN sub ON c.parent_run_id = sub.run_id) ";
+        let (cond, id) = scope_condition(scope);
         let select = format!(
-            "{sub}SELECT r.run_id, r.stop_requested FROM runs r WHERE {cond} \
+            "{SUBTREE}SELECT r.run_id, r.stop_requested FROM runs r WHERE {cond} \
              AND r.completed_at IS NULL AND r.claimed_by IS NOT NULL AND r.claimed_by <> $2 \
              AND (r.stop_requested IS NULL OR (r.stop_requested = 'revoked' AND $3 = 'killed'))"
         );

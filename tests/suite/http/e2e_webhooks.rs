@@ -705,11 +705,40 @@ async fn runs_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_webhook_run_survives_a_kill() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.yaml");
+    let config = one_slot_config(dir.path());
+    let (first, port) = spawn_binary(dir.path(), &config, "first").await;
+    assert_eq!(hook(port, "slow").await, 200);
+    assert_eq!(hook(port, "quick").await, 200);
+    let db = dir.path().join("data").join("gateway.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    // The slow run holds the only slot; the quick one was written as queued before its 200.
+    let rows = runs_until(&pool, |r| {
+        r.len() == 2 && r.iter().any(|(_, s, _)| s == "running")
+    })
+    .await;
+    assert_eq!(status_of(&rows, "slow").0, "running", "{rows:?}");
+    assert_eq!(
+        status_of(&rows, "quick"),
+        ("queued".to_owned(), None),
+        "{rows:?}"
+    );
+    let (mut second, rows) = restart_until_done(first, dir.path(), &config, &pool, "quick").await;
+    assert_eq!(status_of(&rows, "slow").0, "orphaned", "{rows:?}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
+
+/// A gateway whose webhook mapping `job` has one run slot: a `slow` job holds it for a
+/// minute, any other job answers `done`.
+fn one_slot_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let config = dir.join("gateway.yaml");
     std::fs::write(
         &config,
         config_yaml(
-            dir.path(),
+            dir,
             r#"webhooks:
   enabled: true
   maxConcurrentRuns: 1
@@ -725,69 +754,113 @@ providers:
         steps:
           - reply: "too late"
             delayMs: 60000
-      - match: "quick"
+      - match: "job"
         steps:
-          - reply: "quick done"
+          - reply: "done"
 agents:
   default: {model: script/m1, maxSteps: 2}
 "#,
         ),
     )
     .unwrap();
-    let (mut first, port) = spawn_binary(dir.path(), &config, "first").await;
-    let hook = |kind: &str, port: u16| {
-        let body = format!(r#"{{"kind":"{kind}"}}"#);
-        async move {
-            reqwest::Client::new()
-                .post(format!("http://127.0.0.1:{port}/hooks/any"))
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
-    assert_eq!(hook("slow", port).await, 200);
-    assert_eq!(hook("quick", port).await, 200);
+    config
+}
+
+/// Kills `first` (kill -9), starts the gateway again and waits until its queued `kind` job
+/// has completed with `done`; answers the new process and the rows then.
+async fn restart_until_done(
+    mut first: std::process::Child,
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    pool: &sqlx::SqlitePool,
+    kind: &str,
+) -> (std::process::Child, Vec<(String, String, Option<String>)>) {
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (second, _) = spawn_binary(dir, config, "second").await;
+    let job = format!("{kind} job");
+    let rows = runs_until(pool, |r| {
+        r.iter()
+            .any(|(t, s, _)| t.contains(&job) && s == "completed")
+    })
+    .await;
+    assert_eq!(
+        status_of(&rows, kind),
+        ("completed".to_owned(), Some("done".to_owned())),
+        "{rows:?}"
+    );
+    (second, rows)
+}
+
+/// Delivers a `kind` job to the mapping; answers the status.
+async fn hook(port: u16, kind: &str) -> u16 {
+    reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/hooks/any"))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"kind":"{kind}"}}"#))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The status and response of the `kind` job's run.
+fn status_of(rows: &[(String, String, Option<String>)], kind: &str) -> (String, Option<String>) {
+    rows.iter()
+        .find(|(t, _, _)| t.contains(&format!("{kind} job")))
+        .map(|(_, s, r)| (s.clone(), r.clone()))
+        .unwrap_or_else(|| panic!("no {kind} job in {rows:?}"))
+}
+
+/// A queued run (acknowledged, waiting for a slot) that `run.kill` or `lease.revoke` stops
+/// never starts: not when the slot frees, not after a restart (kill -9) that resumes the other
+/// queued runs. Its row keeps the final status the stop gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_queued_run_never_starts_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = one_slot_config(dir.path());
+    let (first, port) = spawn_binary(dir.path(), &config, "first").await;
+    for kind in ["slow", "killed", "revoked", "kept"] {
+        assert_eq!(hook(port, kind).await, 200, "{kind}");
+    }
     let db = dir.path().join("data").join("gateway.db");
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
         .await
         .unwrap();
-    // The slow run holds the only slot; the quick one was written as queued before its 200.
-    let rows = runs_until(&pool, |r| {
-        r.len() == 2 && r.iter().any(|(_, s, _)| s == "running")
+    runs_until(&pool, |r| {
+        r.len() == 4 && r.iter().filter(|(_, s, _)| s == "queued").count() == 3
     })
     .await;
-    let status = |rows: &[(String, String, Option<String>)], kind: &str| {
-        rows.iter()
-            .find(|(t, _, _)| t.contains(&format!("{kind} job")))
-            .map(|(_, s, r)| (s.clone(), r.clone()))
-            .unwrap()
+    let id_of = |kind: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let (id,): (String,) = sqlx::query_as(
+                "SELECT run_id FROM runs WHERE task LIKE ? AND client_id = 'webhook:job'",
+            )
+            .bind(format!("%{kind} job%"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            id
+        }
     };
-    assert_eq!(status(&rows, "slow").0, "running", "{rows:?}");
-    assert_eq!(
-        status(&rows, "quick"),
-        ("queued".to_owned(), None),
-        "{rows:?}"
-    );
-    first.kill().unwrap();
-    first.wait().unwrap();
-
-    let (mut second, _) = spawn_binary(dir.path(), &config, "second").await;
-    let rows = runs_until(&pool, |r| {
-        r.iter()
-            .any(|(t, s, _)| t.contains("quick job") && s == "completed")
-    })
-    .await;
-    assert_eq!(
-        status(&rows, "quick"),
-        ("completed".to_owned(), Some("quick done".to_owned())),
-        "{rows:?}"
-    );
-    assert_eq!(status(&rows, "slow").0, "orphaned", "{rows:?}");
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    // run.kill answers {killed}, lease.revoke {revoked}: the status each gives the run.
+    for (method, kind) in [("run.kill", "killed"), ("lease.revoke", "revoked")] {
+        let r = call_port(port, ADMIN, method, json!({"rootRunId": id_of(kind).await})).await;
+        assert_eq!(r["result"][kind], 1, "{method}: {r}");
+    }
+    let stopped = |rows: &[(String, String, Option<String>)]| {
+        for kind in ["killed", "revoked"] {
+            assert_eq!(status_of(rows, kind), (kind.to_owned(), None), "{rows:?}");
+        }
+    };
+    let rows = runs_until(&pool, |_| true).await;
+    stopped(&rows);
+    assert_eq!(status_of(&rows, "kept").0, "queued", "{rows:?}");
+    // The restart resumes the queued run that was not stopped, and only that one.
+    let (mut second, rows) = restart_until_done(first, dir.path(), &config, &pool, "kept").await;
+    stopped(&rows);
     second.kill().unwrap();
     second.wait().unwrap();
 }
