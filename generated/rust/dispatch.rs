@@ -216,6 +216,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::AutonomyEvictParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.root_run_id)
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let result = <H as super::handlers::AutonomyApi>::evict(
                     handlers,
                     ctx,

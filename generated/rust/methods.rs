@@ -1149,7 +1149,11 @@ pub static METHODS: [MethodInfo; 223usize] = [
         stub: false,
         internal: false,
         sensitive_params: &[],
-        owner: None,
+        owner: Some(OwnerRule {
+            param: "rootRunId",
+            kind: RecordKind::Run,
+            claim: true,
+        }),
         params_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"AutonomyEvictParams\",\"type\":\"object\",\"properties\":{\"rootRunId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"The root run of the tree to evict.\"}},\"required\":[\"rootRunId\"],\"additionalProperties\":false,\"description\":\"Parameters of `autonomy.evict`.\"}",
         result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"AutonomyEvictResult\",\"type\":\"object\",\"properties\":{\"evicted\":{\"type\":\"boolean\",\"description\":\"Always true.\"},\"rootRunId\":{\"type\":\"string\",\"description\":\"The root run marked.\"},\"alreadyEvicted\":{\"type\":\"boolean\",\"description\":\"True when it was already in the evicted set.\"}},\"required\":[\"evicted\",\"rootRunId\",\"alreadyEvicted\"],\"additionalProperties\":false,\"description\":\"Result of `autonomy.evict`.\"}",
     },

@@ -682,7 +682,6 @@ const OWNED_PARAMS: &[&str] = &["session_key", "sessionKey", "run_id", "runId", 
 /// (graph run ids are graph runs, a kind that does not exist yet). A stub made real without a
 /// rule fails the test below.
 const PENDING: &[&str] = &[
-    "autonomy.evict",
     "graph.cancel",
     "graph.deleteRun",
     "graph.outputs",

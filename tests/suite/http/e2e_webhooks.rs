@@ -706,13 +706,8 @@ async fn runs_until(
 async fn a_queued_webhook_run_survives_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     let config = one_slot_config(dir.path());
-    let (first, port) = spawn_binary(dir.path(), &config, "first").await;
-    assert_eq!(hook(port, "slow").await, 200);
+    let (first, port, pool) = start_with_the_slot_held(dir.path(), &config).await;
     assert_eq!(hook(port, "quick").await, 200);
-    let db = dir.path().join("data").join("gateway.db");
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap();
     // The slow run holds the only slot; the quick one was written as queued before its 200.
     let rows = runs_until(&pool, |r| {
         r.len() == 2 && r.iter().any(|(_, s, _)| s == "running")
@@ -764,6 +759,23 @@ agents:
     )
     .unwrap();
     config
+}
+
+/// Starts the gateway of `config` and has a `slow` job take its only slot, so that the jobs
+/// delivered next stay queued; answers the process, its port and its database.
+async fn start_with_the_slot_held(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+) -> (std::process::Child, u16, sqlx::SqlitePool) {
+    let (first, port) = spawn_binary(dir, config, "first").await;
+    let db = dir.join("data").join("gateway.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    assert_eq!(hook(port, "slow").await, 200);
+    let rows = runs_until(&pool, |r| r.iter().any(|(_, s, _)| s == "running")).await;
+    assert_eq!(status_of(&rows, "slow").0, "running", "{rows:?}");
+    (first, port, pool)
 }
 
 /// Kills `first` (kill -9), starts the gateway again and waits until its queued `kind` job
@@ -820,18 +832,15 @@ fn status_of(rows: &[(String, String, Option<String>)], kind: &str) -> (String, 
 async fn a_stopped_queued_run_never_starts_even_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let config = one_slot_config(dir.path());
-    let (first, port) = spawn_binary(dir.path(), &config, "first").await;
-    for kind in ["slow", "killed", "revoked", "kept"] {
+    let (first, port, pool) = start_with_the_slot_held(dir.path(), &config).await;
+    for kind in ["killed", "revoked", "kept"] {
         assert_eq!(hook(port, kind).await, 200, "{kind}");
     }
-    let db = dir.path().join("data").join("gateway.db");
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap();
-    runs_until(&pool, |r| {
+    let rows = runs_until(&pool, |r| {
         r.len() == 4 && r.iter().filter(|(_, s, _)| s == "queued").count() == 3
     })
     .await;
+    assert_eq!(status_of(&rows, "slow").0, "running", "{rows:?}");
     let id_of = |kind: &'static str| {
         let pool = pool.clone();
         async move {
