@@ -754,7 +754,7 @@ async fn a_run_tree_spends_one_budget_and_stops_when_it_is_spent() {
     gw.stop().await;
 }
 
-const PROFILED: &str = r#"
+pub(crate) const PROFILED: &str = r#"
 providers:
   script:
     type: scripted
@@ -780,7 +780,7 @@ autonomy:
 "#;
 
 /// The tool results of a run's session, in order.
-async fn tool_results(gw: &Gateway, key: &Value) -> Vec<String> {
+pub(crate) async fn tool_results(gw: &Gateway, key: &Value) -> Vec<String> {
     let h = history(gw, key).await;
     h["messages"]
         .as_array()

@@ -117,3 +117,25 @@ async fn stops_steering_pause_and_approvals_reach_the_node_that_holds_the_run() 
     let done = wait(&a, &run_id).await;
     assert_eq!(done["completion"]["response"], "approved path", "{done}");
 }
+
+/// `autonomy.evict` on node A reaches the tree node B holds: evicted while its first model
+/// call is in flight, the tree is refused its profile's tool at its next gate decision on B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_on_one_node_reaches_the_tree_on_another() {
+    use crate::engine::e2e_orchestration::{tool_results, PROFILED};
+    let url = crate::pg::database().await;
+    let a = start_on(&url, PROFILED).await;
+    let b = start_on(&url, PROFILED).await;
+    let run = spawn(&b, RPC, "builder", "profiled").await;
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    until_running(&b, &run_id, 1).await;
+    let marked = ok(&a, ADMIN, "autonomy.evict", json!({"rootRunId": run_id})).await;
+    assert_eq!(marked["alreadyEvicted"], false, "{marked}");
+    let done = wait(&a, &run_id).await;
+    assert_eq!(done["status"], "completed", "not stopped: {done}");
+    let results = tool_results(&b, &run["sessionKey"]).await;
+    assert!(
+        results[0].contains("not within this run's capabilities"),
+        "{results:?}"
+    );
+}
