@@ -205,18 +205,12 @@ impl Started {
                     out.push(o);
                 }
                 let ended = loop {
-                    let ended = match step {
-                        Step::Delta(text) => {
-                            out.push(render.delta(text));
-                            false
-                        }
+                    match step {
+                        Step::Delta(text) => out.push(render.delta(text)),
                         Step::Done(result) => {
                             out.push(render.done(result));
-                            true
+                            break true;
                         }
-                    };
-                    if ended {
-                        break true;
                     }
                     match turn.ready() {
                         Some(next) => step = next,

@@ -12,17 +12,18 @@ use wildmatch::WildMatch;
 
 use crate::config::autonomy::{AutonomyConfig, TreeBudgetConfig};
 
-/// The name of the baseline profile.
-pub const DEFAULT: &str = crate::config::autonomy::DEFAULT_PROFILE;
+use crate::config::autonomy::DEFAULT_PROFILE as DEFAULT;
 
 /// Most root ids the evicted set remembers; past it the oldest mark is forgotten (a mark is
 /// dropped anyway once its tree has no live run).
 pub const MAX_EVICTED: usize = 10_000;
 
-/// Tool rules of a profile: names, `*`/`?` patterns, and `group:<name>` for a tool group.
+/// Tool rules of a profile: names, `*`/`?` patterns, and `group:<name>` for a tool group. As
+/// in an agent's `tools` (`Agent::allows_tool_in`), a tool of an opt-in group is reached only
+/// by its own name or its group, never by a wildcard.
 #[derive(Debug)]
 struct ToolRules {
-    patterns: Vec<WildMatch>,
+    patterns: Vec<(String, WildMatch)>,
     groups: Vec<String>,
 }
 
@@ -33,15 +34,19 @@ impl ToolRules {
         for r in rules {
             match r.strip_prefix("group:") {
                 Some(g) => groups.push(g.to_owned()),
-                None => patterns.push(WildMatch::new(r)),
+                None => patterns.push((r.clone(), WildMatch::new(r))),
             }
         }
         Self { patterns, groups }
     }
 
     fn allows(&self, tool: &str, group: Option<&str>) -> bool {
-        group.is_some_and(|g| self.groups.iter().any(|x| x == g))
-            || self.patterns.iter().any(|p| p.matches(tool))
+        match group {
+            Some(g) => {
+                self.groups.iter().any(|x| x == g) || self.patterns.iter().any(|(r, _)| r == tool)
+            }
+            None => self.patterns.iter().any(|(_, p)| p.matches(tool)),
+        }
     }
 }
 
@@ -221,12 +226,10 @@ impl Evicted {
         }
     }
 
-    pub fn len(&self) -> usize {
+    /// How many roots are marked.
+    #[cfg(test)]
+    pub fn marked(&self) -> usize {
         self.lock().set.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -293,6 +296,14 @@ mod tests {
         assert_eq!(tree.assigned(), DEFAULT);
         assert!(!tree.allows("save_file", None));
 
+        // A wildcard does not reach an opt-in tool; its name or its group does.
+        let mut c = config();
+        c.profiles.get_mut("builder").unwrap().tools = Some(vec!["*".into(), "wait_agents".into()]);
+        let star = Profiles::new(&c).for_root("planner");
+        assert!(star.allows("save_file", None));
+        assert!(!star.allows("spawn_agent", Some("agents")));
+        assert!(star.allows("wait_agents", Some("agents")));
+
         let open = Profiles::new(&AutonomyConfig::default()).for_root("any");
         assert!(open.allows("save_file", None));
         assert!(open.allows("spawn_agent", Some("agents")));
@@ -310,7 +321,7 @@ mod tests {
         for i in 0..=MAX_EVICTED {
             set.mark(&format!("run_{i}"));
         }
-        assert_eq!(set.len(), MAX_EVICTED, "at the cap");
+        assert_eq!(set.marked(), MAX_EVICTED, "at the cap");
         assert!(!set.contains("run_0"), "the oldest mark went first");
         assert!(set.contains(&format!("run_{MAX_EVICTED}")));
     }

@@ -211,32 +211,19 @@ impl Store {
         status: &str,
     ) -> Result<Vec<String>, GatewayError> {
         let (cond, id) = scope_condition(scope);
-        let select = format!(
-            "{SUBTREE}SELECT r.run_id FROM runs r WHERE {cond} AND r.status = 'queued' \
-             AND r.completed_at IS NULL"
+        let end = format!(
+            "{SUBTREE}UPDATE runs AS r SET status = $2, stop_requested = $2, completed_at = $3, \
+             error = 'stopped before it started' \
+             WHERE {cond} AND r.status = 'queued' AND r.completed_at IS NULL RETURNING run_id"
         );
-        let queued: Vec<String> = on_pool!(self.pool(), |p| {
-            sqlx::query_scalar(&select).bind(id).fetch_all(p).await?
-        });
-        let now = crate::clock::now_ms();
-        let mut ended = Vec::with_capacity(queued.len());
-        for run_id in queued {
-            let changed = on_pool!(self.pool(), |p| sqlx::query(
-                "UPDATE runs SET status = $1, stop_requested = $1, completed_at = $2, \
-                 error = 'stopped before it started' \
-                 WHERE run_id = $3 AND status = 'queued' AND completed_at IS NULL"
-            )
-            .bind(status)
-            .bind(now)
-            .bind(&run_id)
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()))?;
-            if changed > 0 {
-                ended.push(run_id);
-            }
-        }
-        Ok(ended)
+        Ok(on_pool!(self.pool(), |p| {
+            sqlx::query_scalar(&end)
+                .bind(id)
+                .bind(status)
+                .bind(crate::clock::now_ms())
+                .fetch_all(p)
+                .await?
+        }))
     }
 
     /// Takes over, for this node, the resumable queued runs no live node holds, oldest first.

@@ -139,3 +139,67 @@ async fn an_eviction_on_one_node_reaches_the_tree_on_another() {
         "{results:?}"
     );
 }
+
+/// On PostgreSQL too, a stop ends a webhook run still waiting for its slot (`runs_end_queued`
+/// in one statement on either store): `run.kill` and `lease.revoke` each end one queued run,
+/// which then never starts, while the queued run nobody stopped runs once the slot frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_a_queued_run_on_postgresql() {
+    let url = crate::pg::database().await;
+    let config = crate::http::e2e_webhooks::one_slot_jobs(1500);
+    let gw = start_on(&url, &config).await;
+    let hook = |kind: &str| {
+        let body = json!({"kind": kind});
+        let url = gw.url("/hooks/any");
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    let runs = || async {
+        ok(&gw, ADMIN, "subagent.list", json!({})).await["runs"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let find = |runs: &[serde_json::Value], kind: &str| {
+        runs.iter()
+            .find(|r| {
+                r["task"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(&format!("{kind} job"))
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} job: {runs:?}"))
+    };
+    hook("slow").await;
+    let deadline = Instant::now() + STEP;
+    while find(&runs().await, "slow")["status"] != "running" {
+        assert!(Instant::now() < deadline, "slow job not running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for kind in ["killed", "revoked", "kept"] {
+        hook(kind).await;
+    }
+    let queued = runs().await;
+    for (method, kind) in [("run.kill", "killed"), ("lease.revoke", "revoked")] {
+        let run = find(&queued, kind);
+        assert_eq!(run["status"], "queued", "{run}");
+        let r = ok(&gw, ADMIN, method, json!({"rootRunId": run["runId"]})).await;
+        assert_eq!(r[kind], 1, "{method}: {r}");
+    }
+    let kept = find(&queued, "kept");
+    let done = wait(&gw, kept["runId"].as_str().unwrap()).await;
+    assert_eq!(done["completion"]["response"], "done", "{done}");
+    let after = runs().await;
+    for kind in ["killed", "revoked"] {
+        let run = find(&after, kind);
+        assert_eq!(run["status"], kind, "{run}");
+    }
+}

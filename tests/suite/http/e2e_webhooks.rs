@@ -726,15 +726,10 @@ async fn a_queued_webhook_run_survives_a_kill() {
     second.wait().unwrap();
 }
 
-/// A gateway whose webhook mapping `job` has one run slot: a `slow` job holds it for a
-/// minute, any other job answers `done`.
-fn one_slot_config(dir: &std::path::Path) -> std::path::PathBuf {
-    let config = dir.join("gateway.yaml");
-    std::fs::write(
-        &config,
-        config_yaml(
-            dir,
-            r#"webhooks:
+/// Webhook mapping `job` with one run slot: a `slow` job holds it for `slow_ms`, any other
+/// job answers `done`.
+pub(crate) fn one_slot_jobs(slow_ms: u64) -> String {
+    r#"webhooks:
   enabled: true
   maxConcurrentRuns: 1
   mappings:
@@ -748,16 +743,20 @@ providers:
       - match: "slow"
         steps:
           - reply: "too late"
-            delayMs: 60000
+            delayMs: SLOW_MS
       - match: "job"
         steps:
           - reply: "done"
 agents:
   default: {model: script/m1, maxSteps: 2}
-"#,
-        ),
-    )
-    .unwrap();
+"#
+    .replace("SLOW_MS", &slow_ms.to_string())
+}
+
+/// The configuration file of a gateway with [`one_slot_jobs`], the slow job a minute long.
+fn one_slot_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let config = dir.join("gateway.yaml");
+    std::fs::write(&config, config_yaml(dir, &one_slot_jobs(60_000))).unwrap();
     config
 }
 

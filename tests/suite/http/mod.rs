@@ -3,5 +3,5 @@
 
 mod e2e_http;
 mod e2e_media;
-mod e2e_webhooks;
+pub(crate) mod e2e_webhooks;
 pub(crate) mod providers_http;
