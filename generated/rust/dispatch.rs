@@ -656,6 +656,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphCancelParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.run_id)
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -670,6 +674,8 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphDeleteParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params).map(|v| &v.id).map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -677,6 +683,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphDeleteRunParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.run_id)
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -684,6 +694,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphExecuteParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.id.as_ref())
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -698,6 +712,8 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphLoadParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params).map(|v| &v.id).map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -705,6 +721,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphOutputsParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.run_id)
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -712,6 +732,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphRunDetailParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .map(|v| &v.run_id)
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -726,6 +750,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphSaveParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.id.as_ref())
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
@@ -733,6 +761,10 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::GraphStatusParams,
             >(info, params)?;
+            let named: Option<&str> = Some(&params)
+                .and_then(|v| v.run_id.as_ref())
+                .map(String::as_str);
+            invoke::check_owner(handlers.owners(), ctx, info, named).await?;
             let _ = params;
             Err(RpcError::not_implemented(info.name))
         }
