@@ -1,4 +1,4 @@
-//! Who owns a session, a run or a cron job, for the catalogue's ownership rules
+//! Who owns a session, a run, a cron job, a saved graph or a graph run, for the catalogue's ownership rules
 //! (`tenancy::Owners`).
 
 use super::sessions::{key_namespace, key_tenant};
@@ -20,6 +20,22 @@ impl Owners for Store {
                 key_tenant(id),
             ),
             RecordKind::Run => ("SELECT client_id FROM runs WHERE run_id = $1", None),
+            RecordKind::GraphRun => ("SELECT owner FROM graph_runs WHERE run_id = $1", None),
+            // A saved graph's id is unique per owner: the caller's own graph or nothing (every
+            // caller, admin included, addresses its own graphs).
+            RecordKind::Graph => {
+                let owner: Option<String> = super::on_pool!(self.pool(), |p| {
+                    sqlx::query_scalar("SELECT owner FROM graphs WHERE id = $1 AND owner = $2")
+                        .bind(id)
+                        .bind(tenant.only())
+                        .fetch_optional(p)
+                        .await?
+                });
+                return Ok(match owner {
+                    Some(o) => Lookup::Exists(Some(o)),
+                    None => Lookup::Missing { namespace: None },
+                });
+            }
             // A job name is unique per owner: the caller's own job (or the runs a removed job
             // of the caller's left) or nothing.
             RecordKind::CronJob => {
