@@ -139,9 +139,79 @@ fn gate(n: u64) {
     println!("{allowed} of {n} gate decisions allowed");
 }
 
+/// A graph of `n` nodes: a chain of transforms, each rendering its predecessor's output, with
+/// a condition every tenth node whose edge onwards carries a second condition.
+fn graph_nodes(n: usize) -> (Vec<Value>, Vec<Value>) {
+    let mut nodes = Vec::with_capacity(n);
+    let mut edges = Vec::with_capacity(n);
+    for i in 0..n {
+        let node = if i > 0 && i % 10 == 0 {
+            json!({"id": format!("n{i}"), "type": "condition",
+                   "config": {"expression": "size(output) >= 0 && vars.mode != 'off'"}})
+        } else if i == 0 {
+            json!({"id": "n0", "type": "transform", "config": {"template": "start {{mode}}"}})
+        } else {
+            json!({"id": format!("n{i}"), "type": "transform",
+                   "config": {"template": format!("{{{{n{}.output}}}}.", i - 1)}})
+        };
+        nodes.push(node);
+        if i > 0 {
+            let mut e = json!({"from": format!("n{}", i - 1), "to": format!("n{i}")});
+            if i % 10 == 1 && i > 1 {
+                e["condition"] = json!("output == 'true'");
+            }
+            edges.push(e);
+        }
+    }
+    (nodes, edges)
+}
+
+/// `graph.define`'s check of an `n`-node definition in-process, `rounds` times: its median
+/// and worst time.
+fn define(n: usize, rounds: usize) {
+    use agent_gateway::runtime::graph::definition::{check, Env, Source};
+    let (nodes, edges) = graph_nodes(n);
+    let src = Source {
+        nodes: serde_json::from_value(Value::Array(nodes)).unwrap(),
+        edges: serde_json::from_value(Value::Array(edges)).unwrap(),
+        ..Source::default()
+    };
+    let env = Env {
+        agents: ["default".to_owned()].into(),
+        default_agent: Some("default".to_owned()),
+        node_timeout_ms: 600_000,
+        run_timeout_ms: 3_600_000,
+        ..Env::default()
+    };
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let checked = std::hint::black_box(check(&src, &env));
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert!(checked.errors.is_empty(), "{:?}", checked.errors);
+    }
+    println!(
+        "graph.define check of {n} nodes ({} CEL expressions): p50 {:.2} ms, max {:.2} ms",
+        (n.saturating_sub(1) / 10) * 2 - usize::from(n % 10 == 1),
+        percentile(times.clone(), 0.5),
+        percentile(times, 1.0)
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--define") {
+        let n = args.get(i + 1).and_then(|n| n.parse().ok()).unwrap_or(1000);
+        // The CEL parser needs a large stack (as on the gateway's compile thread).
+        std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(move || define(n, 20))
+            .unwrap()
+            .join()
+            .unwrap();
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--gate") {
         gate(
             args.get(i + 1)
@@ -259,6 +329,41 @@ async fn main() {
         wakes.len(),
         percentile(wakes.clone(), 0.5),
         percentile(wakes, 0.99)
+    );
+
+    // 5. Executor overhead: a 200-node graph of transforms and conditions (no model call),
+    // per node from the run's own start and end.
+    let (nodes, edges) = graph_nodes(200);
+    let mut per_node = Vec::new();
+    for _ in 0..rounds {
+        let run = rpc(
+            &client,
+            port,
+            "graph.execute",
+            json!({"nodes": nodes, "edges": edges, "variables": {"mode": "on"},
+                   "settings": {"maxConcurrency": 4}}),
+        )
+        .await["runId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let summary = loop {
+            let st = rpc(&client, port, "graph.status", json!({"runId": run})).await;
+            let summary = st["runs"][0]["run"].clone();
+            if summary["status"] != "running" && summary["status"] != "pending" {
+                break summary;
+            }
+            assert!(Instant::now() < deadline, "graph not done: {summary}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(summary["status"], "completed", "{summary}");
+        per_node.push(summary["durationMs"].as_f64().unwrap() * 1000.0 / 200.0);
+    }
+    println!(
+        "graph executor, 200 transform and condition nodes ({rounds} runs, millisecond clock): per node p50 {:.1} us, max {:.1} us",
+        percentile(per_node.clone(), 0.5),
+        percentile(per_node, 1.0)
     );
     drop(gw);
 }

@@ -660,15 +660,17 @@ pub async fn dispatch<H: super::handlers::Handlers>(
                 .map(|v| &v.run_id)
                 .map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::cancel(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphDefine => {
             let params = invoke::parse_params::<
                 super::types::GraphDefineParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::define(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphDelete => {
             let params = invoke::parse_params::<
@@ -676,8 +678,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             >(info, params)?;
             let named: Option<&str> = Some(&params).map(|v| &v.id).map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::delete(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphDeleteRun => {
             let params = invoke::parse_params::<
@@ -687,8 +690,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
                 .map(|v| &v.run_id)
                 .map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::delete_run(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphExecute => {
             let params = invoke::parse_params::<
@@ -698,15 +706,17 @@ pub async fn dispatch<H: super::handlers::Handlers>(
                 .and_then(|v| v.id.as_ref())
                 .map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::execute(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphList => {
             let params = invoke::parse_params::<
                 super::types::GraphListParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::list(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphLoad => {
             let params = invoke::parse_params::<
@@ -714,8 +724,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             >(info, params)?;
             let named: Option<&str> = Some(&params).map(|v| &v.id).map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::load(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphOutputs => {
             let params = invoke::parse_params::<
@@ -725,8 +736,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
                 .map(|v| &v.run_id)
                 .map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::outputs(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphRunDetail => {
             let params = invoke::parse_params::<
@@ -736,15 +748,21 @@ pub async fn dispatch<H: super::handlers::Handlers>(
                 .map(|v| &v.run_id)
                 .map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::run_detail(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphRuns => {
             let params = invoke::parse_params::<
                 super::types::GraphRunsParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::runs(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphSave => {
             let params = invoke::parse_params::<
@@ -754,8 +772,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
                 .and_then(|v| v.id.as_ref())
                 .map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::save(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::GraphStatus => {
             let params = invoke::parse_params::<
@@ -765,8 +784,9 @@ pub async fn dispatch<H: super::handlers::Handlers>(
                 .and_then(|v| v.run_id.as_ref())
                 .map(String::as_str);
             invoke::check_owner(handlers.owners(), ctx, info, named).await?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::GraphApi>::status(handlers, ctx, params)
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::HeartbeatGet => {
             let params = invoke::parse_params::<

@@ -559,6 +559,141 @@ pub trait GatewayApi: Send + Sync {
         >,
     > + Send;
 }
+/// Handlers of the `graph` namespace: Multi-step workflows as directed acyclic graphs of agent, tool, condition, transform and merge nodes: validating and saving definitions, executing them as background runs, and following, cancelling and reading those runs. The reference is the only source (the spec names no graph method); its open objects are replaced by real shapes, and executions are addressed by runId instead of the reference's graphId/graph_id aliases (a saved definition has an id, a run has a runId, and the two are no longer confused). Progress is also published on the event stream (graph:started, graph:node_updated, graph:completed).
+pub trait GraphApi: Send + Sync {
+    /// `graph.cancel` (scope `rpc`): Cancels a pending or running run; running nodes are aborted and pending ones never start.
+    ///
+    /// Unknown runId is -32001. A run already in a final state is left as it is and cancelled is false.
+    fn cancel(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphCancelParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphCancelResult, crate::api::error::GatewayError>,
+    > + Send;
+    /// `graph.define` (scope `rpc`): Validates a graph definition without running or saving it.
+    ///
+    /// Checks unique node ids, edges naming existing nodes, acyclicity, known agents and tools and the required config of each node kind. An invalid definition is not an error: valid is false and errors lists why. Issues are objects (code, message, nodeId) instead of the reference's strings. Error codes: duplicate_node_id, unknown_node, cycle (the message names it), unknown_agent, unknown_tool (a tool the graph's agent does not offer the caller), missing_config, invalid_expression, invalid_template, invalid_reference (a placeholder naming a node that is not upstream); warnings: isolated_node, ignored_config, merge_inputs (docs/graphs.md).
+    fn define(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphDefineParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphDefineResult, crate::api::error::GatewayError>,
+    > + Send;
+    /// `graph.delete` (scope `rpc`): Deletes a saved graph definition (its past runs are kept).
+    ///
+    /// An unknown id gives deleted false, so the call is idempotent.
+    fn delete(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphDeleteParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphDeleteResult, crate::api::error::GatewayError>,
+    > + Send;
+    /// `graph.deleteRun` (scope `rpc`): Deletes a finished run's stored record, outputs and files.
+    ///
+    /// A pending or running run is refused with -32002 (cancel it first). An unknown runId, and another tenant's run, give deleted false (the reference's idempotent answer): the graph_run lookup is scoped to the caller's own runs, so both answer alike and nothing reveals that another tenant's run exists. The files its tool nodes saved stay in the media store until its TTL removes them.
+    fn delete_run(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphDeleteRunParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::GraphDeleteRunResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `graph.execute` (scope `rpc`): Starts a run of a saved graph (id) or of an inline definition (nodes, ...); answers at once with the runId.
+    ///
+    /// Exactly one of id and nodes is given (-32602 otherwise); the definition members apply only with nodes. The reference's open-object params are replaced by the graph.define members plus id and variables. Runs are always asynchronous: follow them with graph.status and the graph:* events, read results with graph.outputs and graph.runDetail. An invalid definition is -32602 naming its first error; an unknown id -32001 (saved ids are the caller's own). Past graphs.maxLiveRunsPerOwner live runs of the caller it is -32002. Variables the definition does not use are ignored.
+    fn execute(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphExecuteParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::GraphExecuteResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `graph.list` (scope `rpc`): Saved graphs, most recently updated first, paged.
+    ///
+    /// Reference params; the reference's entries (object[]) are given real members. The caller's own graphs (admin too: graph ids are per owner).
+    fn list(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphListParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphListResult, crate::api::error::GatewayError>,
+    > + Send;
+    /// `graph.load` (scope `rpc`): One saved graph definition.
+    ///
+    /// Unknown id is -32001. The reference's open object is replaced by GraphDefinition.
+    fn load(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphLoadParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphLoadResult, crate::api::error::GatewayError>,
+    > + Send;
+    /// `graph.outputs` (scope `rpc`): The output text of each node of a run, live or stored.
+    ///
+    /// Reference shape {graphId, outputs, source} with runId for graphId. outputs is a map of node id to output text; nodes that produced no output (not yet run, skipped, failed) are absent instead of null, so the map holds strings only. Structured tool output is JSON text. Unknown runId is -32001.
+    fn outputs(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphOutputsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::GraphOutputsResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `graph.runDetail` (scope `rpc`): One run with every node's status, output and produced files.
+    ///
+    /// The reference's flat shape, nested: run holds the run summary (runId for the reference's graphId, its five statuses instead of completed and failed), nodes each node's type, status, output, error, duration and files. Unknown runId is -32001.
+    fn run_detail(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphRunDetailParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::GraphRunDetailResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `graph.runs` (scope `rpc`): Stored runs, newest first, paged.
+    ///
+    /// The reference takes no parameters and returns every run; limit and offset were added so the answer stays bounded, and total was added for paging. The caller's own runs (admin: every owner's).
+    fn runs(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphRunsParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphRunsResult, crate::api::error::GatewayError>,
+    > + Send;
+    /// `graph.save` (scope `rpc`): Saves a graph definition, new or replacing the one with the given id.
+    ///
+    /// The definition is validated as by graph.define; one with errors is refused with -32602 naming the first. Reference params plus onFailure, timeoutMs and budget, so that a saved graph holds everything an inline one can; created added to the reference result. Ids are per owner (another tenant's graph of the same id is not touched: the caller gets its own); a new id past graphs.maxSavedPerOwner is -32002.
+    fn save(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphSaveParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphSaveResult, crate::api::error::GatewayError>,
+    > + Send;
+    /// `graph.status` (scope `rpc`): Live state of one run, or of the runs active or finished in the last minutes.
+    ///
+    /// With runId: that run only (unknown -32001). Without: every run still pending or running plus those that ended within recentMinutes, newest first: the caller's own runs (admin: every owner's). The reference's open object is replaced by GraphRun (run summary plus per-node state).
+    fn status(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::GraphStatusParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<super::types::GraphStatusResult, crate::api::error::GatewayError>,
+    > + Send;
+}
 /// Handlers of the `heartbeat` namespace: Per-agent heartbeats - a periodic agent turn that checks for pending work and alerts when something needs attention. Read and change an agent's heartbeat settings, see the scheduler state of every agent, and run a heartbeat now.
 pub trait HeartbeatApi: Send + Sync {
     /// `heartbeat.get` (scope `admin`): Reads one agent's heartbeat settings - its own overrides and the effective values.
@@ -1678,7 +1813,7 @@ pub trait TokensApi: Send + Sync {
 }
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + AutonomyApi + CapabilitiesApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
+pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + AutonomyApi + CapabilitiesApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + GraphApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::api::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -2080,6 +2215,92 @@ impl<O: crate::api::tenancy::Owners> GatewayApi for Fake<O> {
         _params: super::types::GatewayStatusParams,
     ) -> Result<super::types::GatewayStatusResult, crate::api::error::GatewayError> {
         self.ran("gateway.status")
+    }
+}
+impl<O: crate::api::tenancy::Owners> GraphApi for Fake<O> {
+    async fn cancel(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphCancelParams,
+    ) -> Result<super::types::GraphCancelResult, crate::api::error::GatewayError> {
+        self.ran("graph.cancel")
+    }
+    async fn define(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphDefineParams,
+    ) -> Result<super::types::GraphDefineResult, crate::api::error::GatewayError> {
+        self.ran("graph.define")
+    }
+    async fn delete(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphDeleteParams,
+    ) -> Result<super::types::GraphDeleteResult, crate::api::error::GatewayError> {
+        self.ran("graph.delete")
+    }
+    async fn delete_run(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphDeleteRunParams,
+    ) -> Result<super::types::GraphDeleteRunResult, crate::api::error::GatewayError> {
+        self.ran("graph.deleteRun")
+    }
+    async fn execute(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphExecuteParams,
+    ) -> Result<super::types::GraphExecuteResult, crate::api::error::GatewayError> {
+        self.ran("graph.execute")
+    }
+    async fn list(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphListParams,
+    ) -> Result<super::types::GraphListResult, crate::api::error::GatewayError> {
+        self.ran("graph.list")
+    }
+    async fn load(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphLoadParams,
+    ) -> Result<super::types::GraphLoadResult, crate::api::error::GatewayError> {
+        self.ran("graph.load")
+    }
+    async fn outputs(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphOutputsParams,
+    ) -> Result<super::types::GraphOutputsResult, crate::api::error::GatewayError> {
+        self.ran("graph.outputs")
+    }
+    async fn run_detail(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphRunDetailParams,
+    ) -> Result<super::types::GraphRunDetailResult, crate::api::error::GatewayError> {
+        self.ran("graph.runDetail")
+    }
+    async fn runs(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphRunsParams,
+    ) -> Result<super::types::GraphRunsResult, crate::api::error::GatewayError> {
+        self.ran("graph.runs")
+    }
+    async fn save(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphSaveParams,
+    ) -> Result<super::types::GraphSaveResult, crate::api::error::GatewayError> {
+        self.ran("graph.save")
+    }
+    async fn status(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::GraphStatusParams,
+    ) -> Result<super::types::GraphStatusResult, crate::api::error::GatewayError> {
+        self.ran("graph.status")
     }
 }
 impl<O: crate::api::tenancy::Owners> HeartbeatApi for Fake<O> {

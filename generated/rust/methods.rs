@@ -61,7 +61,7 @@ pub enum RecordKind {
     CronJob,
     /// A saved graph definition (graph.save), named by its id. Owned by the client id that saved it; ids are unique per owner, so the lookup is scoped to the caller's own graphs: another tenant's graph of the same id is simply not found, and saving under that id creates the caller's own. Every caller, admin included, addresses its own graphs by id.
     Graph,
-    /// One execution of a graph (graph.execute) with its node states and outputs. Owned by the client id that started it; the graph:* events of the run reach that client and admin only.
+    /// One execution of a graph (graph.execute) with its node states and outputs. Owned by the client id that started it; the graph:* events of the run reach that client and admin only. The lookup is scoped to the caller's own runs (as cron_job's): another tenant's run is simply not found, so graph.deleteRun (missing: claim) answers deleted false for it exactly as for an id nobody has.
     GraphRun,
     /// The param is a tenant id itself (sessionKey.tenantId of agent.execute). Absent means the caller's own tenant; only admin tokens may name another.
     Tenant,
@@ -1886,7 +1886,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Cancels a pending or running run; running nodes are aborted and pending ones never start.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -1904,12 +1904,12 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Validates a graph definition without running or saving it.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: None,
         params_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"GraphDefineParams\",\"type\":\"object\",\"properties\":{\"label\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":200,\"description\":\"Graph name.\"},\"nodes\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphNode\"},\"minItems\":1,\"maxItems\":200,\"description\":\"The nodes; ids must be unique.\"},\"edges\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphEdge\"},\"maxItems\":1000,\"description\":\"Dependencies between nodes; the graph must be acyclic. No edges means all nodes are independent.\"},\"onFailure\":{\"$ref\":\"#/$defs/GraphOnFailure\",\"description\":\"Failure policy.\",\"default\":\"stop\"},\"timeoutMs\":{\"type\":\"integer\",\"minimum\":1000,\"maximum\":86400000,\"description\":\"Whole-run timeout; the server default when omitted.\"},\"budget\":{\"$ref\":\"#/$defs/GraphBudget\",\"description\":\"Spending caps of a run.\"},\"settings\":{\"$ref\":\"#/$defs/GraphSettings\",\"description\":\"Execution settings.\"}},\"required\":[\"nodes\"],\"additionalProperties\":false,\"description\":\"Parameters of `graph.define`.\",\"$defs\":{\"GraphBudget\":{\"type\":\"object\",\"properties\":{\"maxCostUsd\":{\"type\":\"number\",\"exclusiveMinimum\":0.0,\"description\":\"Estimated model cost cap in USD over all nodes.\"},\"maxTokens\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"Token cap (input + output) over all nodes.\"}},\"additionalProperties\":false,\"description\":\"Spending caps of one run; a run that reaches a cap is stopped and ends failed.\"},\"GraphEdge\":{\"type\":\"object\",\"properties\":{\"from\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"pattern\":\"^[A-Za-z0-9_-]+$\",\"description\":\"Source node id.\"},\"to\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"pattern\":\"^[A-Za-z0-9_-]+$\",\"description\":\"Target node id.\"},\"condition\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":1024,\"description\":\"A CEL expression (the decided expression language: side-effect free, not Turing-complete) over the source node's result; the edge is followed only when it yields true. It sees `output` (the source node's output text), `json` (that text parsed as JSON, null when it is not JSON), `outputs` (every completed node's output text by node id) and `vars` (the run's variables). A result that is not a bool, or an evaluation error, fails the source node (the graph's onFailure applies); graph.define reports an expression that does not parse (code invalid_expression). An edge without a condition is always followed (from a condition node: when it is true). A target none of whose incoming edges is followed is skipped.\"}},\"required\":[\"from\",\"to\"],\"additionalProperties\":false,\"description\":\"A directed dependency between two nodes; the target runs after the source completed.\"},\"GraphNode\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"pattern\":\"^[A-Za-z0-9_-]+$\",\"description\":\"Node id, unique within the graph; edges and output templates ({{<id>.output}}) refer to it.\"},\"type\":{\"$ref\":\"#/$defs/GraphNodeKind\",\"description\":\"What the node does.\"},\"label\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":200,\"description\":\"Human-readable name shown in dashboards and events.\"},\"agentId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"Agent that runs an agent node; defaults to the graph's agentId, then the default agent. Ignored for other kinds.\"},\"config\":{\"type\":\"object\",\"description\":\"Kind-specific settings (agent: prompt; tool: tool, args; condition: expression; transform: template). String values may use {{<nodeId>.output}} and {{<variable>}} placeholders.\"}},\"required\":[\"id\",\"type\"],\"additionalProperties\":false,\"description\":\"One step of a graph definition.\"},\"GraphNodeKind\":{\"type\":\"string\",\"enum\":[\"agent\",\"tool\",\"condition\",\"transform\",\"merge\"],\"description\":\"What a graph node does. agent runs one agent turn (config.prompt, a template); tool calls one tool (config.tool, config.args); condition evaluates config.expression, a CEL expression over its input (the variables GraphEdge.condition describes, output being its single input's output), and outputs \\\"true\\\" or \\\"false\\\" - its outgoing edges without a condition are followed only when it is true, and those with one when theirs holds (so `output == \\\"false\\\"` is the else branch); transform renders config.template from its inputs without a model call; merge waits for its inputs, leaves out those that were skipped, and joins the others' outputs in the order of its incoming edges, separated by a blank line.\"},\"GraphOnFailure\":{\"type\":\"string\",\"enum\":[\"stop\",\"continue\"],\"description\":\"What a failing node does to its run. stop fails the run at once and cancels pending nodes; continue skips only the nodes that depend on the failed one and lets the others finish (the run then ends failed).\"},\"GraphSettings\":{\"type\":\"object\",\"properties\":{\"maxConcurrency\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":32,\"description\":\"Nodes that may run at the same time.\",\"default\":4},\"nodeTimeoutMs\":{\"type\":\"integer\",\"minimum\":1000,\"maximum\":3600000,\"description\":\"Per-node timeout; the server's default when omitted.\"},\"maxRetries\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":5,\"description\":\"Retries of a failing node before it counts as failed.\",\"default\":0}},\"additionalProperties\":false,\"description\":\"Execution settings of a graph.\"}}}",
-        result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"GraphDefineResult\",\"type\":\"object\",\"properties\":{\"valid\":{\"type\":\"boolean\",\"description\":\"True when errors is empty and the graph can be executed.\"},\"nodeCount\":{\"type\":\"integer\",\"minimum\":0,\"description\":\"Nodes in the definition.\"},\"executionOrder\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"description\":\"Node ids in a topological order; empty when the graph has a cycle.\"},\"label\":{\"type\":\"string\",\"description\":\"The label, when given.\"},\"warnings\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphValidationIssue\"},\"description\":\"Problems that do not prevent execution (an unreachable node, an unused variable, ...).\"},\"errors\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphValidationIssue\"},\"description\":\"Problems that prevent execution.\"},\"userVariables\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"description\":\"Names of the {{variable}} placeholders the definition uses, which graph.execute must supply in variables.\"}},\"required\":[\"valid\",\"nodeCount\",\"executionOrder\",\"warnings\",\"errors\",\"userVariables\"],\"additionalProperties\":false,\"description\":\"Result of `graph.define`.\",\"$defs\":{\"GraphValidationIssue\":{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"description\":\"Short machine code (duplicate_node_id, unknown_node, cycle, unknown_agent, unknown_tool, missing_config, unreachable_node, ...).\"},\"message\":{\"type\":\"string\",\"description\":\"Human-readable explanation.\"},\"nodeId\":{\"type\":\"string\",\"description\":\"The node concerned; absent for graph-wide issues.\"}},\"required\":[\"code\",\"message\"],\"additionalProperties\":false,\"description\":\"One problem found while validating a graph definition.\"}}}",
+        result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"GraphDefineResult\",\"type\":\"object\",\"properties\":{\"valid\":{\"type\":\"boolean\",\"description\":\"True when errors is empty and the graph can be executed.\"},\"nodeCount\":{\"type\":\"integer\",\"minimum\":0,\"description\":\"Nodes in the definition.\"},\"executionOrder\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"description\":\"Node ids in a topological order; empty when the graph has a cycle.\"},\"label\":{\"type\":\"string\",\"description\":\"The label, when given.\"},\"warnings\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphValidationIssue\"},\"description\":\"Problems that do not prevent execution (an unreachable node, an unused variable, ...).\"},\"errors\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphValidationIssue\"},\"description\":\"Problems that prevent execution.\"},\"userVariables\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"description\":\"Names of the {{variable}} placeholders the definition uses, which graph.execute must supply in variables.\"}},\"required\":[\"valid\",\"nodeCount\",\"executionOrder\",\"warnings\",\"errors\",\"userVariables\"],\"additionalProperties\":false,\"description\":\"Result of `graph.define`.\",\"$defs\":{\"GraphValidationIssue\":{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"description\":\"Short machine code; graph.define lists them (duplicate_node_id, cycle, unknown_tool, invalid_expression, isolated_node, ...).\"},\"message\":{\"type\":\"string\",\"description\":\"Human-readable explanation.\"},\"nodeId\":{\"type\":\"string\",\"description\":\"The node concerned; absent for graph-wide issues.\"}},\"required\":[\"code\",\"message\"],\"additionalProperties\":false,\"description\":\"One problem found while validating a graph definition.\"}}}",
     },
     MethodInfo {
         id: MethodId::GraphDelete,
@@ -1918,7 +1918,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Deletes a saved graph definition (its past runs are kept).",
         source: "reference",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -1936,7 +1936,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Deletes a finished run's stored record, outputs and files.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -1954,7 +1954,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Starts a run of a saved graph (id) or of an inline definition (nodes, ...); answers at once with the runId.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -1963,7 +1963,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
             claim: false,
         }),
         params_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"GraphExecuteParams\",\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"Saved graph to run.\"},\"label\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":200,\"description\":\"Graph name.\"},\"nodes\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphNode\"},\"minItems\":1,\"maxItems\":200,\"description\":\"Inline definition's nodes (ids unique); instead of id.\"},\"edges\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphEdge\"},\"maxItems\":1000,\"description\":\"Dependencies between nodes; the graph must be acyclic. No edges means all nodes are independent.\"},\"onFailure\":{\"$ref\":\"#/$defs/GraphOnFailure\",\"description\":\"Failure policy.\",\"default\":\"stop\"},\"timeoutMs\":{\"type\":\"integer\",\"minimum\":1000,\"maximum\":86400000,\"description\":\"Whole-run timeout; the server default when omitted.\"},\"budget\":{\"$ref\":\"#/$defs/GraphBudget\",\"description\":\"Spending caps of a run.\"},\"settings\":{\"$ref\":\"#/$defs/GraphSettings\",\"description\":\"Execution settings.\"},\"agentId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"Default agent of agent nodes without their own agentId (overrides a saved graph's).\"},\"variables\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"},\"description\":\"Values of the definition's {{variable}} placeholders; a missing one is -32602.\"}},\"additionalProperties\":false,\"description\":\"Parameters of `graph.execute`.\",\"$defs\":{\"GraphBudget\":{\"type\":\"object\",\"properties\":{\"maxCostUsd\":{\"type\":\"number\",\"exclusiveMinimum\":0.0,\"description\":\"Estimated model cost cap in USD over all nodes.\"},\"maxTokens\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"Token cap (input + output) over all nodes.\"}},\"additionalProperties\":false,\"description\":\"Spending caps of one run; a run that reaches a cap is stopped and ends failed.\"},\"GraphEdge\":{\"type\":\"object\",\"properties\":{\"from\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"pattern\":\"^[A-Za-z0-9_-]+$\",\"description\":\"Source node id.\"},\"to\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"pattern\":\"^[A-Za-z0-9_-]+$\",\"description\":\"Target node id.\"},\"condition\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":1024,\"description\":\"A CEL expression (the decided expression language: side-effect free, not Turing-complete) over the source node's result; the edge is followed only when it yields true. It sees `output` (the source node's output text), `json` (that text parsed as JSON, null when it is not JSON), `outputs` (every completed node's output text by node id) and `vars` (the run's variables). A result that is not a bool, or an evaluation error, fails the source node (the graph's onFailure applies); graph.define reports an expression that does not parse (code invalid_expression). An edge without a condition is always followed (from a condition node: when it is true). A target none of whose incoming edges is followed is skipped.\"}},\"required\":[\"from\",\"to\"],\"additionalProperties\":false,\"description\":\"A directed dependency between two nodes; the target runs after the source completed.\"},\"GraphNode\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":64,\"pattern\":\"^[A-Za-z0-9_-]+$\",\"description\":\"Node id, unique within the graph; edges and output templates ({{<id>.output}}) refer to it.\"},\"type\":{\"$ref\":\"#/$defs/GraphNodeKind\",\"description\":\"What the node does.\"},\"label\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":200,\"description\":\"Human-readable name shown in dashboards and events.\"},\"agentId\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":128,\"description\":\"Agent that runs an agent node; defaults to the graph's agentId, then the default agent. Ignored for other kinds.\"},\"config\":{\"type\":\"object\",\"description\":\"Kind-specific settings (agent: prompt; tool: tool, args; condition: expression; transform: template). String values may use {{<nodeId>.output}} and {{<variable>}} placeholders.\"}},\"required\":[\"id\",\"type\"],\"additionalProperties\":false,\"description\":\"One step of a graph definition.\"},\"GraphNodeKind\":{\"type\":\"string\",\"enum\":[\"agent\",\"tool\",\"condition\",\"transform\",\"merge\"],\"description\":\"What a graph node does. agent runs one agent turn (config.prompt, a template); tool calls one tool (config.tool, config.args); condition evaluates config.expression, a CEL expression over its input (the variables GraphEdge.condition describes, output being its single input's output), and outputs \\\"true\\\" or \\\"false\\\" - its outgoing edges without a condition are followed only when it is true, and those with one when theirs holds (so `output == \\\"false\\\"` is the else branch); transform renders config.template from its inputs without a model call; merge waits for its inputs, leaves out those that were skipped, and joins the others' outputs in the order of its incoming edges, separated by a blank line.\"},\"GraphOnFailure\":{\"type\":\"string\",\"enum\":[\"stop\",\"continue\"],\"description\":\"What a failing node does to its run. stop fails the run at once and cancels pending nodes; continue skips only the nodes that depend on the failed one and lets the others finish (the run then ends failed).\"},\"GraphSettings\":{\"type\":\"object\",\"properties\":{\"maxConcurrency\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":32,\"description\":\"Nodes that may run at the same time.\",\"default\":4},\"nodeTimeoutMs\":{\"type\":\"integer\",\"minimum\":1000,\"maximum\":3600000,\"description\":\"Per-node timeout; the server's default when omitted.\"},\"maxRetries\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":5,\"description\":\"Retries of a failing node before it counts as failed.\",\"default\":0}},\"additionalProperties\":false,\"description\":\"Execution settings of a graph.\"}}}",
-        result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"GraphExecuteResult\",\"type\":\"object\",\"properties\":{\"runId\":{\"type\":\"string\",\"description\":\"Id of the new run.\"},\"status\":{\"$ref\":\"#/$defs/GraphRunStatus\",\"description\":\"State right after submission (pending or running).\"},\"nodeCount\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"Nodes in the run.\"},\"label\":{\"type\":\"string\",\"description\":\"Graph label, when the definition has one.\"},\"warnings\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphValidationIssue\"},\"description\":\"Validation warnings (as graph.define reports them).\"}},\"required\":[\"runId\",\"status\",\"nodeCount\",\"warnings\"],\"additionalProperties\":false,\"description\":\"Result of `graph.execute`.\",\"$defs\":{\"GraphRunStatus\":{\"type\":\"string\",\"enum\":[\"pending\",\"running\",\"completed\",\"failed\",\"cancelled\"],\"description\":\"State of a graph run. pending and running are live; completed, failed and cancelled are final.\"},\"GraphValidationIssue\":{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"description\":\"Short machine code (duplicate_node_id, unknown_node, cycle, unknown_agent, unknown_tool, missing_config, unreachable_node, ...).\"},\"message\":{\"type\":\"string\",\"description\":\"Human-readable explanation.\"},\"nodeId\":{\"type\":\"string\",\"description\":\"The node concerned; absent for graph-wide issues.\"}},\"required\":[\"code\",\"message\"],\"additionalProperties\":false,\"description\":\"One problem found while validating a graph definition.\"}}}",
+        result_schema: "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"GraphExecuteResult\",\"type\":\"object\",\"properties\":{\"runId\":{\"type\":\"string\",\"description\":\"Id of the new run.\"},\"status\":{\"$ref\":\"#/$defs/GraphRunStatus\",\"description\":\"State right after submission (pending or running).\"},\"nodeCount\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"Nodes in the run.\"},\"label\":{\"type\":\"string\",\"description\":\"Graph label, when the definition has one.\"},\"warnings\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/GraphValidationIssue\"},\"description\":\"Validation warnings (as graph.define reports them).\"}},\"required\":[\"runId\",\"status\",\"nodeCount\",\"warnings\"],\"additionalProperties\":false,\"description\":\"Result of `graph.execute`.\",\"$defs\":{\"GraphRunStatus\":{\"type\":\"string\",\"enum\":[\"pending\",\"running\",\"completed\",\"failed\",\"cancelled\"],\"description\":\"State of a graph run. pending and running are live; completed, failed and cancelled are final.\"},\"GraphValidationIssue\":{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"description\":\"Short machine code; graph.define lists them (duplicate_node_id, cycle, unknown_tool, invalid_expression, isolated_node, ...).\"},\"message\":{\"type\":\"string\",\"description\":\"Human-readable explanation.\"},\"nodeId\":{\"type\":\"string\",\"description\":\"The node concerned; absent for graph-wide issues.\"}},\"required\":[\"code\",\"message\"],\"additionalProperties\":false,\"description\":\"One problem found while validating a graph definition.\"}}}",
     },
     MethodInfo {
         id: MethodId::GraphList,
@@ -1972,7 +1972,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Saved graphs, most recently updated first, paged.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: None,
@@ -1986,7 +1986,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "One saved graph definition.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -2004,7 +2004,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "The output text of each node of a run, live or stored.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -2022,7 +2022,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "One run with every node's status, output and produced files.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -2040,7 +2040,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Stored runs, newest first, paged.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: None,
@@ -2054,7 +2054,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Saves a graph definition, new or replacing the one with the given id.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {
@@ -2072,7 +2072,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Rpc,
         summary: "Live state of one run, or of the runs active or finished in the last minutes.",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: false,
         sensitive_params: &[],
         owner: Some(OwnerRule {

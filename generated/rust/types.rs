@@ -5830,7 +5830,7 @@ pub struct GraphStatusResult {
 )]
 #[serde(deny_unknown_fields)]
 pub struct GraphValidationIssue {
-    /// Short machine code (duplicate_node_id, unknown_node, cycle, unknown_agent, unknown_tool, missing_config, unreachable_node, ...).
+    /// Short machine code; graph.define lists them (duplicate_node_id, cycle, unknown_tool, invalid_expression, isolated_node, ...).
     #[serde(rename = "code")]
     pub code: String,
     /// Human-readable explanation.

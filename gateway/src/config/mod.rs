@@ -7,6 +7,7 @@ pub mod autonomy;
 pub mod context;
 pub mod document;
 pub mod engine;
+pub mod graphs;
 pub mod memory;
 pub mod provider_policy;
 pub mod scheduler;
@@ -192,6 +193,9 @@ pub struct Config {
     /// (`docs/orchestration.md`).
     #[serde(default)]
     pub autonomy: autonomy::AutonomyConfig,
+    /// Graph workflows: default timeouts and per-owner limits (`docs/graphs.md`).
+    #[serde(default)]
+    pub graphs: graphs::GraphsConfig,
 }
 
 /// `observability`.
@@ -670,6 +674,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     store::validate(&config.store)?;
     scheduler::validate(&config.scheduler)?;
     autonomy::validate(&config.autonomy)?;
+    graphs::validate(&config.graphs)?;
     context::validate(&config.agent_defaults.context)?;
     secrets::master_key(&config.secrets)?;
     let o = &config.observability;

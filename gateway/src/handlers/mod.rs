@@ -12,6 +12,7 @@ mod cron;
 mod daemon;
 mod env;
 mod gateway;
+mod graph;
 mod heartbeat;
 mod lease;
 mod memory;

@@ -71,6 +71,8 @@ pub struct Engine {
     pub approvals: Arc<crate::runtime::approvals::Approvals>,
     /// Cron jobs and heartbeats.
     pub scheduler: Arc<Scheduler>,
+    /// Graph workflows (`graph.*`).
+    pub graphs: Arc<crate::runtime::graph::Graphs>,
 }
 
 /// The media store's directory under the data directory.
@@ -232,6 +234,14 @@ impl Engine {
             runs.clone(),
             data_dir.clone(),
         ));
+        let graphs = Arc::new(crate::runtime::graph::Graphs::new(
+            store.clone(),
+            agents.clone(),
+            turns.clone(),
+            runs.clone(),
+            control.clone(),
+            config.graphs.clone(),
+        ));
         let engine = Self {
             store,
             providers,
@@ -248,6 +258,7 @@ impl Engine {
             runs,
             approvals,
             scheduler,
+            graphs,
         };
         engine
             .providers

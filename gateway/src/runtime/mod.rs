@@ -8,6 +8,7 @@ pub mod compact;
 pub mod context_tree;
 pub mod control;
 pub mod engine;
+pub mod graph;
 pub mod memory;
 pub mod method_limits;
 pub mod profiles;

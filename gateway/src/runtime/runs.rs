@@ -234,6 +234,22 @@ impl Runs {
         })
     }
 
+    /// Registers the root of a tree that is not itself an agent's run (a graph run, whose
+    /// agent nodes run below it and whose tool nodes use its lease), under `agent_id`'s
+    /// profile. The caller ends it with `tree().finish`.
+    pub fn register_root(&self, run_id: &str, agent_id: &str, client_id: &str) -> Arc<LiveRun> {
+        self.control.tree.register(Placement {
+            run_id: run_id.to_owned(),
+            parent: None,
+            agent_id,
+            client_id,
+            tools: None,
+            denial_threshold: self.autonomy.denial_breaker.threshold,
+            timeout: None,
+            profile: self.profiles.for_root(agent_id),
+        })
+    }
+
     /// Starts a run whose row was written as queued (a webhook run, acknowledged before it
     /// got a slot): it becomes running, or failed when its agent cannot run now.
     pub async fn start_queued_run(

@@ -915,6 +915,77 @@ impl Turns {
     }
 }
 
+/// One tool call made outside a model's turn (a graph's tool node), on a run's lease.
+pub struct ToolCallOf<'a> {
+    pub agent: &'a Arc<Agent>,
+    pub caller: &'a CallContext,
+    /// The run whose lease the call uses (a graph run's root).
+    pub run: &'a Arc<crate::runtime::tree::LiveRun>,
+    pub tool: &'a str,
+    pub args: &'a Value,
+    /// Names the call in the approval queue and the denial cache (`graph:<runId>.<node>`).
+    pub label: &'a str,
+    pub cancel: &'a CancellationToken,
+}
+
+impl Turns {
+    /// Calls one built-in tool through the gate a turn's calls go through: the tool must be
+    /// one the agent offers the caller, then the run's lease, capabilities and budget, then
+    /// the approval policy. The tool's text, or why it was refused or failed.
+    pub async fn call_tool(&self, c: ToolCallOf<'_>) -> Result<String, String> {
+        let offered: Vec<ToolSpec> = self.tools.specs(|name, scope, group| {
+            name == c.tool && c.agent.allows_tool_in(name, group) && c.caller.scopes.allows(scope)
+        });
+        if offered.is_empty() {
+            return Err(format!("tool not available to this agent: {}", c.tool));
+        }
+        match c.run.gate(c.tool, self.tools.opt_in_group(c.tool), true) {
+            Gate::Allowed => {}
+            Gate::Refused(why) | Gate::Breaker(why) => return Err(why),
+            Gate::Revoked => return Err("not run: the run's lease was revoked".to_owned()),
+        }
+        let policy = self.approvals.policy();
+        if !policy.is_empty() && policy.needs(&c.agent.id, c.tool) {
+            let decision = self
+                .approvals
+                .ask(Ask {
+                    session_key: c.label,
+                    agent_id: &c.agent.id,
+                    tool: c.tool,
+                    args: c.args,
+                    owner: &c.caller.client_id,
+                    run_id: Some(&c.run.run_id),
+                    cancel: c.cancel,
+                })
+                .await;
+            if let Decision::Denied(why) = decision {
+                return Err(why);
+            }
+        }
+        let trace_id = uuid::Uuid::new_v4().simple().to_string();
+        let spent = crate::runtime::tools::Spent::default();
+        let ctx = ToolContext {
+            store: &self.store,
+            media: &self.media,
+            agent_id: &c.agent.id,
+            session_key: None,
+            tenant: c.caller.tenant(),
+            owner: &c.caller.client_id,
+            memory: &self.memory,
+            trace_id: &trace_id,
+            run: Some(c.run),
+            agent: c.agent,
+            caller: &c.caller.principal,
+            scopes: c.caller.scopes,
+            runs: &self.runs,
+            offered: &offered,
+            tools: &self.tools,
+            spent: &spent,
+        };
+        self.tools.call(&ctx, c.tool, c.args).await
+    }
+}
+
 /// How the context window of a turn's first model call was budgeted (token counts only).
 impl Turns {
     /// The approval step of the gate: a call the policy names waits for an operator's

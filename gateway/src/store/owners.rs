@@ -20,12 +20,18 @@ impl Owners for Store {
                 key_tenant(id),
             ),
             RecordKind::Run => ("SELECT client_id FROM runs WHERE run_id = $1", None),
-            RecordKind::GraphRun => ("SELECT owner FROM graph_runs WHERE run_id = $1", None),
             // A saved graph's id is unique per owner: the caller's own graph or nothing (every
-            // caller, admin included, addresses its own graphs).
-            RecordKind::Graph => {
+            // caller, admin included, addresses its own graphs). Graph runs are looked up within
+            // the caller's own too, so that deleteRun's claim of an unknown id answers another
+            // tenant's run alike (the handlers read runs through the caller's tenant).
+            RecordKind::Graph | RecordKind::GraphRun => {
+                let sql = if kind == RecordKind::Graph {
+                    "SELECT owner FROM graphs WHERE id = $1 AND owner = $2"
+                } else {
+                    "SELECT owner FROM graph_runs WHERE run_id = $1 AND owner = $2"
+                };
                 let owner: Option<String> = super::on_pool!(self.pool(), |p| {
-                    sqlx::query_scalar("SELECT owner FROM graphs WHERE id = $1 AND owner = $2")
+                    sqlx::query_scalar(sql)
                         .bind(id)
                         .bind(tenant.only())
                         .fetch_optional(p)

@@ -3673,7 +3673,7 @@ export interface GraphStatusResult {
  */
 export interface GraphValidationIssue {
   /**
-   * Short machine code (duplicate_node_id, unknown_node, cycle, unknown_agent, unknown_tool, missing_config, unreachable_node, ...).
+   * Short machine code; graph.define lists them (duplicate_node_id, cycle, unknown_tool, invalid_expression, isolated_node, ...).
    */
   "code": string;
   /**
