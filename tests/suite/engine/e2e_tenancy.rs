@@ -1,8 +1,9 @@
 //! Tenant ownership as an attacker tries it: a second `rpc` tenant (mallory) against the first
-//! one's (alice's, token id `client`) sessions, runs and memories, through every method the
-//! catalogue gives an ownership rule (table-driven from `METHODS`), the REST routes, the memory
-//! tools, `/api/events` and `session.completed`. Every refusal is the not-found answer and
-//! leaves the records as they were (counted in the gateway's own SQLite file).
+//! one's (alice's, token id `client`) sessions, runs, memories, cron jobs, saved graphs and graph
+//! runs, through every method the catalogue gives an ownership rule (table-driven from
+//! `METHODS`), the REST routes, the memory tools, `/api/events` and `session.completed`. Every
+//! refusal is the not-found answer and leaves the records as they were (counted in the
+//! gateway's own SQLite file, and for graphs as alice lists them).
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use crate::common::*;
 const MALLORY: &str = "mallory-secret-0123456789abcdefghijklmnopqrs";
 const ALICE_ID: &str = "client";
 const ALICE_JOB: &str = "alice-job";
+const ALICE_GRAPH: &str = "alice-graph";
 
 const CONFIG: &str = r#"    - {id: mallory, secret: mallory-secret-0123456789abcdefghijklmnopqrs, scopes: [rpc]}
   rateLimit: {windowMs: 60000, maxRequests: 100000}
@@ -66,6 +68,93 @@ async fn counts(db: &sqlx::SqlitePool) -> Vec<(String, i64)> {
         out.push((name.to_owned(), n));
     }
     out
+}
+
+/// Alice's saved graph: one transform node.
+fn alice_graph() -> Value {
+    json!({"id": ALICE_GRAPH, "label": "Alice's graph",
+           "nodes": [{"id": "t", "type": "transform", "config": {"template": "alice"}}]})
+}
+
+/// Waits until alice's graph run `run_id` is final.
+async fn graph_run_ended(gw: &Gateway, run_id: &str) {
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let s = result(
+            &gw.call(RPC, "graph.status", json!({"runId": run_id})).await,
+            "graph.status",
+        );
+        if ["completed", "failed", "cancelled"]
+            .contains(&s["runs"][0]["run"]["status"].as_str().unwrap_or(""))
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "graph run never ended: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A graph run of alice's (an inline graph of one transform node), finished.
+async fn finished_graph_run(gw: &Gateway) -> String {
+    let r = result(
+        &gw.call(
+            RPC,
+            "graph.execute",
+            json!({"nodes": [{"id": "t", "type": "transform", "config": {"template": "alice's run"}}]}),
+        )
+        .await,
+        "graph.execute",
+    );
+    let run_id = r["runId"].as_str().unwrap().to_owned();
+    graph_run_ended(gw, &run_id).await;
+    run_id
+}
+
+/// Alice's saved graphs and graph runs as she lists them (no refused call may change them).
+async fn graph_records(gw: &Gateway, token: &str) -> Value {
+    json!({
+        "graphs": result(&gw.call(token, "graph.list", json!({})).await, "graph.list"),
+        "runs": result(&gw.call(token, "graph.runs", json!({})).await, "graph.runs"),
+    })
+}
+
+/// Whether the rule claims an id it does not find, of a kind where another tenant's record is
+/// not found either: a saved graph's id is per owner (alice's is simply not mallory's), and
+/// `graph.deleteRun` answers `deleted: false` for a run it does not find (docs/graphs.md,
+/// Ownership and limits). Such a method runs for mallory as on an id nobody has.
+fn claimed_as_missing(kind: RecordKind, claim: bool) -> bool {
+    claim && matches!(kind, RecordKind::Graph | RecordKind::GraphRun)
+}
+
+/// Mallory's answer `r` on alice's record `id` is exactly her answer on an id nobody has (the
+/// id aside), is not -32001, and deletes nothing.
+async fn as_for_nobody(
+    gw: &Gateway,
+    method: &str,
+    param: &str,
+    params: &Value,
+    id: &str,
+    r: &Value,
+) {
+    let nobody = "nobody-has-this-id";
+    let other = gw
+        .call(MALLORY, method, with_path(params.clone(), param, nobody))
+        .await;
+    assert_eq!(
+        r.to_string().replace(id, "<id>"),
+        other.to_string().replace(nobody, "<id>"),
+        "{method}: alice's record is answered unlike one that does not exist"
+    );
+    assert!(
+        r.get("result").is_some() || code(r) != -32001,
+        "{method} {params}: {r}"
+    );
+    if method == "graph.delete" || method == "graph.deleteRun" {
+        assert_eq!(r["result"]["deleted"], false, "{method}: {r}");
+    }
 }
 
 /// A minimal value valid against `schema` (`$ref`s resolved in `root`): required members only.
@@ -193,23 +282,58 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
     let before = counts(&db).await;
     assert_eq!(before[3].1, 1, "alice has one run");
     assert_eq!(before[5].1, 1, "alice has one memory");
+    // A saved graph of alice's and a finished run of a one-node graph.
+    let saved = result(
+        &gw.call(RPC, "graph.save", alice_graph()).await,
+        "graph.save",
+    );
+    assert_eq!(saved["created"], true, "{saved}");
+    let mut graph_run = finished_graph_run(&gw).await;
 
-    let victim = |kind: RecordKind| match kind {
+    let victim = |kind: RecordKind, graph_run: &str| match kind {
         RecordKind::Session => alice_key.to_owned(),
         RecordKind::Run => run_id.clone(),
         RecordKind::Tenant | RecordKind::MemoryTenant => ALICE_ID.to_owned(),
         RecordKind::CronJob => ALICE_JOB.to_owned(),
+        RecordKind::Graph => ALICE_GRAPH.to_owned(),
+        RecordKind::GraphRun => graph_run.to_owned(),
     };
     let mut checked = 0;
     for info in METHODS.iter().filter(|m| !m.internal) {
         let Some(rule) = &info.owner else { continue };
         let root: Value = serde_json::from_str(info.params_schema).unwrap();
-        let id = victim(rule.kind);
+        let id = victim(rule.kind, &graph_run);
         let params = with_path(minimal(&root, &root), rule.param, &id);
         let r = gw.call(MALLORY, info.name, params.clone()).await;
         if info.scope == Scope::Admin {
             // The scope comes first: an rpc token never reaches the rule.
             assert_eq!(code(&r), -32603, "{} {params}: {r}", info.name);
+            continue;
+        }
+        if claimed_as_missing(rule.kind, rule.claim) {
+            as_for_nobody(&gw, info.name, rule.param, &params, &id, &r).await;
+            // The owner reaches her own record; what her call changed is put back.
+            match info.name {
+                "graph.save" => {
+                    let mine = result(&gw.call(RPC, info.name, alice_graph()).await, info.name);
+                    assert_eq!(mine["created"], false, "{mine}");
+                }
+                "graph.delete" => {
+                    let mine = result(&gw.call(RPC, info.name, params.clone()).await, info.name);
+                    assert_eq!(mine["deleted"], true, "{mine}");
+                    result(
+                        &gw.call(RPC, "graph.save", alice_graph()).await,
+                        "graph.save",
+                    );
+                }
+                "graph.deleteRun" => {
+                    let mine = result(&gw.call(RPC, info.name, params.clone()).await, info.name);
+                    assert_eq!(mine["deleted"], true, "{mine}");
+                    graph_run = finished_graph_run(&gw).await;
+                }
+                other => panic!("{other}: no owner check written for this claim rule"),
+            }
+            checked += 1;
             continue;
         }
         if rule.kind.refuse_as_scope() {
@@ -243,6 +367,13 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
                 &gw.call(RPC, "cron.add", alice_job.clone()).await,
                 "cron.add",
             );
+        }
+        if info.name == "graph.execute" {
+            // Her saved graph ran: let that run end before anything is counted.
+            let started = mine["result"]["runId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{mine}"));
+            graph_run_ended(&gw, started).await;
         }
         if info.name == "cron.run" {
             let deadline = tokio::time::Instant::now() + STEP;
@@ -311,6 +442,7 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
     );
     // The owner's own calls above ran turns in her session; count again for the attacker's.
     let after_owner = counts(&db).await;
+    let alice_graphs = graph_records(&gw, RPC).await;
     // Mallory once more, after the owner's calls: nothing of alice's moves.
     for info in METHODS
         .iter()
@@ -318,7 +450,13 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
     {
         let rule = info.owner.as_ref().unwrap();
         let root: Value = serde_json::from_str(info.params_schema).unwrap();
-        let params = with_path(minimal(&root, &root), rule.param, &victim(rule.kind));
+        let id = victim(rule.kind, &graph_run);
+        let params = with_path(minimal(&root, &root), rule.param, &id);
+        if claimed_as_missing(rule.kind, rule.claim) {
+            let r = gw.call(MALLORY, info.name, params.clone()).await;
+            as_for_nobody(&gw, info.name, rule.param, &params, &id, &r).await;
+            continue;
+        }
         let want = if rule.kind.refuse_as_scope() {
             -32603
         } else {
@@ -330,6 +468,16 @@ async fn every_owned_method_refuses_a_second_tenant_and_changes_nothing() {
         counts(&db).await,
         after_owner,
         "a refused call changed alice's records"
+    );
+    assert_eq!(
+        graph_records(&gw, RPC).await,
+        alice_graphs,
+        "a refused call changed alice's graphs or graph runs"
+    );
+    assert_eq!(
+        graph_records(&gw, MALLORY).await,
+        json!({"graphs": {"entries": [], "total": 0}, "runs": {"runs": [], "total": 0}}),
+        "no call of mallory's saved a graph or started a graph run"
     );
     let mallory_runs: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM runs WHERE client_id = 'mallory'")
@@ -678,20 +826,12 @@ async fn events_and_pushes_reach_only_their_tenant() {
 /// params (`key` is session.compact's session key).
 const OWNED_PARAMS: &[&str] = &["session_key", "sessionKey", "run_id", "runId", "rootRunId"];
 
-/// Stubs whose params name such a record: their capability declares the rule when it lands
-/// (graph run ids are graph runs, a kind that does not exist yet). A stub made real without a
-/// rule fails the test below.
-const PENDING: &[&str] = &[
-    "graph.cancel",
-    "graph.deleteRun",
-    "graph.outputs",
-    "graph.runDetail",
-    "graph.status",
-];
-
+/// Every method naming such a record has a rule, stubs included: the last ones without (the
+/// graph run methods) gained theirs with the owner kind `graph_run`, and the sweep above covers
+/// them.
 #[test]
-fn every_implemented_method_naming_a_session_or_run_has_an_ownership_rule() {
-    let mut pending = Vec::new();
+fn every_method_naming_a_session_or_run_has_an_ownership_rule() {
+    let mut missing = Vec::new();
     for info in METHODS.iter().filter(|m| !m.internal) {
         let schema: Value = serde_json::from_str(info.params_schema).unwrap();
         let names: Vec<&str> = schema["properties"]
@@ -703,15 +843,10 @@ fn every_implemented_method_naming_a_session_or_run_has_an_ownership_rule() {
         if !names_owned || info.owner.is_some() {
             continue;
         }
-        assert!(
-            info.stub,
-            "{} names a session or run in its params but has no `owner` rule (catalogue/README.md, Ownership)",
-            info.name
-        );
-        pending.push(info.name);
+        missing.push(info.name);
     }
-    assert_eq!(
-        pending, PENDING,
-        "update PENDING: a stub was made real or gained a rule"
+    assert!(
+        missing.is_empty(),
+        "{missing:?} name a session or run in their params but have no `owner` rule (catalogue/README.md, Ownership)"
     );
 }

@@ -1,9 +1,10 @@
-//! The agent engine: turns, context, scheduler, workspaces, memory, session ownership and
-//! tenancy, and the in-process local model.
+//! The agent engine: turns, context, scheduler, workspaces, memory, graphs, session ownership
+//! and tenancy, and the in-process local model.
 
 mod e2e_agents;
 mod e2e_approvals;
 mod e2e_context;
+mod e2e_graphs;
 mod e2e_local;
 mod e2e_memory;
 mod e2e_memory_limits;
