@@ -372,7 +372,13 @@ impl GraphApi for Rpc {
         p: GraphDeleteRunParams,
     ) -> Result<GraphDeleteRunResult, GatewayError> {
         let engine = self.engine();
-        if engine.graphs.live(&p.run_id).is_some() {
+        // A run live here is refused only when it is the caller's (another tenant's is not
+        // found, as its stored row is not).
+        let live_here = engine
+            .graphs
+            .live(&p.run_id)
+            .is_some_and(|ex| ctx.tenant().reaches(Some(&ex.root.client_id)));
+        if live_here {
             return Err(GatewayError::Conflict(format!(
                 "Graph run {} is running; graph.cancel it first",
                 p.run_id

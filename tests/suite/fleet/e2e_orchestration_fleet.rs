@@ -203,3 +203,55 @@ async fn a_stop_ends_a_queued_run_on_postgresql() {
         assert_eq!(run["status"], kind, "{run}");
     }
 }
+
+/// `graph.cancel` on node A reaches the graph run node B executes: A stores the request, B's
+/// executor reads it within half a second, stops the running agent node (its run is killed) and
+/// never starts the next; A answers once the run's final status is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graph_cancel_on_one_node_reaches_the_run_on_another() {
+    let url = crate::pg::database().await;
+    let a = start_on(&url, TREE).await;
+    let b = start_on(&url, TREE).await;
+    let started = ok(
+        &b,
+        RPC,
+        "graph.execute",
+        json!({
+            "nodes": [
+                {"id": "slow", "type": "agent", "agentId": "leaf", "config": {"prompt": "level three"}},
+                {"id": "after", "type": "transform", "config": {"template": "{{slow.output}}"}}
+            ],
+            "edges": [{"from": "slow", "to": "after"}]
+        }),
+    )
+    .await;
+    let run_id = started["runId"].as_str().unwrap().to_owned();
+    // A sees the node running through the stored record.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let st = ok(&a, RPC, "graph.status", json!({"runId": run_id})).await;
+        if st["runs"][0]["nodes"][0]["status"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not running: {st}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let t = Instant::now();
+    let cancelled = ok(&a, RPC, "graph.cancel", json!({"runId": run_id})).await;
+    assert_eq!(
+        cancelled,
+        json!({"runId": run_id, "cancelled": true, "status": "cancelled"})
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let detail = ok(&a, RPC, "graph.runDetail", json!({"runId": run_id})).await;
+    assert_eq!(detail["run"]["status"], "cancelled", "{detail}");
+    assert_eq!(detail["nodes"][0]["status"], "cancelled", "{detail}");
+    assert_eq!(detail["nodes"][1]["status"], "cancelled", "{detail}");
+    let outputs = ok(&a, RPC, "graph.outputs", json!({"runId": run_id})).await;
+    assert_eq!(outputs["source"], "stored");
+    assert_eq!(outputs["outputs"], json!({}));
+    // The agent node's run, below the graph's root, was killed on B.
+    let runs = tree_of(&a, &run_id).await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["status"], "killed", "{}", runs[0]);
+}

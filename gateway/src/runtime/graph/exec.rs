@@ -485,14 +485,14 @@ impl Run<'_> {
         self.graphs.control.events.publish_owned(
             Some(Arc::from(row.owner.as_str())),
             "graph:completed",
-            json!({
+            super::without_nulls(json!({
                 "runId": row.run_id,
                 "status": status,
                 "error": error,
                 "completedNodes": completed,
                 "failedNodes": failed,
                 "durationMs": started_at.map(|s| (now - s).max(0)),
-            }),
+            })),
         );
     }
 }
@@ -543,14 +543,14 @@ fn mark(
     graphs.control.events.publish_owned(
         Some(Arc::from(ex.root.client_id.as_str())),
         "graph:node_updated",
-        json!({
+        super::without_nulls(json!({
             "runId": ex.root.run_id,
             "nodeId": node_id,
             "type": kind,
             "status": status,
             "attempt": attempts,
             "error": error,
-        }),
+        })),
     );
 }
 

@@ -120,6 +120,14 @@ pub fn is_final(status: &str) -> bool {
     !matches!(status, "pending" | "running")
 }
 
+/// An event payload without its null members (absent, as the catalogue's optional members).
+pub(crate) fn without_nulls(mut v: serde_json::Value) -> serde_json::Value {
+    if let Some(map) = v.as_object_mut() {
+        map.retain(|_, v| !v.is_null());
+    }
+    v
+}
+
 /// A run this node executes.
 pub struct Execution {
     pub def: Arc<Def>,
@@ -317,12 +325,12 @@ impl Graphs {
         self.control.events.publish_owned(
             Some(Arc::from(caller.client_id.as_str())),
             "graph:started",
-            json!({
+            without_nulls(json!({
                 "runId": run_id,
                 "definitionId": first.definition_id,
                 "label": first.label,
                 "nodeCount": first.node_count,
-            }),
+            })),
         );
         let graphs = self.clone();
         let caller = caller.clone();
