@@ -197,6 +197,13 @@ pub async fn open_engine(
                 "runs left unfinished by the previous process are marked orphaned"
             );
         }
+        let failed = store.graph_runs_orphan(now, store.live_since()).await?;
+        if failed > 0 {
+            tracing::warn!(
+                failed,
+                "graph runs left unfinished by the previous process are marked failed"
+            );
+        }
         let released = store
             .scheduler_release_dead(now, store.live_since())
             .await?;

@@ -75,8 +75,9 @@ async fn reload_on_change(engine: Weak<Engine>) {
 }
 
 /// On a shared database, every `beat`: this node is alive; runs held by dead nodes are
-/// orphaned (running) or taken over (queued webhook runs, when this node serves webhooks);
-/// once per fleet (lease), old fan-out bodies and long-dead nodes are forgotten.
+/// orphaned (running) or taken over (queued webhook runs, when this node serves webhooks), and
+/// the graph runs they held fail; once per fleet (lease), old fan-out bodies and long-dead
+/// nodes are forgotten.
 async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Duration) {
     loop {
         tokio::time::sleep(beat).await;
@@ -99,6 +100,14 @@ async fn reaper(engine: Weak<Engine>, hooks: Option<Arc<Webhooks>>, beat: Durati
                 "runs of a node that stopped are marked orphaned"
             ),
             Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
+        }
+        match store.graph_runs_orphan(now, live_since).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                failed = n,
+                "graph runs of a node that stopped are marked failed"
+            ),
+            Err(e) => tracing::warn!(error = %e, "graph run orphan sweep failed"),
         }
         match store.scheduler_release_dead(now, live_since).await {
             Ok(0) => {}

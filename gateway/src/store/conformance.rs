@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::graphs::{GraphRow, GraphRunRow, RunDeletion};
 use super::obs::UsageWindow;
 use super::registry::Table;
 use super::runs::{Delivery, RunRow};
@@ -48,6 +49,8 @@ both!(
     webhook_deliveries,
     cron_claims_finish_and_release,
     heartbeat_coalescer,
+    graphs_and_graph_runs,
+    graph_owner_lookups,
 );
 
 fn all() -> Tenant {
@@ -842,4 +845,312 @@ async fn heartbeat_coalescer(s: Store) {
         "a dead node's tick is released"
     );
     assert_eq!(row.due(), Some(60_000));
+}
+
+fn graph(owner: &str, id: &str, at: i64) -> GraphRow {
+    GraphRow {
+        owner: owner.into(),
+        id: id.into(),
+        label: format!("{owner} {id}"),
+        agent_id: None,
+        definition: r#"{"nodes":[],"edges":[]}"#.into(),
+        node_count: 0,
+        created_at: at,
+        updated_at: at,
+    }
+}
+
+fn graph_run(id: &str, owner: &str, status: &str, created_at: i64) -> GraphRunRow {
+    GraphRunRow {
+        run_id: id.into(),
+        owner: owner.into(),
+        definition_id: Some("g1".into()),
+        label: Some("nightly".into()),
+        status: status.into(),
+        node_count: 2,
+        created_at,
+        nodes: "{}".into(),
+        ..GraphRunRow::default()
+    }
+}
+
+async fn graphs_and_graph_runs(s: Store) {
+    // A save creates, a second save of (owner, id) updates and keeps created_at.
+    let mut g = graph("alice", "g1", 100);
+    assert!(s.graph_save(&g).await.unwrap());
+    g.label = "renamed\0".into();
+    g.agent_id = Some("bot".into());
+    g.definition = r#"{"nodes":[{"id":"n1"}],"edges":[]}"#.into();
+    g.node_count = 1;
+    g.created_at = 999;
+    g.updated_at = 200;
+    assert!(!s.graph_save(&g).await.unwrap());
+    let got = s.graph_get("alice", "g1").await.unwrap().unwrap();
+    assert_eq!(
+        got,
+        GraphRow {
+            label: "renamed\u{FFFD}".into(),
+            created_at: 100,
+            ..g.clone()
+        }
+    );
+    // Ids are per owner: bob's g1 is another graph, and saving it leaves alice's alone.
+    assert!(s.graph_save(&graph("bob", "g1", 50)).await.unwrap());
+    assert_eq!(
+        s.graph_get("bob", "g1").await.unwrap().unwrap().label,
+        "bob g1"
+    );
+    assert_eq!(s.graph_get("alice", "g1").await.unwrap().unwrap(), got);
+    assert_eq!(s.graph_get("carol", "g1").await.unwrap(), None);
+
+    // Most recently updated first; equal times in byte order of the id.
+    for (id, at) in [("g2", 300), ("g0", 200), ("G3", 200)] {
+        assert!(s.graph_save(&graph("alice", id, at)).await.unwrap());
+    }
+    let ids = |rows: &[GraphRow]| rows.iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+    let (page, total) = s.graph_list("alice", 10, 0).await.unwrap();
+    assert_eq!(
+        (ids(&page), total),
+        (
+            vec!["g2", "G3", "g0", "g1"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            4
+        )
+    );
+    let (page, total) = s.graph_list("alice", 2, 1).await.unwrap();
+    assert_eq!(ids(&page), ["G3", "g0"]);
+    assert_eq!(total, 4);
+    let (page, total) = s.graph_list("alice", 10, 10).await.unwrap();
+    assert!(page.is_empty());
+    assert_eq!(total, 4);
+    let (page, total) = s.graph_list("bob", 10, 0).await.unwrap();
+    assert_eq!((ids(&page), total), (vec!["g1".to_owned()], 1));
+    assert_eq!(s.graph_count("bob").await.unwrap(), 1);
+    assert_eq!(s.graph_count("carol").await.unwrap(), 0);
+
+    assert!(s.graph_delete("alice", "g0").await.unwrap());
+    assert!(!s.graph_delete("alice", "g0").await.unwrap());
+    assert!(!s.graph_delete("carol", "g1").await.unwrap());
+    assert_eq!(s.graph_count("alice").await.unwrap(), 3);
+    assert!(s.graph_get("bob", "g1").await.unwrap().is_some());
+
+    // Runs, held by the node that inserts them.
+    let me = s.clone().for_node(Arc::from("node-a"));
+    let other = s.clone().for_node(Arc::from("node-b"));
+    me.node_seen(1_000, 1_000).await.unwrap();
+    other.node_seen(1_000, 1_000).await.unwrap();
+    let gr1 = graph_run("gr1", "alice", "running", 10);
+    me.graph_run_insert(&gr1).await.unwrap();
+    other
+        .graph_run_insert(&graph_run("gr2", "alice", "pending", 20))
+        .await
+        .unwrap();
+    let mut gr3 = graph_run("gr3", "bob", "completed", 30);
+    gr3.completed_at = Some(35);
+    me.graph_run_insert(&gr3).await.unwrap();
+    let mut gr4 = graph_run("gr4", "alice", "failed", 20);
+    gr4.completed_at = Some(5);
+    gr4.error = Some("n1 failed".into());
+    me.graph_run_insert(&gr4).await.unwrap();
+
+    // Reach: the owner and admin; another tenant gets nothing.
+    assert_eq!(
+        s.graph_run_get(&only("alice"), "gr1").await.unwrap(),
+        Some(gr1.clone())
+    );
+    assert_eq!(
+        s.graph_run_get(&all(), "gr1").await.unwrap(),
+        Some(gr1.clone())
+    );
+    assert_eq!(s.graph_run_get(&only("bob"), "gr1").await.unwrap(), None);
+    assert_eq!(s.graph_run_get(&all(), "nope").await.unwrap(), None);
+
+    // An update writes progress, never the owner or the cancel flag; a final status is kept.
+    let mut u = gr1.clone();
+    u.started_at = Some(11);
+    u.completed_nodes = 1;
+    u.artifact_count = 2;
+    u.nodes = r#"{"n1":"completed"}"#.into();
+    u.owner = "mallory".into();
+    u.cancel_requested = true;
+    assert!(me.graph_run_update(&u).await.unwrap());
+    let got = s.graph_run_get(&all(), "gr1").await.unwrap().unwrap();
+    assert_eq!(
+        got,
+        GraphRunRow {
+            owner: "alice".into(),
+            cancel_requested: false,
+            ..u.clone()
+        }
+    );
+    u.status = "completed".into();
+    u.completed_nodes = 2;
+    u.completed_at = Some(40);
+    assert!(me.graph_run_update(&u).await.unwrap());
+    let mut late = u.clone();
+    late.status = "failed".into();
+    late.error = Some("too late".into());
+    assert!(!me.graph_run_update(&late).await.unwrap());
+    let got = s.graph_run_get(&all(), "gr1").await.unwrap().unwrap();
+    assert_eq!((got.status.as_str(), got.error), ("completed", None));
+    assert!(!me
+        .graph_run_update(&graph_run("nope", "alice", "running", 1))
+        .await
+        .unwrap());
+
+    // Listings: newest first, ties by run id descending, with the total within reach.
+    let run_ids = |rows: &[GraphRunRow]| rows.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>();
+    let (page, total) = s.graph_runs_list(&all(), 10, 0).await.unwrap();
+    assert_eq!(run_ids(&page), ["gr3", "gr4", "gr2", "gr1"]);
+    assert_eq!(total, 4);
+    let (page, total) = s.graph_runs_list(&only("alice"), 10, 0).await.unwrap();
+    assert_eq!(run_ids(&page), ["gr4", "gr2", "gr1"]);
+    assert_eq!(total, 3);
+    let (page, total) = s.graph_runs_list(&only("alice"), 1, 1).await.unwrap();
+    assert_eq!(run_ids(&page), ["gr2"]);
+    assert_eq!(total, 3);
+    let (page, total) = s.graph_runs_list(&only("carol"), 10, 0).await.unwrap();
+    assert!(page.is_empty());
+    assert_eq!(total, 0);
+    // Recent: the live ones, and those that ended at or after `since`.
+    let recent = |t: Tenant, since: i64| {
+        let s = s.clone();
+        async move { run_ids(&s.graph_runs_recent(&t, since).await.unwrap()) }
+    };
+    assert_eq!(recent(all(), 36).await, ["gr2", "gr1"]);
+    assert_eq!(recent(all(), 35).await, ["gr3", "gr2", "gr1"]);
+    assert_eq!(recent(all(), 41).await, ["gr2"]);
+    assert_eq!(recent(only("bob"), 35).await, ["gr3"]);
+    assert_eq!(recent(only("alice"), 0).await, ["gr4", "gr2", "gr1"]);
+
+    // Deletion: a live run stays; another tenant's or an unknown run is Missing.
+    assert_eq!(
+        s.graph_run_delete(&only("alice"), "gr2").await.unwrap(),
+        RunDeletion::Live
+    );
+    assert!(s.graph_run_get(&all(), "gr2").await.unwrap().is_some());
+    assert_eq!(
+        s.graph_run_delete(&only("bob"), "gr1").await.unwrap(),
+        RunDeletion::Missing
+    );
+    assert_eq!(
+        s.graph_run_delete(&all(), "nope").await.unwrap(),
+        RunDeletion::Missing
+    );
+    assert_eq!(
+        s.graph_run_delete(&only("alice"), "gr1").await.unwrap(),
+        RunDeletion::Deleted
+    );
+    assert_eq!(s.graph_run_get(&all(), "gr1").await.unwrap(), None);
+    assert_eq!(
+        s.graph_run_delete(&only("alice"), "gr1").await.unwrap(),
+        RunDeletion::Missing
+    );
+    assert_eq!(
+        s.graph_run_delete(&all(), "gr3").await.unwrap(),
+        RunDeletion::Deleted
+    );
+
+    // A cancel request reaches a live run and names its holder; an ended run has none.
+    assert!(!s.graph_run_cancel_requested("gr2").await.unwrap());
+    assert_eq!(
+        s.graph_run_request_cancel("gr2").await.unwrap(),
+        Some(Some("node-b".to_owned()))
+    );
+    assert!(s.graph_run_cancel_requested("gr2").await.unwrap());
+    assert!(
+        s.graph_run_get(&all(), "gr2")
+            .await
+            .unwrap()
+            .unwrap()
+            .cancel_requested
+    );
+    assert_eq!(s.graph_run_request_cancel("gr4").await.unwrap(), None);
+    assert!(!s.graph_run_cancel_requested("gr4").await.unwrap());
+    assert_eq!(s.graph_run_request_cancel("nope").await.unwrap(), None);
+    assert!(!s.graph_run_cancel_requested("nope").await.unwrap());
+
+    assert_eq!(s.graph_runs_live_count("alice").await.unwrap(), 1);
+    assert_eq!(s.graph_runs_live_count("bob").await.unwrap(), 0);
+
+    // Orphans: node-b is alive, then dead; a run this node holds is never swept.
+    me.graph_run_insert(&graph_run("gr5", "alice", "running", 50))
+        .await
+        .unwrap();
+    assert_eq!(s.graph_runs_live_count("alice").await.unwrap(), 2);
+    assert_eq!(me.graph_runs_orphan(2_000, Some(500)).await.unwrap(), 0);
+    assert_eq!(me.graph_runs_orphan(2_000, Some(1_500)).await.unwrap(), 1);
+    let gr2 = s.graph_run_get(&all(), "gr2").await.unwrap().unwrap();
+    assert_eq!(gr2.status, "failed");
+    assert_eq!(gr2.completed_at, Some(2_000));
+    assert_eq!(
+        gr2.error.as_deref(),
+        Some("the gateway stopped before the run ended")
+    );
+    assert_eq!(s.graph_run_request_cancel("gr2").await.unwrap(), None);
+    let gr5 = s.graph_run_get(&all(), "gr5").await.unwrap().unwrap();
+    assert_eq!(gr5.status, "running");
+    // One process (SQLite): only this node counts as alive, so node-a's run is swept.
+    assert_eq!(other.graph_runs_orphan(3_000, None).await.unwrap(), 1);
+    assert_eq!(
+        s.graph_run_get(&all(), "gr5")
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        "failed"
+    );
+    assert_eq!(s.graph_runs_live_count("alice").await.unwrap(), 0);
+    assert_eq!(other.graph_runs_orphan(3_000, None).await.unwrap(), 0);
+}
+
+async fn graph_owner_lookups(s: Store) {
+    use crate::api::generated::methods::RecordKind;
+    use crate::api::tenancy::{Lookup, Owners};
+    s.graph_save(&graph("alice", "g1", 1)).await.unwrap();
+    s.graph_run_insert(&graph_run("gr1", "alice", "running", 1))
+        .await
+        .unwrap();
+    let missing = Lookup::Missing { namespace: None };
+    // A graph run is one record whoever asks.
+    assert_eq!(
+        s.lookup(RecordKind::GraphRun, "gr1", &only("bob"))
+            .await
+            .unwrap(),
+        Lookup::Exists(Some("alice".into()))
+    );
+    assert_eq!(
+        s.lookup(RecordKind::GraphRun, "nope", &only("bob"))
+            .await
+            .unwrap(),
+        missing
+    );
+    // A graph id names the caller's own graph only.
+    assert_eq!(
+        s.lookup(RecordKind::Graph, "g1", &only("alice"))
+            .await
+            .unwrap(),
+        Lookup::Exists(Some("alice".into()))
+    );
+    assert_eq!(
+        s.lookup(RecordKind::Graph, "g1", &only("bob"))
+            .await
+            .unwrap(),
+        missing
+    );
+    s.graph_save(&graph("bob", "g1", 2)).await.unwrap();
+    assert_eq!(
+        s.lookup(RecordKind::Graph, "g1", &only("bob"))
+            .await
+            .unwrap(),
+        Lookup::Exists(Some("bob".into()))
+    );
+    assert_eq!(
+        s.lookup(RecordKind::Graph, "g2", &only("alice"))
+            .await
+            .unwrap(),
+        missing
+    );
 }

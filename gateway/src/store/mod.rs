@@ -21,6 +21,7 @@ pub mod control_plane;
 pub mod dialect;
 pub mod files;
 pub mod filter;
+pub mod graphs;
 pub mod memory;
 pub mod nodes;
 pub mod obs;
@@ -424,7 +425,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(of(&SQLITE_MIGRATIONS), of(&POSTGRES_MIGRATIONS));
-        assert_eq!(schema_version(), 11);
+        assert_eq!(schema_version(), 12);
     }
 
     /// A migration already applied somewhere must never change: sqlx refuses to open a

@@ -67,7 +67,8 @@ pub(super) fn unheld_by(col: &str, me: u8, since: u8) -> String {
     )
 }
 
-const ORPHANED: &str = "the gateway stopped before the run ended";
+/// What a run whose holder stopped says (graph runs too).
+pub(super) const ORPHANED: &str = "the gateway stopped before the run ended";
 
 impl Store {
     /// Records a run this node starts (it holds the run until it ends).

@@ -487,6 +487,46 @@ pub const TABLES: &[Table] = &[
         identity: false,
     },
     Table {
+        name: "graphs",
+        cols: &[
+            txt("owner"),
+            txt("id"),
+            txt("label"),
+            txt_n("agent_id"),
+            txt("definition"),
+            int("node_count"),
+            int("created_at"),
+            int("updated_at"),
+        ],
+        order_by: "owner, id",
+        identity: false,
+    },
+    // Like runs: the holder and the cancel request go with the row (a restored run whose
+    // holder is not alive is ended by the orphan sweep).
+    Table {
+        name: "graph_runs",
+        cols: &[
+            txt("run_id"),
+            txt("owner"),
+            txt_n("definition_id"),
+            txt_n("label"),
+            txt("status"),
+            int("node_count"),
+            int("completed_nodes"),
+            int("failed_nodes"),
+            int("artifact_count"),
+            int("created_at"),
+            int_n("started_at"),
+            int_n("completed_at"),
+            txt_n("error"),
+            txt("nodes"),
+            txt_n("claimed_by"),
+            int("cancel_requested"),
+        ],
+        order_by: "run_id",
+        identity: false,
+    },
+    Table {
         name: "api_tokens",
         cols: &[
             txt("id"),
@@ -1638,29 +1678,80 @@ mod tests {
         s.usage_flush().await.unwrap();
     }
 
+    /// Saved graphs of two owners (one id each, in byte order apart), a run still held with
+    /// its cancel requested and an ended one.
+    async fn populate_graphs(s: &Store) {
+        use crate::store::graphs::{GraphRow, GraphRunRow};
+        for (owner, id) in [("alice", "a"), ("bob", "a"), ("alice", "B")] {
+            s.graph_save(&GraphRow {
+                owner: owner.into(),
+                id: id.into(),
+                label: format!("{owner}'s {id}"),
+                agent_id: (owner == "alice").then(|| "bot".to_owned()),
+                definition: r#"{"nodes":[{"id":"n1"}],"edges":[]}"#.into(),
+                node_count: 1,
+                created_at: 10,
+                updated_at: 11,
+            })
+            .await
+            .unwrap();
+        }
+        let live = GraphRunRow {
+            run_id: "gr_live".into(),
+            owner: "alice".into(),
+            definition_id: Some("a".into()),
+            status: "running".into(),
+            node_count: 2,
+            completed_nodes: 1,
+            created_at: 12,
+            started_at: Some(12),
+            nodes: r#"{"n1":"completed","n2":"running"}"#.into(),
+            ..GraphRunRow::default()
+        };
+        s.graph_run_insert(&live).await.unwrap();
+        s.graph_run_request_cancel("gr_live").await.unwrap();
+        let ended = GraphRunRow {
+            run_id: "gr_done".into(),
+            owner: "bob".into(),
+            label: Some("inline".into()),
+            status: "failed".into(),
+            node_count: 1,
+            failed_nodes: 1,
+            artifact_count: 3,
+            created_at: 13,
+            started_at: Some(13),
+            completed_at: Some(14),
+            error: Some("n1 failed".into()),
+            nodes: "{}".into(),
+            ..GraphRunRow::default()
+        };
+        s.graph_run_insert(&ended).await.unwrap();
+    }
+
     /// Export from `src`, import into `dst`: the same rows, ids kept, sequences past them.
     async fn round_trip(src: Store, dst: Store) {
         populate(&src).await;
         populate_control(&src).await;
         populate_obs(&src).await;
+        populate_graphs(&src).await;
         let (bytes, summary) = export_lines(&src).await;
         let lines = dump(&bytes);
         let header: Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(header["format"], FORMAT);
         assert_eq!(header["version"], 1);
-        assert_eq!(header["schema"], 11);
+        assert_eq!(header["schema"], 12);
         assert_eq!(header["source"], src.backend_name());
         let rows = |t: &str| summary.tables.iter().find(|s| s.table == t).unwrap().rows;
         assert_eq!(
             TABLES.iter().map(|t| rows(t.name)).collect::<Vec<_>>(),
             [
-                2, 1, 3, 4, 1, 2, 0, 0, 0, 0, 0, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1,
-                1, 1, 1, 1
+                2, 1, 3, 4, 1, 2, 0, 0, 0, 0, 0, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 3, 2, 1, 1, 1, 1, 0,
+                0, 1, 1, 1, 1, 1
             ],
             "providers agents sessions messages notes memories (entities mentions observations \
              sources summaries: none) runs usage usage_hourly \
              deliveries cron_jobs cron_runs heartbeat_state heartbeat_events approvals \
-             approval_denials api_tokens secrets \
+             approval_denials graphs graph_runs api_tokens secrets \
              auth_profiles config_versions (config_document config_files_seen: none) \
              config_audit trace_rows diagnostics prompt_reports channel_activity"
         );
@@ -2021,11 +2112,11 @@ mod tests {
         for (header, says) in [
             (
                 r#"{"format":"agent-gateway-store","version":1,"schema":4}"#,
-                "schema version 4 and this build is at version 11: migrate first",
+                "schema version 4 and this build is at version 12: migrate first",
             ),
             (
-                r#"{"format":"agent-gateway-store","version":1,"schema":12}"#,
-                "schema version 12, newer than this build's 11",
+                r#"{"format":"agent-gateway-store","version":1,"schema":13}"#,
+                "schema version 13, newer than this build's 12",
             ),
             (
                 r#"{"format":"agent-gateway-store","version":2,"schema":5}"#,

@@ -344,7 +344,7 @@ async fn migrate_applies_pending_migrations_and_check_reports_them() {
     let (code, out, err) = cli(&["migrate", "--database-url", &url, "--check"]).await;
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        err.contains("11 migrations pending: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11"),
+        err.contains("12 migrations pending: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"),
         "{err}"
     );
     assert!(
@@ -353,9 +353,9 @@ async fn migrate_applies_pending_migrations_and_check_reports_them() {
     );
 
     let out = cli_ok(&["migrate", "--database-url", &url]).await;
-    assert_eq!(out.trim(), "migrated sqlite to version 11");
+    assert_eq!(out.trim(), "migrated sqlite to version 12");
     let out = cli_ok(&["migrate", "--database-url", &url, "--check"]).await;
-    assert_eq!(out.trim(), "sqlite at version 11 (up to date)");
+    assert_eq!(out.trim(), "sqlite at version 12 (up to date)");
 
     // The same on PostgreSQL, and the database chosen by the configuration file.
     let pg = crate::pg::database().await;
@@ -364,11 +364,11 @@ async fn migrate_applies_pending_migrations_and_check_reports_them() {
     let config = config.to_str().unwrap();
     let (code, _, err) = cli(&["migrate", "--config", config, "--check"]).await;
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("(postgres): 11 migrations pending"), "{err}");
+    assert!(err.contains("(postgres): 12 migrations pending"), "{err}");
     let out = cli_ok(&["migrate", "--config", config]).await;
-    assert_eq!(out.trim(), "migrated postgres to version 11");
+    assert_eq!(out.trim(), "migrated postgres to version 12");
     let out = cli_ok(&["migrate", "--config", config, "--check"]).await;
-    assert_eq!(out.trim(), "postgres at version 11 (up to date)");
+    assert_eq!(out.trim(), "postgres at version 12 (up to date)");
 
     // An unreachable server is an error that names the URL without its password.
     let quick = work.path().join("quick.yaml");
