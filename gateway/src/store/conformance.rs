@@ -1114,12 +1114,19 @@ async fn graph_owner_lookups(s: Store) {
         .await
         .unwrap();
     let missing = Lookup::Missing { namespace: None };
-    // A graph run is one record whoever asks.
+    // A graph run is found within its owner's runs only: another tenant's is missing, as
+    // one nobody has (graph.deleteRun claims both alike).
+    assert_eq!(
+        s.lookup(RecordKind::GraphRun, "gr1", &only("alice"))
+            .await
+            .unwrap(),
+        Lookup::Exists(Some("alice".into()))
+    );
     assert_eq!(
         s.lookup(RecordKind::GraphRun, "gr1", &only("bob"))
             .await
             .unwrap(),
-        Lookup::Exists(Some("alice".into()))
+        missing
     );
     assert_eq!(
         s.lookup(RecordKind::GraphRun, "nope", &only("bob"))

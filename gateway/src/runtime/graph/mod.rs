@@ -110,9 +110,17 @@ pub fn summary_of(row: &GraphRunRow) -> Result<GraphRunSummary, GatewayError> {
     })
 }
 
-/// The stored nodes of a run (an unreadable record reads as none).
+/// The stored nodes of a run (an unreadable record reads as none). In a run that ended
+/// without its executor (its process died: the orphan sweep ended it), a node the record last
+/// saw pending or running never finished: it reads `cancelled`.
 pub fn nodes_of(row: &GraphRunRow) -> Vec<NodeState> {
-    serde_json::from_str(&row.nodes).unwrap_or_default()
+    let mut nodes: Vec<NodeState> = serde_json::from_str(&row.nodes).unwrap_or_default();
+    if is_final(&row.status) {
+        for n in nodes.iter_mut().filter(|n| !is_final(&n.status)) {
+            n.status = "cancelled".to_owned();
+        }
+    }
+    nodes
 }
 
 /// Whether a stored status is final.
@@ -144,9 +152,14 @@ pub struct Execution {
 
 impl Execution {
     /// The summary and every node in execution order, as the run stands.
+    /// The counters are the nodes' as they stand.
     pub fn snapshot(&self) -> (GraphRunRow, Vec<NodeState>) {
-        let row = self.row.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut row = self.row.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let count = |status: &str| nodes.iter().filter(|n| n.status == status).count() as i64;
+        row.completed_nodes = count("completed");
+        row.failed_nodes = count("failed");
+        row.artifact_count = nodes.iter().map(|n| n.artifacts.len() as i64).sum();
         let ordered = self.def.order.iter().map(|&i| nodes[i].clone()).collect();
         (row, ordered)
     }
