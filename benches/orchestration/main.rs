@@ -21,6 +21,46 @@ use gateway::{rss_kib, spawn_with, Gateway, TOKEN};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
 
+/// Memory of the run registry per live run: `n` runs registered the way a spawn registers
+/// them (children of one root, ids and names of a real run's length) in this process, its RSS
+/// before and after, divided by `n` (no task, turn or session: the registry's share alone).
+fn registry(n: usize) {
+    use agent_gateway::runtime::tree::{Placement, RunTree};
+    let tree = RunTree::default();
+    let plain = || agent_gateway::runtime::profiles::TreeProfile::plain(&Default::default());
+    let root = tree.register(Placement {
+        run_id: format!("run_{}", "0".repeat(32)),
+        parent: None,
+        agent_id: "researcher",
+        client_id: "client-a",
+        tools: None,
+        denial_threshold: 3,
+        timeout: None,
+        profile: plain(),
+    });
+    // The handles the bench keeps (a spawn's task keeps one too) are allocated up front.
+    let mut runs = Vec::with_capacity(n);
+    let before = rss_kib(std::process::id());
+    for i in 0..n {
+        runs.push(tree.register(Placement {
+            run_id: format!("run_{i:032x}"),
+            parent: Some(&root),
+            agent_id: "researcher",
+            client_id: "client-a",
+            tools: None,
+            denial_threshold: 3,
+            timeout: Some(Duration::from_secs(600)),
+            profile: plain(),
+        }));
+    }
+    let after = rss_kib(std::process::id());
+    println!(
+        "registry: RSS {before} KiB -> {after} KiB with {n} live runs registered: {:.2} KiB per live run",
+        after.saturating_sub(before) as f64 / n as f64
+    );
+    drop(runs);
+}
+
 /// The gateway with the scripted agents of the scenarios: a root that spawns 7 mids, each
 /// spawning 6 leaves (1 + 7 + 42 = 50 runs in three levels), and the single-step tasks.
 async fn start() -> Gateway {
@@ -201,6 +241,14 @@ fn define(n: usize, rounds: usize) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--registry") {
+        registry(
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(100_000),
+        );
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--define") {
         let n = args.get(i + 1).and_then(|n| n.parse().ok()).unwrap_or(1000);
         // The CEL parser needs a large stack (as on the gateway's compile thread).

@@ -128,7 +128,21 @@ pub struct LiveRun {
     /// Set once the run ended: its final row as stored (None: it never started, or its row
     /// could not be written), waking its waiters.
     ended: watch::Sender<Option<Option<Arc<crate::store::runs::RunRow>>>>,
+    /// Files its turn saved (`save_file`), at most [`MAX_SAVED_FILES`]: a graph's agent node
+    /// lists them as its artifacts.
+    saved: Mutex<Vec<SavedFile>>,
 }
+
+/// A file a run's turn saved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedFile {
+    pub file_name: String,
+    pub media_id: String,
+    pub size: u64,
+}
+
+/// Most saved files a run keeps track of.
+pub const MAX_SAVED_FILES: usize = 64;
 
 impl LiveRun {
     /// Records why the run is stopped; the first reason wins. True when this one did.
@@ -166,6 +180,19 @@ impl LiveRun {
     /// Takes the steering messages waiting (at a step boundary).
     pub fn take_steering(&self) -> Vec<String> {
         std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Notes a file its turn saved (past [`MAX_SAVED_FILES`], no more are noted).
+    pub fn record_saved(&self, file: SavedFile) {
+        let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
+        if saved.len() < MAX_SAVED_FILES {
+            saved.push(file);
+        }
+    }
+
+    /// The files its turn saved, in order.
+    pub fn saved_files(&self) -> Vec<SavedFile> {
+        self.saved.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Waits until the run has ended.
@@ -397,6 +424,7 @@ impl RunTree {
             deadline: p.timeout.map(|t| std::time::Instant::now() + t),
             budget,
             ended: watch::channel(None).0,
+            saved: Mutex::new(Vec::new()),
         });
         self.lock().insert(run.run_id.clone(), run.clone());
         run

@@ -29,6 +29,10 @@ providers:
         steps:
           - reply: "slow answer"
             delayMs: 20000
+      - match: "SAVE"
+        steps:
+          - toolCalls: [{name: save_file, arguments: {fileName: "report.md", content: "Report one"}}]
+          - reply: "saved"
 agents:
   default: {model: script/m1, tools: ["*"]}
   writer: {model: script/m1, tools: [current_time]}
@@ -1714,4 +1718,64 @@ async fn records_survive_a_kill_9_and_a_run_live_at_the_kill_reads_failed() {
     assert_eq!(r, json!({"runId": live, "deleted": true}));
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// Files saved by an agent node's turn and by a `save_file` tool node are the nodes'
+/// artifacts: runDetail inlines their content, the summary counts them. An output longer
+/// than 256 KiB is cut there and marked.
+#[tokio::test]
+async fn saved_files_are_artifacts_and_long_outputs_are_cut() {
+    let gw = gateway().await;
+    let big = "x".repeat(300 * 1024);
+    let run = execute(
+        &gw,
+        RPC,
+        json!({
+            "nodes": [
+                {"id": "agent", "type": "agent", "config": {"prompt": "SAVE it"}},
+                {"id": "tool", "type": "tool", "config": {"tool": "save_file",
+                    "args": {"fileName": "notes.txt", "content": "from {{agent.output}}"}}},
+                {"id": "long", "type": "transform", "config": {"template": "{{big}}"}}
+            ],
+            "edges": [{"from": "agent", "to": "tool"}],
+            "variables": {"big": big}
+        }),
+    )
+    .await;
+    let s = wait_final(&gw, RPC, &run, RUN).await;
+    assert_eq!(s["run"]["status"], "completed", "{s}");
+    assert_eq!(s["run"]["artifactCount"], 2, "{s}");
+    let d = ok(&gw, RPC, "graph.runDetail", json!({"runId": run})).await;
+    let node = |id: &str| {
+        d["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["nodeId"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        node("agent")["artifacts"],
+        json!([{"filename": "report.md", "content": "Report one", "sizeBytes": 10}])
+    );
+    assert_eq!(
+        node("tool")["artifacts"],
+        json!([{"filename": "notes.txt", "content": "from saved", "sizeBytes": 10}])
+    );
+    let long = node("long")["output"].as_str().unwrap().to_owned();
+    assert_eq!(long.len(), 256 * 1024 + "\n[truncated]".len());
+    assert!(long.ends_with("x\n[truncated]"));
+    // At the limit: kept whole.
+    let exact = "y".repeat(256 * 1024);
+    let run = execute(
+        &gw,
+        RPC,
+        json!({"nodes": [{"id": "t", "type": "transform", "config": {"template": "{{v}}"}}],
+               "variables": {"v": exact}}),
+    )
+    .await;
+    wait_final(&gw, RPC, &run, RUN).await;
+    let o = ok(&gw, RPC, "graph.outputs", json!({"runId": run})).await;
+    assert_eq!(o["outputs"]["t"].as_str().unwrap().len(), 256 * 1024);
 }

@@ -624,10 +624,21 @@ impl TaskCtx {
             })
             .await
             .map_err(|e| e.to_string())?;
+        let child = graphs.runs.tree().get(&started.row.run_id);
         let (row, outcome) = started
             .done
             .await
             .map_err(|_| "the node's run ended abnormally".to_owned())?;
+        let artifacts = child.map_or_else(Vec::new, |c| {
+            c.saved_files()
+                .into_iter()
+                .map(|f| Artifact {
+                    filename: f.file_name,
+                    media_id: f.media_id,
+                    size_bytes: i64::try_from(f.size).unwrap_or(i64::MAX),
+                })
+                .collect()
+        });
         let ok = row.status == "completed"
             && outcome
                 .as_ref()
@@ -635,7 +646,7 @@ impl TaskCtx {
         if ok {
             Ok(Done {
                 output: row.response.unwrap_or_default(),
-                artifacts: Vec::new(),
+                artifacts,
             })
         } else if row.status == "timeout" {
             Err(format!("timed out after {} ms", self.timeout.as_millis()))

@@ -58,6 +58,13 @@ impl Tool for SaveFile {
                 )
                 .await
                 .map_err(|e| format!("file not saved: {e}"))?;
+            if let Some(run) = ctx.run {
+                run.record_saved(crate::runtime::tree::SavedFile {
+                    file_name: name.to_owned(),
+                    media_id: saved.id.clone(),
+                    size: saved.size,
+                });
+            }
             Ok(json!({
                 "id": saved.id,
                 "url": format!("/media/{}", saved.id),
