@@ -5,7 +5,7 @@
 //! run is held by the node executing it (`claimed_by`) while it is pending or running; a final
 //! status (completed, failed, cancelled) is never overwritten and clears the holder.
 
-use super::runs::{unheld_by, ORPHANED};
+use super::runs::unheld_by;
 use super::{on_pool, opt_text, text, Store, StoreRow};
 use crate::api::error::GatewayError;
 use crate::api::tenancy::Tenant;
@@ -435,14 +435,7 @@ impl Store {
              claimed_by = NULL WHERE status IN ('pending', 'running') AND {}",
             unheld_by("claimed_by", 1, 2)
         );
-        Ok(on_pool!(self.pool(), |p| sqlx::query(&sql)
-            .bind(self.node())
-            .bind(live_since)
-            .bind(now)
-            .bind(ORPHANED)
-            .execute(p)
-            .await?
-            .rows_affected()))
+        self.end_unheld(&sql, now, live_since).await
     }
 
     /// How many pending or running runs `owner` has.

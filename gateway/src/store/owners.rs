@@ -24,42 +24,36 @@ impl Owners for Store {
             // caller, admin included, addresses its own graphs). Graph runs are looked up within
             // the caller's own too, so that deleteRun's claim of an unknown id answers another
             // tenant's run alike (the handlers read runs through the caller's tenant).
-            RecordKind::Graph | RecordKind::GraphRun => {
-                let sql = if kind == RecordKind::Graph {
-                    "SELECT owner FROM graphs WHERE id = $1 AND owner = $2"
-                } else {
-                    "SELECT owner FROM graph_runs WHERE run_id = $1 AND owner = $2"
-                };
-                let owner: Option<String> = super::on_pool!(self.pool(), |p| {
-                    sqlx::query_scalar(sql)
-                        .bind(id)
-                        .bind(tenant.only())
-                        .fetch_optional(p)
-                        .await?
-                });
-                return Ok(match owner {
-                    Some(o) => Lookup::Exists(Some(o)),
-                    None => Lookup::Missing { namespace: None },
-                });
+            RecordKind::Graph => {
+                return self
+                    .scoped_owner(
+                        "SELECT owner FROM graphs WHERE id = $1 AND owner = $2",
+                        id,
+                        tenant,
+                    )
+                    .await
+            }
+            RecordKind::GraphRun => {
+                return self
+                    .scoped_owner(
+                        "SELECT owner FROM graph_runs WHERE run_id = $1 AND owner = $2",
+                        id,
+                        tenant,
+                    )
+                    .await
             }
             // A job name is unique per owner: the caller's own job (or the runs a removed job
             // of the caller's left) or nothing.
             RecordKind::CronJob => {
-                let owner: Option<String> = super::on_pool!(self.pool(), |p| {
-                    sqlx::query_scalar(
+                return self
+                    .scoped_owner(
                         "SELECT owner FROM cron_jobs WHERE name = $1 AND owner = $2 \
                          UNION ALL SELECT owner FROM cron_runs WHERE job_name = $1 AND owner = $2 \
                          LIMIT 1",
+                        id,
+                        tenant,
                     )
-                    .bind(id)
-                    .bind(tenant.only())
-                    .fetch_optional(p)
-                    .await?
-                });
-                return Ok(match owner {
-                    Some(o) => Lookup::Exists(Some(o)),
-                    None => Lookup::Missing { namespace: None },
-                });
+                    .await
             }
             // A tenant id is compared by the rule itself, never looked up.
             RecordKind::Tenant | RecordKind::MemoryTenant => {
@@ -81,6 +75,29 @@ impl Owners for Store {
             None => Lookup::Missing {
                 namespace: namespace.and_then(|_| key_namespace(id)),
             },
+        })
+    }
+}
+
+impl Store {
+    /// The owner of a record whose id is unique per owner, looked up within `tenant`'s own
+    /// (`sql` binds the id as $1 and the tenant as $2): the caller's own record or nothing.
+    async fn scoped_owner(
+        &self,
+        sql: &'static str,
+        id: &str,
+        tenant: &Tenant,
+    ) -> Result<Lookup, GatewayError> {
+        let owner: Option<String> = super::on_pool!(self.pool(), |p| {
+            sqlx::query_scalar(sql)
+                .bind(id)
+                .bind(tenant.only())
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(match owner {
+            Some(o) => Lookup::Exists(Some(o)),
+            None => Lookup::Missing { namespace: None },
         })
     }
 }

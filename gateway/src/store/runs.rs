@@ -67,8 +67,8 @@ pub(super) fn unheld_by(col: &str, me: u8, since: u8) -> String {
     )
 }
 
-/// What a run whose holder stopped says (graph runs too).
-pub(super) const ORPHANED: &str = "the gateway stopped before the run ended";
+/// What a run whose holder stopped says (graph runs too, through `end_unheld`).
+const ORPHANED: &str = "the gateway stopped before the run ended";
 
 impl Store {
     /// Records a run this node starts (it holds the run until it ends).
@@ -273,7 +273,18 @@ impl Store {
              WHERE (status = 'running' OR (status = 'queued' AND resume IS NULL)) AND {}",
             unheld(1, 2)
         );
-        Ok(on_pool!(self.pool(), |p| sqlx::query(&sql)
+        self.end_unheld(&sql, now, live_since).await
+    }
+
+    /// Runs `sql`, an UPDATE ending the rows of dead holders, binding this node ($1),
+    /// `live_since` ($2), `now` ($3) and the [`ORPHANED`] error ($4); answers the rows ended.
+    pub(super) async fn end_unheld(
+        &self,
+        sql: &str,
+        now: i64,
+        live_since: Option<i64>,
+    ) -> Result<u64, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| sqlx::query(sql)
             .bind(self.node())
             .bind(live_since)
             .bind(now)
