@@ -66,6 +66,15 @@ pub struct AgentSettings {
     /// The agent's own heartbeat settings (over `scheduler.heartbeat`).
     #[serde(rename = "heartbeat", default, skip_serializing_if = "Option::is_none")]
     pub heartbeat: Option<HeartbeatSettings>,
+    /// Administrator trust (file-only, default false): without it no run of the agent may
+    /// call the autonomy control methods, nor any admin method, through `tool.invoke`
+    /// (`docs/orchestration.md`). Only the configuration file's value counts.
+    #[serde(
+        rename = "adminTrust",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub admin_trust: Option<bool>,
 }
 
 /// One agent's heartbeat settings; an absent member takes the gateway default.
@@ -496,6 +505,8 @@ impl From<wire::AgentsConfig> for AgentSettings {
             fallback_models,
             operation_models,
             heartbeat: heartbeat.map(HeartbeatSettings::from),
+            // Never set through the API (file-only).
+            admin_trust: None,
         }
     }
 }
@@ -513,6 +524,7 @@ impl From<AgentSettings> for wire::AgentsConfig {
             fallback_models,
             operation_models,
             heartbeat,
+            admin_trust: _,
         } = d;
         Self {
             name,
