@@ -63,6 +63,9 @@ pub struct GateEnv<'a> {
     pub job_name: &'a str,
     pub agent_id: &'a str,
     pub due_at_ms: i64,
+    /// The capability socket and the lease of the run registered for the gate's duration
+    /// (`AGENT_GATEWAY_CAPABILITY_SOCKET`, `AGENT_GATEWAY_LEASE`); None: neither is set.
+    pub capability: Option<(&'a Path, &'a str)>,
 }
 
 /// What to do with this fire.
@@ -423,8 +426,12 @@ async fn spawn(
         .env("GATEWAY_JOB_ID", env.job_id)
         .env("GATEWAY_JOB_NAME", env.job_name)
         .env("GATEWAY_AGENT_ID", env.agent_id)
-        .env("GATEWAY_DUE_AT_MS", env.due_at_ms.to_string())
-        .current_dir(workspace)
+        .env("GATEWAY_DUE_AT_MS", env.due_at_ms.to_string());
+    if let Some((socket, lease)) = env.capability {
+        cmd.env(crate::runtime::capability::ENV_SOCKET, socket)
+            .env(crate::runtime::capability::ENV_LEASE, lease);
+    }
+    cmd.current_dir(workspace)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -552,6 +559,7 @@ mod tests {
         job_name: "nightly digest",
         agent_id: "agent-7",
         due_at_ms: 1_700_000_000_123,
+        capability: None,
     };
 
     fn spec(script: &str, timeout_seconds: u32) -> GateSpec {
