@@ -939,6 +939,7 @@ agents:
             operation_models: Some(BTreeMap::from([("summarize".into(), "demo/echo".into())])),
             // Added later, optional and skipped when absent: the stored format is unchanged.
             heartbeat: None,
+            admin_trust: None,
         }
     }
 
