@@ -408,6 +408,11 @@ pub const CATALOGUE_TYPES: &[(&str, &str)] = &[
 /// ours; the conversions below map the Rust fields by hand. Empty while the names agree.
 pub const CATALOGUE_MEMBER_RENAMES: &[(&str, &str, &str)] = &[];
 
+/// Members of a domain type with no catalogue namesake on purpose: (our definition, our
+/// member). They are file-only (`config::trust`), so no API method may carry them, and
+/// `config.schema` shows their own schema.
+pub const FILE_ONLY_MEMBERS: &[(&str, &str)] = &[("AgentSettings", "adminTrust")];
+
 // The configuration file's providers and heartbeats are not checked against the catalogue's
 // schemas (the API's are): their durations are checked here with the catalogue's ranges, so a
 // value that loads can never overflow where it becomes a timeout or a deadline.

@@ -164,8 +164,14 @@ async fn connection(state: Arc<AppState>, stream: UnixStream, stop: Cancellation
 
 /// One request line: its response object.
 async fn request(state: &Arc<AppState>, peer: Option<u32>, line: &[u8]) -> Value {
-    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(line) else {
-        return RpcError::parse_error().response(Value::Null);
+    let obj = match serde_json::from_slice::<Value>(line) {
+        Ok(Value::Object(obj)) => obj,
+        // One request per line: a batch is not served here.
+        Ok(_) => {
+            return RpcError::invalid_request("a request line holds one request object")
+                .response(Value::Null)
+        }
+        Err(_) => return RpcError::parse_error().response(Value::Null),
     };
     let id = match obj.get("id") {
         None | Some(Value::Null) => Value::Null,

@@ -642,6 +642,26 @@ mod tests {
         })
     }
 
+    /// Each lease has its own secret token, found by the registry while its run is live and
+    /// never shown by the lease's Debug.
+    #[test]
+    fn a_live_run_is_found_by_its_lease_token_only() {
+        let tree = RunTree::default();
+        let a = place(&tree, "a", None);
+        let b = place(&tree, "b", None);
+        let token = a.lease.token().to_owned();
+        assert!(token.starts_with("lt_") && token.len() == 67, "{token}");
+        assert_ne!(token, b.lease.token());
+        assert_eq!(tree.by_token(&token).unwrap().run_id, "a");
+        assert!(tree.by_token("").is_none());
+        assert!(tree.by_token(&token[..66]).is_none(), "a prefix");
+        assert!(tree.by_token(&format!("{token}0")).is_none());
+        assert!(!format!("{:?}", a.lease).contains(&token));
+        tree.finish(&a, None);
+        assert!(tree.by_token(&token).is_none(), "an ended run's lease");
+        assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd"));
+    }
+
     #[test]
     fn children_hang_off_their_parent_and_a_kill_reaches_the_subtree_only() {
         let tree = RunTree::default();
