@@ -12,7 +12,10 @@
 //!
 //! Protocol: exit 0 with stdout `{"wake": bool, "toolCalls"?: n}` decides by `wake`; exit 0 with any other
 //! stdout (empty, not JSON, not exactly one such object, or more than [`MAX_OUTPUT`] bytes) wakes; exit
-//! [`SKIP_EXIT_CODE`] skips; anything else fails open with a reason.
+//! [`SKIP_EXIT_CODE`] skips; anything else fails open with a reason. A printed `toolCalls` is a
+//! self-report and is not recorded: the fire counts the `tool.invoke` calls the gate made with
+//! the lease its environment carries (`AGENT_GATEWAY_LEASE`, on the socket named by
+//! `AGENT_GATEWAY_CAPABILITY_SOCKET`; `fire.rs`).
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
@@ -98,7 +101,8 @@ pub struct GateOutcome {
     pub duration_ms: u64,
     /// Why the gate failed open; `None` for `Wake` and `Skip`.
     pub reason: Option<String>,
-    /// Tool calls the gate reports having made (`toolCalls`), 0 when absent.
+    /// Tool calls the gate reports having made (`toolCalls`), 0 when absent: a self-report,
+    /// logged but not recorded (the fire records the calls made with its lease).
     pub tool_calls: u32,
 }
 
