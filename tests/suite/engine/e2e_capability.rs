@@ -273,3 +273,32 @@ async fn a_request_line_past_one_mebibyte_closes_the_connection() {
     assert_eq!(n, 0, "the connection is closed");
     gw.stop().await;
 }
+
+/// A restart's new generation serves its own socket at the same path: the old generation's
+/// stop does not remove it.
+#[tokio::test]
+async fn the_socket_is_served_again_after_an_in_process_restart() {
+    let gw = start("").await;
+    let socket = gw.dir.path().join("data/capability.sock");
+    let deadline = tokio::time::Instant::now() + STEP;
+    while !socket.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "no socket");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ok(&gw, ADMIN, "gateway.restart", json!({})).await;
+    wait_generation(&gw, 2).await;
+    let req = r#"{"jsonrpc":"2.0","id":1,"method":"tool.invoke","params":{"lease":"lt_x","tool":"current_time"}}"#;
+    // The old generation's file went with it; the new one's answers (a stale file would
+    // refuse the connection).
+    let deadline = tokio::time::Instant::now() + STEP;
+    while tokio::net::UnixStream::connect(&socket).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "no new socket");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let v = ask(&socket, req).await;
+    assert!(message(&v).starts_with("lease: "), "{v}");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    gw.stop().await;
+    assert!(!socket.exists());
+}
