@@ -223,6 +223,13 @@ scheduler:
         )
         .await;
     assert_eq!(code(&v), -32601, "{v}");
+    let mut ws = gw.ws(ADMIN).await;
+    let req = json!({"jsonrpc": "2.0", "id": 9, "method": "tool.invoke",
+                     "params": {"lease": lease, "tool": "current_time"}});
+    send(&mut ws, &req.to_string()).await;
+    let v = recv(&mut ws).await;
+    assert_eq!(code(&v), -32601, "{v}");
+    drop(ws);
     gw.stop().await;
     assert!(!socket.exists(), "the socket goes with the generation");
 }
