@@ -431,6 +431,12 @@ async fn serve(listener: &TcpListener, state: Arc<AppState>, shutdown: &Cancella
             state.stop.clone(),
         ));
     }
+    // The capability socket lives as long as the generation serves; the tracker's wait below
+    // lets it remove its file before the next generation binds its own.
+    tracker.spawn(crate::rpc::capability::serve(
+        state.clone(),
+        state.stop.clone(),
+    ));
     let serving = Arc::new(Serving {
         ep,
         http1,

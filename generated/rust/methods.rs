@@ -3978,7 +3978,7 @@ pub static METHODS: [MethodInfo; 223usize] = [
         scope: Scope::Admin,
         summary: "Runs one tool or gateway method for the holder of a capability lease (capability socket only).",
         source: "designed",
-        stub: true,
+        stub: false,
         internal: true,
         sensitive_params: &["lease"],
         owner: None,

@@ -66,6 +66,15 @@ pub struct AgentSettings {
     /// The agent's own heartbeat settings (over `scheduler.heartbeat`).
     #[serde(rename = "heartbeat", default, skip_serializing_if = "Option::is_none")]
     pub heartbeat: Option<HeartbeatSettings>,
+    /// Administrator trust (file-only, default false): without it no run of the agent may
+    /// call the autonomy control methods, nor any admin method, through `tool.invoke`
+    /// (`docs/orchestration.md`). Only the configuration file's value counts.
+    #[serde(
+        rename = "adminTrust",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub admin_trust: Option<bool>,
 }
 
 /// One agent's heartbeat settings; an absent member takes the gateway default.
@@ -399,6 +408,11 @@ pub const CATALOGUE_TYPES: &[(&str, &str)] = &[
 /// ours; the conversions below map the Rust fields by hand. Empty while the names agree.
 pub const CATALOGUE_MEMBER_RENAMES: &[(&str, &str, &str)] = &[];
 
+/// Members of a domain type with no catalogue namesake on purpose: (our definition, our
+/// member). They are file-only (`config::trust`), so no API method may carry them, and
+/// `config.schema` shows their own schema.
+pub const FILE_ONLY_MEMBERS: &[(&str, &str)] = &[("AgentSettings", "adminTrust")];
+
 // The configuration file's providers and heartbeats are not checked against the catalogue's
 // schemas (the API's are): their durations are checked here with the catalogue's ranges, so a
 // value that loads can never overflow where it becomes a timeout or a deadline.
@@ -496,6 +510,8 @@ impl From<wire::AgentsConfig> for AgentSettings {
             fallback_models,
             operation_models,
             heartbeat: heartbeat.map(HeartbeatSettings::from),
+            // Never set through the API (file-only).
+            admin_trust: None,
         }
     }
 }
@@ -513,6 +529,7 @@ impl From<AgentSettings> for wire::AgentsConfig {
             fallback_models,
             operation_models,
             heartbeat,
+            admin_trust: _,
         } = d;
         Self {
             name,
@@ -927,6 +944,7 @@ agents:
             operation_models: Some(BTreeMap::from([("summarize".into(), "demo/echo".into())])),
             // Added later, optional and skipped when absent: the stored format is unchanged.
             heartbeat: None,
+            admin_trust: None,
         }
     }
 

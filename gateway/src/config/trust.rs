@@ -72,6 +72,10 @@ pub const FILE_ONLY: &[FileOnly] = &[
         path: "scheduler.jobs.*.wakeGate",
         why: "a program the gateway runs on the host",
     },
+    FileOnly {
+        path: "agents.*.adminTrust",
+        why: "lets an agent's runs call admin and autonomy control methods through tool.invoke",
+    },
 ];
 
 fn segments(pattern: &str) -> Vec<&str> {

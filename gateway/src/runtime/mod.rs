@@ -4,6 +4,7 @@ pub mod admission;
 pub mod agents;
 pub mod approvals;
 pub mod calls;
+pub mod capability;
 pub mod compact;
 pub mod context_tree;
 pub mod control;

@@ -227,6 +227,7 @@ impl Runs {
             parent: spec.parent.as_ref(),
             agent_id: &spec.agent.id,
             client_id: &spec.caller.client_id,
+            scopes: spec.scopes,
             tools: spec.only_tools.clone(),
             denial_threshold: self.autonomy.denial_breaker.threshold,
             timeout: spec.timeout,
@@ -236,13 +237,21 @@ impl Runs {
 
     /// Registers the root of a tree that is not itself an agent's run (a graph run, whose
     /// agent nodes run below it and whose tool nodes use its lease), under `agent_id`'s
-    /// profile. The caller ends it with `tree().finish`.
-    pub fn register_root(&self, run_id: &str, agent_id: &str, client_id: &str) -> Arc<LiveRun> {
+    /// profile, for a caller `client_id` holding `scopes`. The caller ends it with
+    /// `tree().finish`.
+    pub fn register_root(
+        &self,
+        run_id: &str,
+        agent_id: &str,
+        client_id: &str,
+        scopes: crate::api::scopes::Scopes,
+    ) -> Arc<LiveRun> {
         self.control.tree.register(Placement {
             run_id: run_id.to_owned(),
             parent: None,
             agent_id,
             client_id,
+            scopes,
             tools: None,
             denial_threshold: self.autonomy.denial_breaker.threshold,
             timeout: None,

@@ -26,6 +26,9 @@ pub enum Stop {
 /// A run's lease: the capabilities it may use, revocable once.
 pub struct Lease {
     pub id: String,
+    /// The secret a local process the run starts presents on the capability socket
+    /// (`lt_` + 64 hex digits). Never logged, never in an event or an API answer.
+    token: String,
     revoked: AtomicBool,
     /// Tool names the run may call; None = what its agent allows (narrowed per turn).
     pub tools: Option<std::collections::BTreeSet<String>>,
@@ -40,6 +43,46 @@ impl Lease {
     /// Revokes it; true when this call did.
     pub fn revoke(&self) -> bool {
         !self.revoked.swap(true, Ordering::AcqRel)
+    }
+
+    /// The lease's secret token, for the processes the run starts (a wake gate's
+    /// environment) and nothing else.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Whether `presented` is this lease's token, compared in constant time.
+    pub fn token_is(&self, presented: &str) -> bool {
+        constant_time_eq(self.token.as_bytes(), presented.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is left out on purpose.
+        f.debug_struct("Lease")
+            .field("id", &self.id)
+            .field("valid", &self.valid())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Byte equality whose time depends on the lengths only, not on where the bytes differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A new lease token: 32 bytes of the system's generator, hex, behind `lt_`. Without
+/// randomness the token is empty, which [`RunTree::by_token`] never matches.
+fn new_lease_token() -> String {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    match ring::rand::SystemRandom::new().fill(&mut bytes) {
+        Ok(()) => format!("lt_{}", hex::encode(bytes)),
+        Err(_) => String::new(),
     }
 }
 
@@ -109,6 +152,11 @@ pub struct LiveRun {
     pub agent_id: String,
     /// Who started the tree (owns the runs).
     pub client_id: String,
+    /// The scopes of the caller the run works for: what a gateway method called through
+    /// `tool.invoke` with its lease may require.
+    pub scopes: crate::api::scopes::Scopes,
+    /// `tool.invoke` calls made with its lease (past the lease check).
+    pub invocations: AtomicU32,
     /// Cancelled by a kill of this run or of any ancestor: the run's task drops its turn.
     pub kill: CancellationToken,
     pub lease: Lease,
@@ -310,6 +358,8 @@ pub struct Placement<'a> {
     pub parent: Option<&'a Arc<LiveRun>>,
     pub agent_id: &'a str,
     pub client_id: &'a str,
+    /// The caller's scopes (see [`LiveRun::scopes`]).
+    pub scopes: crate::api::scopes::Scopes,
     pub tools: Option<std::collections::BTreeSet<String>>,
     /// Consecutive gate refusals that trip the denial breaker.
     pub denial_threshold: u32,
@@ -406,6 +456,7 @@ impl RunTree {
         let run = Arc::new(LiveRun {
             lease: Lease {
                 id: format!("lease_{}", p.run_id.trim_start_matches("run_")),
+                token: new_lease_token(),
                 revoked: AtomicBool::new(false),
                 tools,
             },
@@ -415,6 +466,8 @@ impl RunTree {
             depth,
             agent_id: p.agent_id.to_owned(),
             client_id: p.client_id.to_owned(),
+            scopes: p.scopes,
+            invocations: AtomicU32::new(0),
             kill,
             stop: Mutex::new(None),
             inbox: Mutex::new(Vec::new()),
@@ -467,6 +520,21 @@ impl RunTree {
     /// A live run.
     pub fn get(&self, run_id: &str) -> Option<Arc<LiveRun>> {
         self.lock().get(run_id).cloned()
+    }
+
+    /// The live run whose lease token is `presented` (every live run's token is compared, in
+    /// constant time each, so the answer's time does not say how close a guess came).
+    pub fn by_token(&self, presented: &str) -> Option<Arc<LiveRun>> {
+        if presented.is_empty() {
+            return None;
+        }
+        let mut found = None;
+        for run in self.lock().values() {
+            if !run.lease.token.is_empty() && run.lease.token_is(presented) {
+                found = Some(run.clone());
+            }
+        }
+        found
     }
 
     /// Live runs, in no order.
@@ -566,11 +634,32 @@ mod tests {
             parent,
             agent_id: "a",
             client_id: "c",
+            scopes: Default::default(),
             tools: None,
             denial_threshold: 2,
             timeout: None,
             profile,
         })
+    }
+
+    /// Each lease has its own secret token, found by the registry while its run is live and
+    /// never shown by the lease's Debug.
+    #[test]
+    fn a_live_run_is_found_by_its_lease_token_only() {
+        let tree = RunTree::default();
+        let a = place(&tree, "a", None);
+        let b = place(&tree, "b", None);
+        let token = a.lease.token().to_owned();
+        assert!(token.starts_with("lt_") && token.len() == 67, "{token}");
+        assert_ne!(token, b.lease.token());
+        assert_eq!(tree.by_token(&token).unwrap().run_id, "a");
+        assert!(tree.by_token("").is_none());
+        assert!(tree.by_token(&token[..66]).is_none(), "a prefix");
+        assert!(tree.by_token(&format!("{token}0")).is_none());
+        assert!(!format!("{:?}", a.lease).contains(&token));
+        tree.finish(&a, None);
+        assert!(tree.by_token(&token).is_none(), "an ended run's lease");
+        assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd"));
     }
 
     #[test]
@@ -609,6 +698,7 @@ mod tests {
             parent: None,
             agent_id: "a",
             client_id: "c",
+            scopes: Default::default(),
             tools: Some(["t1".to_owned(), "t2".to_owned()].into()),
             denial_threshold: 2,
             timeout: None,
@@ -620,6 +710,7 @@ mod tests {
             parent: Some(&root),
             agent_id: "a",
             client_id: "c",
+            scopes: Default::default(),
             tools: Some(["t2".to_owned(), "t3".to_owned()].into()),
             denial_threshold: 2,
             timeout: None,

@@ -3,6 +3,7 @@
 
 mod e2e_agents;
 mod e2e_approvals;
+mod e2e_capability;
 mod e2e_context;
 mod e2e_graphs;
 mod e2e_local;

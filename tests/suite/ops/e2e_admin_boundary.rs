@@ -117,6 +117,10 @@ async fn no_api_write_changes_a_file_only_key() {
         "wakeGate": {"script": "gate.sh"}}}}});
     let r = gw.call(ADMIN_ONLY, "config.patch", job).await;
     refused_naming(&r, "scheduler.jobs.nightly.wakeGate");
+    // Nor may an agent be given administrator trust (tool.invoke's denylist).
+    let trust = json!({"agents": {"bot": {"adminTrust": true}}});
+    let r = gw.call(ADMIN_ONLY, "config.patch", trust).await;
+    refused_naming(&r, "agents.bot.adminTrust");
 
     // Nothing was written anywhere; the configuration in force is the same.
     assert_eq!(file(&gw), before_file, "the file changed");

@@ -293,7 +293,7 @@ impl Graphs {
             .unwrap_or_default();
         let root = self
             .runs
-            .register_root(&run_id, &agent_id, &caller.client_id);
+            .register_root(&run_id, &agent_id, &caller.client_id, caller.scopes);
         let now = crate::clock::now_ms();
         let row = GraphRunRow {
             run_id: run_id.clone(),

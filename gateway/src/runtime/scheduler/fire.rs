@@ -91,20 +91,37 @@ async fn run(
     session: SessionIdent,
 ) -> FireOutcome {
     let mut gate_record = None;
+    let mut gate_calls = 0u32;
     if let Some(spec) = job
         .wake_gate
         .as_deref()
         .and_then(|g| serde_json::from_str::<GateSpec>(g).ok())
     {
         let workspace = crate::runtime::agents::workspace_dir(&scheduler.data_dir, &job.agent_id);
+        // A root run for the gate's duration: its lease is what the gate presents on the
+        // capability socket (its agent's tools, the job owner as caller, rpc scopes).
+        let gate_run = scheduler.runs.register_root(
+            &format!("gate_{}", uuid::Uuid::new_v4().simple()),
+            &job.agent_id,
+            &job.owner,
+            crate::api::scopes::Scopes::only(crate::api::generated::methods::Scope::Rpc),
+        );
+        let socket = crate::runtime::capability::socket_path(&scheduler.data_dir);
         let env = GateEnv {
             job_id: &job.job_id,
             job_name: &job.name,
             agent_id: &job.agent_id,
             due_at_ms: claimed.due_at,
+            capability: Some((&socket, gate_run.lease.token())),
         };
         let home = crate::runtime::scheduler::gate::home_dir(&scheduler.data_dir, &job.agent_id);
         let g = run_gate(&workspace, &home, &spec, &env).await;
+        scheduler.runs.tree().finish(&gate_run, None);
+        // What the gate really called through its lease; a self-reported `toolCalls` is not
+        // recorded.
+        gate_calls = gate_run
+            .invocations
+            .load(std::sync::atomic::Ordering::Acquire);
         if g.decision == Decision::FailedOpen {
             tracing::warn!(job = %job.job_id, reason = ?g.reason, "wake gate failed open; the turn runs");
         }
@@ -115,7 +132,7 @@ async fn run(
             return FireOutcome {
                 status: "skipped",
                 summary: Some("wake-gate: skipped".into()),
-                tool_calls: Some(i64::from(g.tool_calls)),
+                tool_calls: Some(i64::from(gate_calls)),
                 est_turns_saved: Some(1),
                 gate: Some(record),
                 ..FireOutcome::default()
@@ -125,6 +142,9 @@ async fn run(
     }
     let mut outcome = turn(scheduler, job, session).await;
     outcome.gate = gate_record;
+    if gate_calls > 0 {
+        outcome.tool_calls = Some(outcome.tool_calls.unwrap_or(0) + i64::from(gate_calls));
+    }
     outcome
 }
 

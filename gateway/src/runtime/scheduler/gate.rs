@@ -12,7 +12,10 @@
 //!
 //! Protocol: exit 0 with stdout `{"wake": bool, "toolCalls"?: n}` decides by `wake`; exit 0 with any other
 //! stdout (empty, not JSON, not exactly one such object, or more than [`MAX_OUTPUT`] bytes) wakes; exit
-//! [`SKIP_EXIT_CODE`] skips; anything else fails open with a reason.
+//! [`SKIP_EXIT_CODE`] skips; anything else fails open with a reason. A printed `toolCalls` is a
+//! self-report and is not recorded: the fire counts the `tool.invoke` calls the gate made with
+//! the lease its environment carries (`AGENT_GATEWAY_LEASE`, on the socket named by
+//! `AGENT_GATEWAY_CAPABILITY_SOCKET`; `fire.rs`).
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
@@ -63,6 +66,9 @@ pub struct GateEnv<'a> {
     pub job_name: &'a str,
     pub agent_id: &'a str,
     pub due_at_ms: i64,
+    /// The capability socket and the lease of the run registered for the gate's duration
+    /// (`AGENT_GATEWAY_CAPABILITY_SOCKET`, `AGENT_GATEWAY_LEASE`); None: neither is set.
+    pub capability: Option<(&'a Path, &'a str)>,
 }
 
 /// What to do with this fire.
@@ -95,7 +101,8 @@ pub struct GateOutcome {
     pub duration_ms: u64,
     /// Why the gate failed open; `None` for `Wake` and `Skip`.
     pub reason: Option<String>,
-    /// Tool calls the gate reports having made (`toolCalls`), 0 when absent.
+    /// Tool calls the gate reports having made (`toolCalls`), 0 when absent: a self-report,
+    /// logged but not recorded (the fire records the calls made with its lease).
     pub tool_calls: u32,
 }
 
@@ -423,8 +430,12 @@ async fn spawn(
         .env("GATEWAY_JOB_ID", env.job_id)
         .env("GATEWAY_JOB_NAME", env.job_name)
         .env("GATEWAY_AGENT_ID", env.agent_id)
-        .env("GATEWAY_DUE_AT_MS", env.due_at_ms.to_string())
-        .current_dir(workspace)
+        .env("GATEWAY_DUE_AT_MS", env.due_at_ms.to_string());
+    if let Some((socket, lease)) = env.capability {
+        cmd.env(crate::runtime::capability::ENV_SOCKET, socket)
+            .env(crate::runtime::capability::ENV_LEASE, lease);
+    }
+    cmd.current_dir(workspace)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -552,6 +563,7 @@ mod tests {
         job_name: "nightly digest",
         agent_id: "agent-7",
         due_at_ms: 1_700_000_000_123,
+        capability: None,
     };
 
     fn spec(script: &str, timeout_seconds: u32) -> GateSpec {

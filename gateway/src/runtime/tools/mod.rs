@@ -181,6 +181,33 @@ impl Tools {
             .collect()
     }
 
+    /// The scope a tool requires; None for an unknown tool.
+    pub fn scope_of(&self, name: &str) -> Option<Scope> {
+        self.list
+            .iter()
+            .find(|r| r.tool.name() == name)
+            .map(|r| r.tool.scope())
+    }
+
+    /// Checks a tool's arguments against its parameters' schema (as [`Tools::call`] does
+    /// first), so a caller may refuse bad arguments before anything else happens.
+    pub fn check_args(&self, name: &str, args: &Value) -> Result<(), String> {
+        let Some(r) = self.list.iter().find(|r| r.tool.name() == name) else {
+            return Err(format!("unknown tool: {name}"));
+        };
+        if let Some(v) = r.validator() {
+            let problems: Vec<String> = v
+                .iter_errors(args)
+                .take(3)
+                .map(|e| format!("{}: {e}", e.instance_path()))
+                .collect();
+            if !problems.is_empty() {
+                return Err(problems.join("; "));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs a tool by name after validating its arguments. Unknown tools and invalid
     /// arguments are errors the model sees (and the breaker counts).
     pub async fn call(&self, ctx: &ToolContext<'_>, name: &str, args: &Value) -> ToolResult {

@@ -1,0 +1,132 @@
+//! The rules of the capability socket (`tool.invoke`), apart from its transport
+//! (`rpc/capability.rs`): where the socket lives, the denylist, the origin check and the
+//! administrator-trust flag (`docs/orchestration.md`, "The capability socket").
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// The socket's file name in the data directory.
+pub const SOCKET_FILE: &str = "capability.sock";
+/// Longest request line (bytes, the newline excluded); a longer one is answered with an
+/// error and the connection closes.
+pub const MAX_LINE: usize = 1 << 20;
+/// Environment variable naming the socket for a process a run starts (a wake gate).
+pub const ENV_SOCKET: &str = "AGENT_GATEWAY_CAPABILITY_SOCKET";
+/// Environment variable holding the run's lease token for that process.
+pub const ENV_LEASE: &str = "AGENT_GATEWAY_LEASE";
+
+/// The socket of the data directory `data_dir`.
+pub fn socket_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(SOCKET_FILE)
+}
+
+/// The checks of `tool.invoke`, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    Lease,
+    Denylist,
+    Origin,
+    Capability,
+}
+
+impl Check {
+    /// The check's name: the first word of its refusal and `check` in `capability:audited`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lease => "lease",
+            Self::Denylist => "denylist",
+            Self::Origin => "origin",
+            Self::Capability => "capability",
+        }
+    }
+}
+
+/// The autonomy control methods: only an agent with administrator trust may call them
+/// through `tool.invoke`.
+pub const CONTROL_METHODS: &[&str] = &[
+    "run.kill",
+    "lease.revoke",
+    "subagent.kill",
+    "subagent.steer",
+    "subagent.pause",
+    "subagent.resume",
+    "autonomy.evict",
+];
+
+/// Why `target` is on the denylist for an agent (`trusted`: it has administrator trust;
+/// `admin_scope`: the target requires scope admin), or None. `tool.invoke` itself is always
+/// denied (no call through the socket reaches the socket again).
+pub fn denied(target: &str, admin_scope: bool, trusted: bool) -> Option<&'static str> {
+    if target == "tool.invoke" {
+        return Some("tool.invoke cannot be called through tool.invoke");
+    }
+    if trusted {
+        return None;
+    }
+    if CONTROL_METHODS.contains(&target) || target.starts_with("admin.approval.") {
+        return Some("an autonomy control method needs the agent's adminTrust");
+    }
+    if admin_scope {
+        return Some("an admin method needs the agent's adminTrust");
+    }
+    None
+}
+
+/// Whether the peer is the daemon's own user (`peer`: the uid of the socket's peer
+/// credentials; None when they could not be read, which refuses).
+pub fn origin_ok(peer: Option<u32>, own: u32) -> bool {
+    peer == Some(own)
+}
+
+/// Whether `agent_id` has administrator trust in the configuration file `file_document` (as
+/// read for the generation: an API write never reaches it). Only `true` counts.
+pub fn admin_trust(file_document: &Value, agent_id: &str) -> bool {
+    file_document
+        .get("agents")
+        .and_then(|a| a.get(agent_id))
+        .and_then(|a| a.get("adminTrust"))
+        .and_then(Value::as_bool)
+        == Some(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_denylist_keeps_control_and_admin_methods_from_untrusted_agents() {
+        assert!(denied("tool.invoke", false, true).is_some(), "always");
+        for m in CONTROL_METHODS {
+            assert!(denied(m, false, false).is_some(), "{m}");
+            assert!(denied(m, false, true).is_none(), "{m} trusted");
+        }
+        assert!(denied("admin.approval.resolve", true, false).is_some());
+        assert!(
+            denied("tokens.create", true, false).is_some(),
+            "admin scope"
+        );
+        assert!(denied("tokens.create", true, true).is_none());
+        assert!(denied("memory.search", false, false).is_none());
+        assert!(denied("current_time", false, false).is_none());
+    }
+
+    #[test]
+    fn the_origin_is_the_daemons_own_user_only() {
+        assert!(origin_ok(Some(1000), 1000));
+        assert!(!origin_ok(Some(0), 1000), "another uid, root included");
+        assert!(!origin_ok(None, 1000), "no credentials");
+    }
+
+    #[test]
+    fn admin_trust_is_only_a_true_in_the_file() {
+        let doc = json!({"agents": {"a": {"adminTrust": true}, "b": {"adminTrust": "true"},
+                                    "c": {}}});
+        assert!(admin_trust(&doc, "a"));
+        assert!(!admin_trust(&doc, "b"));
+        assert!(!admin_trust(&doc, "c"));
+        assert!(!admin_trust(&doc, "d"));
+        assert!(!admin_trust(&json!({}), "a"));
+    }
+}
