@@ -214,16 +214,8 @@ impl Tools {
         let Some(r) = self.list.iter().find(|r| r.tool.name() == name) else {
             return Err(format!("unknown tool: {name}"));
         };
-        if let Some(v) = r.validator() {
-            let problems: Vec<String> = v
-                .iter_errors(args)
-                .take(3)
-                .map(|e| format!("{}: {e}", e.instance_path()))
-                .collect();
-            if !problems.is_empty() {
-                return Err(format!("invalid arguments: {}", problems.join("; ")));
-            }
-        }
+        self.check_args(name, args)
+            .map_err(|problems| format!("invalid arguments: {problems}"))?;
         r.tool.call(ctx, args).await
     }
 }
