@@ -459,24 +459,13 @@ impl Run<'_> {
             None => ("completed", None),
         };
         let now = crate::clock::now_ms();
-        let (completed, failed, artifacts) = {
-            let nodes = self.ex.nodes.lock().unwrap_or_else(|p| p.into_inner());
-            (
-                nodes.iter().filter(|n| n.status == "completed").count() as i64,
-                nodes.iter().filter(|n| n.status == "failed").count() as i64,
-                nodes.iter().map(|n| n.artifacts.len() as i64).sum::<i64>(),
-            )
-        };
-        let started_at = {
+        {
             let mut row = self.ex.row.lock().unwrap_or_else(|p| p.into_inner());
             row.status = status.to_owned();
             row.error = error.clone();
             row.completed_at = Some(now);
-            row.completed_nodes = completed;
-            row.failed_nodes = failed;
-            row.artifact_count = artifacts;
-            row.started_at
-        };
+        }
+        // The counters come with the snapshot, from the nodes.
         let row = self.ex.stored_row();
         if let Err(e) = self.graphs.store.graph_run_update(&row).await {
             tracing::error!(run = %row.run_id, error = %e, "graph run outcome not stored");
@@ -489,9 +478,9 @@ impl Run<'_> {
                 "runId": row.run_id,
                 "status": status,
                 "error": error,
-                "completedNodes": completed,
-                "failedNodes": failed,
-                "durationMs": started_at.map(|s| (now - s).max(0)),
+                "completedNodes": row.completed_nodes,
+                "failedNodes": row.failed_nodes,
+                "durationMs": row.started_at.map(|s| (now - s).max(0)),
             })),
         );
     }
