@@ -3589,6 +3589,9 @@ pub struct CronRunGate {
     /// Why the gate failed open (exit status, signal, timeout, path check).
     #[serde(rename = "reason", default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The run the gate's process was (`gate_...`, designed): its lease, exit code and capability-socket calls are the `orchestrate` entry of that id in obs.explain of the job's session. Absent in records written before the gateway recorded it.
+    #[serde(rename = "runId", default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 /// wake or skip as the gate answered; failed_open when it failed (the turn ran).
 ///
@@ -13048,7 +13051,7 @@ pub struct ObsOkFailed {
     #[serde(rename = "failed")]
     pub failed: i64,
 }
-/// One orchestrated script run of the session.
+/// One orchestrated script run of the session. The gateway's script runs are wake gates: each gated fire of a cron job is an entry of that job's session (`gate_...` run ids), newest first. Deliberate departures: a gate that exits with its skip code (10) made a decision, so its outcome is success like exit 0; exit 0 with a reply past the 4 KiB cap is a failure (stdout_cap: the reply was not read); a gate whose run was killed (run.kill) or whose lease was revoked while it ran is lease_absent. resultRefs counts the results the capability socket returned to the script (it stores nothing by reference), and savings is never estimated.
 ///
 /// Source: spec.
 #[derive(
@@ -13067,7 +13070,7 @@ pub struct ObsOrchestrateRun {
     /// The capability lease the run held, when it had one.
     #[serde(rename = "leaseId", default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
-    /// success when exitCode is 0.
+    /// success when exitCode is 0 (or the wake gate's skip code, see above) and no failureClass applies.
     #[serde(rename = "outcome")]
     pub outcome: ObsOrchestrateRunOutcome,
     /// Run duration.
@@ -13082,7 +13085,7 @@ pub struct ObsOrchestrateRun {
     /// Tool calls the run made through the capability socket, grouped.
     #[serde(rename = "toolCalls")]
     pub tool_calls: Vec<ObsOrchestrateRunToolCallsItem>,
-    /// Results the run stored by reference instead of inlining.
+    /// Results the capability socket returned to the run's process.
     #[serde(rename = "resultRefs")]
     pub result_refs: ObsOrchestrateRunResultRefs,
     /// Estimated context savings of running the work as a script; absent when not estimated.
@@ -13140,7 +13143,7 @@ impl ObsOrchestrateRunFailureClass {
         }
     }
 }
-/// success when exitCode is 0.
+/// success when exitCode is 0 (or the wake gate's skip code, see above) and no failureClass applies.
 ///
 /// Source: spec.
 #[derive(
@@ -13179,7 +13182,7 @@ impl ObsOrchestrateRunOutcome {
         }
     }
 }
-/// Results the run stored by reference instead of inlining.
+/// Results the capability socket returned to the run's process.
 ///
 /// Source: spec.
 #[derive(
@@ -13192,7 +13195,7 @@ impl ObsOrchestrateRunOutcome {
 )]
 #[serde(deny_unknown_fields)]
 pub struct ObsOrchestrateRunResultRefs {
-    /// Stored results.
+    /// Results returned.
     #[serde(rename = "count")]
     pub count: i64,
     /// Their total size.
@@ -13235,17 +13238,17 @@ pub struct ObsOrchestrateRunToolCallsItem {
     /// The tool.
     #[serde(rename = "tool")]
     pub tool: String,
-    /// The capability the call required.
+    /// The capability the call required: scope:<scope> for a gateway method, tool:<name> for a built-in tool, none for a name that is neither.
     #[serde(rename = "capability")]
     pub capability: String,
-    /// The gate's decision.
+    /// allowed when the call passed every check of tool.invoke, denied when one refused it.
     #[serde(rename = "decision")]
     pub decision: ObsOrchestrateRunToolCallsItemDecision,
     /// Calls with this tool, capability and decision.
     #[serde(rename = "count")]
     pub count: i64,
 }
-/// The gate's decision.
+/// allowed when the call passed every check of tool.invoke, denied when one refused it.
 ///
 /// Source: spec.
 #[derive(

@@ -119,6 +119,11 @@ fn channel_activity(c: crate::store::obs::ChannelTouch) -> ObsChannelActivity {
     }
 }
 
+/// The channel label of cron sessions.
+const CRON_CHANNEL: &str = crate::store::sessions::InternalChannel::Cron.label();
+/// Gated fires of a job `obs.explain` reads (newest first): the full depth's cap.
+const GATE_RUNS_READ: i64 = crate::obs::explain::FULL_ORCHESTRATE as i64;
+
 impl Rpc {
     /// The stored facts of one session for obs.explain; None when it has neither a sessions
     /// row nor index rows.
@@ -130,7 +135,17 @@ impl Rpc {
         let store = &self.engine().store;
         let row = store.session_row_facts(key).await?;
         let (trace, last_detail) = store.trace_of_session(key).await?;
-        if row.is_none() && trace.is_empty() {
+        // A cron job's session: its gated fires (a job whose gate skipped every fire has no
+        // turn, but its session still resolves to the gate runs).
+        let gated = match crate::store::sessions::key_parts(key) {
+            Some([agent, channel, owner, job]) if channel == CRON_CHANNEL => {
+                store
+                    .gated_fires_of_job(&job, &owner, &agent, GATE_RUNS_READ)
+                    .await?
+            }
+            _ => Vec::new(),
+        };
+        if row.is_none() && trace.is_empty() && gated.is_empty() {
             return Ok(None);
         }
         let usage = usage_facts(&store.usage_sums_of_session(key, None).await?);
@@ -143,6 +158,7 @@ impl Rpc {
             include_synthetic,
             ..SessionFacts::default()
         };
+        let row_missing = row.is_none();
         match row {
             Some(r) => {
                 facts.agent_id = Some(r.agent_id);
@@ -182,6 +198,15 @@ impl Rpc {
             }
         }
         facts.trace = trace;
+        facts.cron_gate = gated.first().map(crate::obs::orchestrate::cron_wake_gate);
+        facts.orchestrate = gated
+            .iter()
+            .filter_map(|g| crate::obs::orchestrate::orchestrate_run(&g.record))
+            .collect();
+        if row_missing && facts.agent_id.is_none() {
+            facts.agent_id = crate::store::sessions::key_parts(key).map(|[a, ..]| a);
+            facts.channel = Some(CRON_CHANNEL.to_owned());
+        }
         Ok(Some(facts))
     }
 }

@@ -37,6 +37,10 @@ const SUMMARY_BREAKER_EVENTS: usize = 20;
 const FULL_FAILURES: usize = 200;
 /// Breaker events kept at depth full.
 const FULL_BREAKER_EVENTS: usize = 200;
+/// Orchestrated script runs (wake gate runs) kept, newest first, at depth summary.
+const SUMMARY_ORCHESTRATE: usize = 5;
+/// ... and at depth full (also how many the handler reads).
+pub const FULL_ORCHESTRATE: usize = 50;
 /// Longest reference or session key quoted in a summary or detail, in characters.
 const SHOWN_REF_CHARS: usize = 128;
 /// Longest reference value echoed in `reference.value` (the parameter's own maximum).
@@ -405,6 +409,11 @@ fn resolved(
     };
     let failures = cuts.cap("failures", failures, failure_cap);
     let breaker_timeline = cuts.cap_oldest("breakerTimeline", breaker, breaker_cap);
+    let orchestrate_cap = match depth {
+        Depth::Summary => SUMMARY_ORCHESTRATE,
+        Depth::Full => FULL_ORCHESTRATE,
+    };
+    let orchestrate = cuts.cap("orchestrate", facts.orchestrate.clone(), orchestrate_cap);
 
     let mut report = ObsIncidentReport {
         schema_version: 1,
@@ -438,11 +447,12 @@ fn resolved(
         truncations: cuts.list(),
         context_budget: facts.context_budget.clone(),
         recall,
-        // The gateway has no voice, learning or orchestration subsystem, and reads a single
-        // store (nothing to cross-check for coverage): these blocks are never present.
+        // The gateway has no voice or learning subsystem, and reads a single store (nothing
+        // to cross-check for coverage): these blocks are never present. Its orchestrated
+        // script runs are wake gates (`obs/orchestrate.rs`).
         voice: None,
         learning: None,
-        orchestrate: None,
+        orchestrate: (!orchestrate.is_empty()).then_some(orchestrate),
         cron_wake_gate: facts.cron_gate.clone(),
         coverage: None,
     };
@@ -559,11 +569,12 @@ fn top_failing_text(tally: &BTreeMap<String, ToolTally>) -> Option<(String, Stri
 /// 3. `context_exhausted`, `timeout` (`output_starved` is never produced, see above).
 /// 4. `max_steps`, `budget_exceeded`, `context_loop`, `provider_error` (end reason error),
 ///    `tool_circuit_open` (circuit_open whose rows were swept).
-/// 5. `completed_with_tool_errors`: a clean stop with failed tool calls.
-/// 6. `recall_miss`: every memory recall found nothing.
-/// 7. `outcome_unresolved`: no finish reason recorded (end reason unknown); the spec ranks it
+/// 5. `orchestrate_failed`: the newest orchestrated script run (wake gate) failed.
+/// 6. `completed_with_tool_errors`: a clean stop with failed tool calls.
+/// 7. `recall_miss`: every memory recall found nothing.
+/// 8. `outcome_unresolved`: no finish reason recorded (end reason unknown); the spec ranks it
 ///    lowest (benign), so it comes after recall_miss.
-/// 8. None.
+/// 9. None.
 fn root_cause(c: &Ctx<'_>) -> Option<ObsRootCause> {
     if let Some(last) = c.breaker.last() {
         let tool = last.tool_name.as_str();
@@ -626,6 +637,9 @@ fn root_cause(c: &Ctx<'_>) -> Option<ObsRootCause> {
     {
         return Some(d.clone());
     }
+    if let Some(o) = orchestrate_failed(c) {
+        return Some(o);
+    }
     if c.end == "stop" && c.failed_total > 0 {
         if let Some((tool, top)) = top_failing_text(c.tally) {
             return cause(
@@ -662,6 +676,36 @@ fn root_cause(c: &Ctx<'_>) -> Option<ObsRootCause> {
     }
     // outcome_unresolved is the lowest-ranked cause (benign): below recall_miss.
     degraded_cause
+}
+
+/// `orchestrate_failed`: the newest orchestrated script run (the job's last wake gate)
+/// failed, so the fire failed open (or was decided without a readable reply).
+fn orchestrate_failed(c: &Ctx<'_>) -> Option<ObsRootCause> {
+    use crate::api::generated::types::ObsOrchestrateRunOutcome;
+    let last = c
+        .facts
+        .orchestrate
+        .first()
+        .filter(|o| o.outcome == ObsOrchestrateRunOutcome::Failure)?;
+    let class = last.failure_class.map_or("failure", |f| f.as_str());
+    let exit = last
+        .exit_code
+        .map_or_else(|| "no exit code".to_owned(), |e| format!("exit code {e}"));
+    cause(
+        "orchestrate_failed",
+        format!(
+            "The newest wake gate run ({}) failed: {class}, {exit}, after {} ms; the fire went \
+             ahead as if the gate had woken it.",
+            clip(&last.run_id, NAME_CHARS),
+            last.duration_ms
+        ),
+        vec![
+            "Run the gate script by hand in the agent's workspace with the GATEWAY_* variables \
+             of docs/scheduler.md and check its exit code and output"
+                .to_owned(),
+            "cron.runs lists each fire's gate decision and reason".to_owned(),
+        ],
+    )
 }
 
 /// The cause named by the end reason alone (rules 3 and 4), whatever the tool failures.
@@ -858,6 +902,17 @@ fn fit(report: &mut ObsIncidentReport, cuts: &mut Cuts) {
                 let b = report.breaker_timeline.remove(0);
                 cuts.size("breakerTimeline", report.breaker_timeline.len());
                 json_len(&b) + 1
+            } else if let Some(o) = report
+                .orchestrate
+                .as_mut()
+                .filter(|o| o.len() > 1)
+                .and_then(Vec::pop)
+            {
+                cuts.size(
+                    "orchestrate",
+                    report.orchestrate.as_ref().map_or(0, Vec::len),
+                );
+                json_len(&o) + 1
             } else if let Some(name) = fewest_calls(&report.tool_stats) {
                 let Some(stat) = report.tool_stats.remove(&name) else {
                     break;
@@ -964,6 +1019,7 @@ mod tests {
             trace: Vec::new(),
             context_budget: Some(budget(ObsContextBudgetVerdict::Fits, 9_000)),
             cron_gate: None,
+            orchestrate: Vec::new(),
             include_synthetic: false,
         }
     }
@@ -1109,6 +1165,63 @@ mod tests {
         });
         let calls: Vec<Call<'_>> = (0..10).map(|_| Call("web_search", None, None)).collect();
         turn(&mut f, &calls, "max_steps", None);
+        f
+    }
+
+    /// A gated cron job: eight gate runs, the newest timed out (the fire failed open and its
+    /// turn stopped cleanly).
+    fn gate_failed() -> SessionFacts {
+        use crate::api::generated::types::{
+            ObsOrchestrateRun, ObsOrchestrateRunFailureClass, ObsOrchestrateRunOutcome,
+            ObsOrchestrateRunResultRefs, ObsOrchestrateRunToolCallsItem,
+            ObsOrchestrateRunToolCallsItemDecision,
+        };
+        let mut f = session("agent:ops:cron:alice:disk-check");
+        f.channel = Some("cron".to_owned());
+        f.cron_gate = Some(ObsCronWakeGateRun {
+            job_id: "disk-check".to_owned(),
+            wake: true,
+            duration_ms: 1_003,
+            tool_calls: 2,
+            est_turns_saved: 0,
+        });
+        f.orchestrate = (0..8)
+            .map(|i| {
+                let failed = i == 0;
+                ObsOrchestrateRun {
+                    run_id: format!("gate_{i:02}"),
+                    lease_id: Some(format!("lease_gate_{i:02}")),
+                    outcome: if failed {
+                        ObsOrchestrateRunOutcome::Failure
+                    } else {
+                        ObsOrchestrateRunOutcome::Success
+                    },
+                    duration_ms: if failed { 1_003 } else { 40 },
+                    exit_code: if failed { None } else { Some(10) },
+                    failure_class: failed.then_some(ObsOrchestrateRunFailureClass::Timeout),
+                    tool_calls: vec![
+                        ObsOrchestrateRunToolCallsItem {
+                            tool: "current_time".to_owned(),
+                            capability: "tool:current_time".to_owned(),
+                            decision: ObsOrchestrateRunToolCallsItemDecision::Allowed,
+                            count: 1,
+                        },
+                        ObsOrchestrateRunToolCallsItem {
+                            tool: "tokens.create".to_owned(),
+                            capability: "scope:admin".to_owned(),
+                            decision: ObsOrchestrateRunToolCallsItemDecision::Denied,
+                            count: 1,
+                        },
+                    ],
+                    result_refs: ObsOrchestrateRunResultRefs {
+                        count: 1,
+                        bytes: 31,
+                    },
+                    savings: None,
+                }
+            })
+            .collect();
+        turn(&mut f, &[Call("current_time", None, None)], "stop", None);
         f
     }
 
@@ -1267,6 +1380,10 @@ mod tests {
                 input(Depth::Summary, context_exhausted()),
             ),
             ("explain_recall_miss", input(Depth::Summary, recall_miss())),
+            (
+                "explain_orchestrate_failed",
+                input(Depth::Summary, gate_failed()),
+            ),
             ("explain_session_not_found", not_found()),
             ("explain_huge_summary", input(Depth::Summary, huge())),
             ("explain_huge_full", input(Depth::Full, huge())),
@@ -1460,6 +1577,37 @@ mod tests {
             .breaker_timeline
             .windows(2)
             .all(|w| w[0].seq < w[1].seq));
+    }
+
+    #[test]
+    fn gate_runs_are_capped_by_depth_and_a_failed_newest_one_is_the_root_cause() {
+        let summary = explain(&input(Depth::Summary, gate_failed()));
+        let runs = summary.orchestrate.as_ref().unwrap();
+        assert_eq!(runs.len(), SUMMARY_ORCHESTRATE);
+        assert_eq!(runs[0].run_id, "gate_00", "newest first");
+        let cut = summary
+            .truncations
+            .iter()
+            .find(|t| t.member == "orchestrate")
+            .unwrap();
+        assert_eq!((cut.kept, cut.dropped), (5, 3));
+        assert_eq!(cut.reason, ObsTruncationReason::DepthCap);
+        let cause = summary.likely_root_cause.unwrap();
+        assert_eq!(cause.code, "orchestrate_failed");
+        assert!(cause.detail.contains("gate_00") && cause.detail.contains("timeout"));
+        assert!(summary.cron_wake_gate.unwrap().wake);
+        let full = explain(&input(Depth::Full, gate_failed()));
+        assert_eq!(full.orchestrate.unwrap().len(), 8);
+        // A newest run that succeeded is no root cause; none at all is no member.
+        let mut ok = gate_failed();
+        ok.orchestrate.remove(0);
+        let r = explain(&input(Depth::Summary, ok));
+        assert_ne!(
+            r.likely_root_cause.map(|c| c.code).as_deref(),
+            Some("orchestrate_failed")
+        );
+        let r = explain(&input(Depth::Summary, stop_clean()));
+        assert!(r.orchestrate.is_none());
     }
 
     #[test]

@@ -39,6 +39,8 @@ const ACUTE_WINDOW_MS: i64 = 3_600_000;
 const RECURRING_MIN: i64 = 3;
 /// cron_wake_gate_efficiency: the fail-open rate from which it is a finding.
 const FAIL_OPEN_RATE: f64 = 0.2;
+/// orchestrate_efficiency: the share of refused socket calls from which it is a finding.
+const REFUSED_CALL_RATE: f64 = 0.2;
 
 const STEP_PROVIDER_HEALTH: &str =
     "Check provider health and failed calls with providers.list and obs.billing.byProvider";
@@ -381,9 +383,13 @@ fn finding(code: &str, count: i64, hint: String) -> ObsFleetHealthReportFindings
 /// 5. `cron_wake_gate_efficiency`: gated fires that failed open, when they are at least 20 %
 ///    of the gated fires.
 ///
+/// 6. `orchestrate_efficiency`: capability-socket calls of orchestrated scripts (wake gates)
+///    refused by a check, when they are at least 20 % of those scripts' calls: scripts
+///    calling what their lease does not hold spend their run for nothing.
+///
 /// The autonomy findings follow (see [`autonomy_findings`]). `voice_health`,
-/// `pipeline_authoring`, `orchestrate_efficiency` and `memory_lifecycle` are never produced:
-/// the gateway has no voice, pipeline authoring, orchestrate or memory lifecycle records.
+/// `pipeline_authoring` and `memory_lifecycle` are never produced: the gateway has no voice,
+/// pipeline authoring or memory lifecycle records.
 fn findings(
     input: &FleetInput,
     tally: &BTreeMap<String, ToolTally>,
@@ -465,6 +471,24 @@ fn findings(
                 ),
             ));
         }
+    }
+    let (allowed, denied) = input.gate_fires.iter().fold((0i64, 0i64), |(a, d), f| {
+        (
+            a.saturating_add(f.calls_allowed.max(0)),
+            d.saturating_add(f.calls_denied.max(0)),
+        )
+    });
+    let calls = allowed.saturating_add(denied);
+    if denied > 0 && ratio(denied, calls) >= REFUSED_CALL_RATE {
+        out.push(finding(
+            "orchestrate_efficiency",
+            denied,
+            format!(
+                "{denied} of {calls} capability-socket calls of wake gate scripts were refused \
+                 (a tool outside the run's lease, or an admin method without adminTrust); see \
+                 the orchestrate entries of obs.explain on the gated jobs' sessions."
+            ),
+        ));
     }
     out
 }
@@ -628,6 +652,12 @@ fn root_cause(c: &Ctx<'_>) -> Option<ObsRootCause> {
         "provider_failures" => vec![STEP_PROVIDER_HEALTH.to_owned(), STEP_FALLBACK.to_owned()],
         "cron_wake_gate_efficiency" => vec![
             "Look at the gated jobs' runs with cron.runs to see why their gates fail".to_owned(),
+        ],
+        "orchestrate_efficiency" => vec![
+            "Look at the refused calls in the orchestrate entries of obs.explain on the gated \
+             jobs' sessions (or subscribe to capability:audited)"
+                .to_owned(),
+            "Give the agent the tools its gate calls, or stop the gate calling them".to_owned(),
         ],
         _ => Vec::new(),
     };
@@ -804,6 +834,8 @@ mod tests {
             failed_open,
             tool_calls: 2,
             turns_saved: i64::from(skipped),
+            calls_allowed: 2,
+            calls_denied: 0,
         }
     }
 
@@ -983,6 +1015,30 @@ mod tests {
             let b = serde_json::to_vec(&fleet_health(&i.clone())).unwrap();
             assert_eq!(a, b);
         }
+    }
+
+    #[test]
+    fn refused_socket_calls_of_gate_scripts_are_a_finding_from_a_fifth_of_the_calls() {
+        let with = |allowed: i64, denied: i64| FleetInput {
+            gate_fires: vec![GateFire {
+                calls_allowed: allowed,
+                calls_denied: denied,
+                ..gate("main", false, false)
+            }],
+            ..window()
+        };
+        let find = |i: &FleetInput| {
+            fleet_health(i)
+                .findings
+                .into_iter()
+                .find(|f| f.code == "orchestrate_efficiency")
+        };
+        assert!(find(&with(5, 0)).is_none(), "none refused");
+        assert!(find(&with(5, 1)).is_none(), "1 of 6: under a fifth");
+        let f = find(&with(4, 1)).expect("1 of 5: at a fifth");
+        assert_eq!(f.count, 1);
+        assert!(f.hint.contains("1 of 5"), "{}", f.hint);
+        assert!(find(&with(0, 3)).is_some());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod explain;
 pub mod health;
+pub mod orchestrate;
 pub mod recorder;
 
 use std::collections::HashMap;

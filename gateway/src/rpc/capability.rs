@@ -236,26 +236,35 @@ async fn tool_invoke(
         Some(id) => Some(Target::Method(id)),
         None => engine.turns.tools().scope_of(&p.tool).map(Target::Builtin),
     };
-    let admin_scope = match &target {
-        Some(Target::Method(id)) => id.info().scope == Scope::Admin,
-        Some(Target::Builtin(scope)) => *scope == Scope::Admin,
-        None => false,
+    let (admin_scope, capability) = match &target {
+        Some(Target::Method(id)) => (
+            id.info().scope == Scope::Admin,
+            rules::method_capability(id.info().scope.as_str()),
+        ),
+        Some(Target::Builtin(scope)) => (*scope == Scope::Admin, rules::tool_capability(&p.tool)),
+        None => (false, "none".to_owned()),
+    };
+    let decided = Decided {
+        state,
+        run: &run,
+        tool: &p.tool,
+        capability: &capability,
     };
     let trusted = rules::admin_trust(&state.file_document, &run.agent_id);
     if let Some(why) = rules::denied(&p.tool, admin_scope, trusted) {
-        audit(state, Some(&run), &p.tool, None, Some(Check::Denylist));
+        decided.refused(Check::Denylist);
         return Err(refusal(Check::Denylist, &format!("{}: {why}", p.tool)));
     }
     let own = rustix::process::getuid().as_raw();
     if !rules::origin_ok(peer, own) {
-        audit(state, Some(&run), &p.tool, None, Some(Check::Origin));
+        decided.refused(Check::Origin);
         return Err(refusal(
             Check::Origin,
             "the caller is not the gateway's own user",
         ));
     }
     let Some(target) = target else {
-        audit(state, Some(&run), &p.tool, None, Some(Check::Capability));
+        decided.refused(Check::Capability);
         return Err(RpcError::method_not_found(&p.tool));
     };
     let caller = Principal::new(&run.client_id, run.scopes).context(None);
@@ -264,7 +273,7 @@ async fn tool_invoke(
         Target::Method(id) => {
             let info = id.info();
             if !run.scopes.allows(info.scope) {
-                audit(state, Some(&run), &p.tool, None, Some(Check::Capability));
+                decided.refused(Check::Capability);
                 return Err(refusal(
                     Check::Capability,
                     &format!(
@@ -274,17 +283,12 @@ async fn tool_invoke(
                     ),
                 ));
             }
-            audit(
-                state,
-                Some(&run),
-                &p.tool,
-                Some(ToolInvokeResultRoutedTo::Rpc),
-                None,
-            );
+            decided.allowed(ToolInvokeResultRoutedTo::Rpc);
             let rpc = crate::handlers::Rpc::new(state.clone());
             let result =
                 crate::api::generated::dispatch::dispatch(&rpc, &caller, &p.tool, Some(args))
                     .await?;
+            decided.returned(json_len(&result));
             Ok(ToolInvokeResult {
                 tool: p.tool,
                 routed_to: ToolInvokeResultRoutedTo::Rpc,
@@ -301,22 +305,18 @@ async fn tool_invoke(
                 && run.lease.tools.as_ref().is_none_or(|t| t.contains(&p.tool))
                 && run.budget.profile.allows(&p.tool, group);
             let Some(agent) = agent.filter(|_| within) else {
-                audit(state, Some(&run), &p.tool, None, Some(Check::Capability));
+                decided.refused(Check::Capability);
                 return Err(refusal(
                     Check::Capability,
                     &format!("{} is not within this run's capabilities", p.tool),
                 ));
             };
-            tools
-                .check_args(&p.tool, &args)
-                .map_err(RpcError::invalid_params)?;
-            audit(
-                state,
-                Some(&run),
-                &p.tool,
-                Some(ToolInvokeResultRoutedTo::Builtin),
-                None,
-            );
+            // Arguments the tool's schema refuses: the call never ran (counted as denied).
+            tools.check_args(&p.tool, &args).map_err(|e| {
+                decided.count(false);
+                RpcError::invalid_params(e)
+            })?;
+            decided.allowed(ToolInvokeResultRoutedTo::Builtin);
             let label = format!("capability:{}", run.run_id);
             let text = engine
                 .turns
@@ -333,12 +333,66 @@ async fn tool_invoke(
                 .map_err(|why| {
                     RpcError::new(error_codes::INTERNAL_ERROR, format!("Tool failed: {why}"))
                 })?;
+            decided.returned(text.len());
             Ok(ToolInvokeResult {
                 tool: p.tool,
                 routed_to: ToolInvokeResultRoutedTo::Builtin,
                 result: Value::String(text),
             })
         }
+    }
+}
+
+/// Size of `v`'s JSON text, without keeping the text.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
+/// A call some live lease authenticated: each decision is audited and counted on its run.
+struct Decided<'a> {
+    state: &'a AppState,
+    run: &'a Arc<LiveRun>,
+    tool: &'a str,
+    capability: &'a str,
+}
+
+impl Decided<'_> {
+    fn refused(&self, check: Check) {
+        self.count(false);
+        audit(self.state, Some(self.run), self.tool, None, Some(check));
+    }
+
+    fn allowed(&self, routed: ToolInvokeResultRoutedTo) {
+        self.count(true);
+        audit(self.state, Some(self.run), self.tool, Some(routed), None);
+    }
+
+    fn returned(&self, bytes: usize) {
+        self.run
+            .socket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .result(bytes);
+    }
+
+    fn count(&self, allowed: bool) {
+        self.run
+            .socket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(self.tool, self.capability, allowed);
     }
 }
 

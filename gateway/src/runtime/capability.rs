@@ -16,6 +16,104 @@ pub const ENV_SOCKET: &str = "AGENT_GATEWAY_CAPABILITY_SOCKET";
 /// Environment variable holding the run's lease token for that process.
 pub const ENV_LEASE: &str = "AGENT_GATEWAY_LEASE";
 
+/// Most (tool, capability, decision) groups a run keeps of its socket calls; calls of a new
+/// group past them are only counted ([`SocketCalls::dropped`]).
+pub const MAX_CALL_GROUPS: usize = 32;
+/// Longest tool or capability name a group keeps (characters); longer ones are cut.
+const MAX_GROUP_NAME: usize = 128;
+
+/// Calls with one tool, capability and decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallGroup {
+    pub tool: String,
+    /// What the call required: `scope:<scope>` for a gateway method, `tool:<name>` for a
+    /// built-in tool, `none` for a name that is neither.
+    pub capability: String,
+    /// Past every check (the gate's decision `allowed`), or refused by one (`denied`).
+    pub allowed: bool,
+    pub count: u64,
+}
+
+/// What a run's process did on the socket: its calls grouped (in first-call order) and the
+/// results returned to it. Kept on the live run and recorded with a wake gate's fire
+/// (`obs.explain`'s `orchestrate` entries).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketCalls {
+    pub groups: Vec<CallGroup>,
+    /// Calls of groups past [`MAX_CALL_GROUPS`].
+    pub dropped: u64,
+    /// Results returned, and their size in bytes (the JSON of a method's result, the text of
+    /// a built-in tool's).
+    pub results: u64,
+    pub result_bytes: u64,
+}
+
+impl SocketCalls {
+    /// Counts one decided call.
+    pub fn add(&mut self, tool: &str, capability: &str, allowed: bool) {
+        let tool = clip(tool);
+        let capability = clip(capability);
+        if let Some(g) = self
+            .groups
+            .iter_mut()
+            .find(|g| g.allowed == allowed && g.tool == tool && g.capability == capability)
+        {
+            g.count += 1;
+        } else if self.groups.len() < MAX_CALL_GROUPS {
+            self.groups.push(CallGroup {
+                tool: tool.to_owned(),
+                capability: capability.to_owned(),
+                allowed,
+                count: 1,
+            });
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// Counts one result returned to the process.
+    pub fn result(&mut self, bytes: usize) {
+        self.results += 1;
+        self.result_bytes = self.result_bytes.saturating_add(bytes as u64);
+    }
+
+    /// Calls refused by a check.
+    pub fn denied(&self) -> u64 {
+        self.groups
+            .iter()
+            .filter(|g| !g.allowed)
+            .map(|g| g.count)
+            .sum()
+    }
+
+    /// Calls past every check.
+    pub fn allowed(&self) -> u64 {
+        self.groups
+            .iter()
+            .filter(|g| g.allowed)
+            .map(|g| g.count)
+            .sum()
+    }
+}
+
+fn clip(s: &str) -> &str {
+    match s.char_indices().nth(MAX_GROUP_NAME) {
+        Some((at, _)) => &s[..at],
+        None => s,
+    }
+}
+
+/// The capability a gateway method requires: its scope.
+pub fn method_capability(scope: &str) -> String {
+    format!("scope:{scope}")
+}
+
+/// The capability a built-in tool requires: the tool itself (a lease's capabilities are the
+/// tools its agent allows, narrowed by the caller and the profile).
+pub fn tool_capability(tool: &str) -> String {
+    format!("tool:{tool}")
+}
+
 /// The socket of the data directory `data_dir`.
 pub fn socket_path(data_dir: &Path) -> PathBuf {
     data_dir.join(SOCKET_FILE)
@@ -110,6 +208,30 @@ mod tests {
         assert!(denied("tokens.create", true, true).is_none());
         assert!(denied("memory.search", false, false).is_none());
         assert!(denied("current_time", false, false).is_none());
+    }
+
+    #[test]
+    fn socket_calls_group_by_tool_capability_and_decision_within_a_bound() {
+        let mut c = SocketCalls::default();
+        c.add("current_time", "tool:current_time", true);
+        c.add("current_time", "tool:current_time", true);
+        c.add("current_time", "tool:current_time", false);
+        c.add("tokens.create", "scope:admin", false);
+        assert_eq!(c.groups.len(), 3);
+        assert_eq!((c.allowed(), c.denied()), (2, 2));
+        assert_eq!(c.groups[0].count, 2);
+        for i in 0..(MAX_CALL_GROUPS + 5) {
+            c.add(&format!("t{i}"), "none", false);
+        }
+        assert_eq!(c.groups.len(), MAX_CALL_GROUPS, "at the bound");
+        assert_eq!(c.dropped, 8, "past it: counted only");
+        let long = "x".repeat(300);
+        let mut d = SocketCalls::default();
+        d.add(&long, &long, true);
+        assert_eq!(d.groups[0].tool.chars().count(), MAX_GROUP_NAME);
+        d.result(10);
+        d.result(5);
+        assert_eq!((d.results, d.result_bytes), (2, 15));
     }
 
     #[test]

@@ -157,6 +157,8 @@ pub struct LiveRun {
     pub scopes: crate::api::scopes::Scopes,
     /// `tool.invoke` calls made with its lease (past the lease check).
     pub invocations: AtomicU32,
+    /// Those calls grouped by tool, capability and decision, and the results returned.
+    pub socket: Mutex<crate::runtime::capability::SocketCalls>,
     /// Cancelled by a kill of this run or of any ancestor: the run's task drops its turn.
     pub kill: CancellationToken,
     pub lease: Lease,
@@ -468,6 +470,7 @@ impl RunTree {
             client_id: p.client_id.to_owned(),
             scopes: p.scopes,
             invocations: AtomicU32::new(0),
+            socket: Mutex::new(crate::runtime::capability::SocketCalls::default()),
             kill,
             stop: Mutex::new(None),
             inbox: Mutex::new(Vec::new()),

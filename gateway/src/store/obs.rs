@@ -14,7 +14,9 @@ use crate::api::error::GatewayError;
 use crate::api::generated::types::ObsContextDagResultSnapshotsItemCompactionsItem;
 use crate::api::tenancy::Tenant;
 use crate::store::filter::{Filter, Value};
-use crate::store::records::{GateFire, ToolResultFact, TraceFact, UsageFacts};
+use crate::store::records::{
+    GateFire, GateRecord, GatedFire, ToolResultFact, TraceFact, UsageFacts,
+};
 
 /// One row of the session index.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -792,20 +794,55 @@ impl Store {
             let mut out = Vec::with_capacity(rows.len());
             for r in &rows {
                 let gate: String = r.col("gate")?;
-                let decision = serde_json::from_str::<serde_json::Value>(&gate)
-                    .ok()
-                    .and_then(|v| {
-                        v.get("decision")
-                            .and_then(|d| d.as_str())
-                            .map(str::to_owned)
-                    })
-                    .unwrap_or_default();
+                let record = serde_json::from_str::<GateRecord>(&gate).unwrap_or_default();
+                let (calls_allowed, calls_denied) = record.calls();
                 out.push(GateFire {
                     agent_id: r.col("agent_id")?,
-                    skipped: decision == "skip",
-                    failed_open: decision == "failed_open",
+                    skipped: record.decision == "skip",
+                    failed_open: record.decision == "failed_open",
                     tool_calls: r.col::<Option<i64>>("tool_calls")?.unwrap_or(0),
                     turns_saved: r.col::<Option<i64>>("est_turns_saved")?.unwrap_or(0),
+                    calls_allowed,
+                    calls_denied,
+                });
+            }
+            out
+        }))
+    }
+
+    /// The newest `limit` gated fires of one job (of `owner`, run by `agent_id`), newest
+    /// first: what `obs.explain` of the job's session reports of its wake gate. A record that
+    /// does not parse is left out.
+    pub async fn gated_fires_of_job(
+        &self,
+        job_id: &str,
+        owner: &str,
+        agent_id: &str,
+        limit: i64,
+    ) -> Result<Vec<GatedFire>, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            let rows = sqlx::query(
+                "SELECT gate, tool_calls, est_turns_saved FROM cron_runs \
+                 WHERE job_id = $1 AND owner = $2 AND agent_id = $3 AND gate IS NOT NULL \
+                 ORDER BY id DESC LIMIT $4",
+            )
+            .bind(text(job_id))
+            .bind(text(owner))
+            .bind(text(agent_id))
+            .bind(limit)
+            .fetch_all(p)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let gate: String = r.col("gate")?;
+                let Ok(record) = serde_json::from_str::<GateRecord>(&gate) else {
+                    continue;
+                };
+                out.push(GatedFire {
+                    job_id: job_id.to_owned(),
+                    record,
+                    tool_calls: r.col("tool_calls")?,
+                    est_turns_saved: r.col("est_turns_saved")?,
                 });
             }
             out

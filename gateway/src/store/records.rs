@@ -4,7 +4,7 @@
 //!
 //! Everything here is content-free: names, counts, timings, codes and digests.
 
-use crate::api::generated::types::{ObsContextBudget, ObsCronWakeGateRun};
+use crate::api::generated::types::{ObsContextBudget, ObsCronWakeGateRun, ObsOrchestrateRun};
 
 /// Which parameter of `obs.explain` named the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +71,10 @@ pub struct SessionFacts {
     pub trace: Vec<TraceFact>,
     /// The context budget of the last turn, when its turn_end row is still indexed.
     pub context_budget: Option<ObsContextBudget>,
-    /// The cron wake gate decision of the fire that ran the session, if one did.
+    /// The cron wake gate decision of the newest gated fire of the session's job, if any.
     pub cron_gate: Option<ObsCronWakeGateRun>,
+    /// The wake gate runs of the session's job (its gated fires), newest first.
+    pub orchestrate: Vec<ObsOrchestrateRun>,
     /// Synthetic records (heartbeats, wake gates, probes) are counted.
     pub include_synthetic: bool,
 }
@@ -170,6 +172,76 @@ pub struct GateFire {
     pub failed_open: bool,
     pub tool_calls: i64,
     pub turns_saved: i64,
+    /// Its gate's socket calls past every check, and refused by one.
+    pub calls_allowed: i64,
+    pub calls_denied: i64,
+}
+
+/// What a fire records of its wake gate (`cron_runs.gate`, JSON): the decision, and the run
+/// the gate's process was (its lease, exit code, failure class and socket calls). Records
+/// written before the run members existed have only the first three.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateRecord {
+    /// wake | skip | failed_open
+    pub decision: String,
+    pub duration_ms: i64,
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// timeout | stdout_cap | nonzero_exit | spawn_fail | lease_absent; None when the gate ran
+    /// to a decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_class: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<GateCall>,
+    /// Calls past the kept groups (counted only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub calls_dropped: i64,
+    #[serde(default)]
+    pub result_count: i64,
+    #[serde(default)]
+    pub result_bytes: i64,
+}
+
+/// One stored gated fire of a job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatedFire {
+    pub job_id: String,
+    pub record: GateRecord,
+    pub tool_calls: Option<i64>,
+    pub est_turns_saved: Option<i64>,
+}
+
+/// Calls of a gate with one tool, capability and decision (allowed | denied).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GateCall {
+    pub tool: String,
+    pub capability: String,
+    pub decision: String,
+    pub count: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+impl GateRecord {
+    /// Socket calls past every check, and refused by one.
+    pub fn calls(&self) -> (i64, i64) {
+        let sum = |d: &str| {
+            self.tool_calls
+                .iter()
+                .filter(|c| c.decision == d)
+                .map(|c| c.count)
+                .sum::<i64>()
+        };
+        (sum("allowed"), sum("denied"))
+    }
 }
 
 /// The short error kind of a failed tool result, from its text: the gateway's own refusals

@@ -2431,6 +2431,10 @@ export interface CronRunGate {
    * Why the gate failed open (exit status, signal, timeout, path check).
    */
   "reason"?: string;
+  /**
+   * The run the gate's process was (`gate_...`, designed): its lease, exit code and capability-socket calls are the `orchestrate` entry of that id in obs.explain of the job's session. Absent in records written before the gateway recorded it.
+   */
+  "runId"?: string;
 }
 
 /**
@@ -8588,7 +8592,7 @@ export interface ObsOkFailed {
 }
 
 /**
- * One orchestrated script run of the session.
+ * One orchestrated script run of the session. The gateway's script runs are wake gates: each gated fire of a cron job is an entry of that job's session (`gate_...` run ids), newest first. Deliberate departures: a gate that exits with its skip code (10) made a decision, so its outcome is success like exit 0; exit 0 with a reply past the 4 KiB cap is a failure (stdout_cap: the reply was not read); a gate whose run was killed (run.kill) or whose lease was revoked while it ran is lease_absent. resultRefs counts the results the capability socket returned to the script (it stores nothing by reference), and savings is never estimated.
  */
 export interface ObsOrchestrateRun {
   /**
@@ -8600,7 +8604,7 @@ export interface ObsOrchestrateRun {
    */
   "leaseId"?: string;
   /**
-   * success when exitCode is 0.
+   * success when exitCode is 0 (or the wake gate's skip code, see above) and no failureClass applies.
    */
   "outcome": ObsOrchestrateRunOutcome;
   /**
@@ -8620,7 +8624,7 @@ export interface ObsOrchestrateRun {
    */
   "toolCalls": ObsOrchestrateRunToolCallsItem[];
   /**
-   * Results the run stored by reference instead of inlining.
+   * Results the capability socket returned to the run's process.
    */
   "resultRefs": ObsOrchestrateRunResultRefs;
   /**
@@ -8635,16 +8639,16 @@ export interface ObsOrchestrateRun {
 export type ObsOrchestrateRunFailureClass = "timeout" | "stdout_cap" | "nonzero_exit" | "spawn_fail" | "lease_absent";
 
 /**
- * success when exitCode is 0.
+ * success when exitCode is 0 (or the wake gate's skip code, see above) and no failureClass applies.
  */
 export type ObsOrchestrateRunOutcome = "success" | "failure";
 
 /**
- * Results the run stored by reference instead of inlining.
+ * Results the capability socket returned to the run's process.
  */
 export interface ObsOrchestrateRunResultRefs {
   /**
-   * Stored results.
+   * Results returned.
    */
   "count": number;
   /**
@@ -8676,11 +8680,11 @@ export interface ObsOrchestrateRunToolCallsItem {
    */
   "tool": string;
   /**
-   * The capability the call required.
+   * The capability the call required: scope:<scope> for a gateway method, tool:<name> for a built-in tool, none for a name that is neither.
    */
   "capability": string;
   /**
-   * The gate's decision.
+   * allowed when the call passed every check of tool.invoke, denied when one refused it.
    */
   "decision": ObsOrchestrateRunToolCallsItemDecision;
   /**
@@ -8690,7 +8694,7 @@ export interface ObsOrchestrateRunToolCallsItem {
 }
 
 /**
- * The gate's decision.
+ * allowed when the call passed every check of tool.invoke, denied when one refused it.
  */
 export type ObsOrchestrateRunToolCallsItemDecision = "allowed" | "denied";
 

@@ -171,6 +171,64 @@ scheduler:
     assert_eq!(code(&a[8]), -32602, "{}", a[8]);
     // Every call its lease authenticated counts (the bad-lease call is not its lease's).
     assert_eq!(fire["toolCalls"], 8, "{fire}");
+    // The gate's run, as obs.explain of the job's session reports it (`orchestrate`): its
+    // lease, exit code (the skip code is a decision: success), calls grouped by tool,
+    // capability and decision, and the results the socket returned.
+    let gate_run = fire["gate"]["runId"].as_str().unwrap().to_owned();
+    assert!(gate_run.starts_with("gate_"), "{fire}");
+    let session = format!(
+        "agent:default:cron:cron%3Aconfig:{}",
+        fire["jobId"].as_str().unwrap()
+    );
+    let report = ok(&gw, ADMIN, "obs.explain", json!({"sessionKey": session})).await;
+    assert_eq!(report["reference"]["resolved"], true, "{report}");
+    let o = &report["orchestrate"][0];
+    assert_eq!(o["runId"], gate_run.as_str(), "{report}");
+    assert_eq!(o["leaseId"], format!("lease_{gate_run}"));
+    assert_eq!(
+        (&o["outcome"], &o["exitCode"], o.get("failureClass")),
+        (&json!("success"), &json!(10), None),
+        "{o}"
+    );
+    let groups: Vec<(String, String, String, i64)> = o["toolCalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["tool"].as_str().unwrap().to_owned(),
+                g["capability"].as_str().unwrap().to_owned(),
+                g["decision"].as_str().unwrap().to_owned(),
+                g["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let has = |tool: &str, cap: &str, decision: &str, n: i64| {
+        assert!(
+            groups.contains(&(tool.into(), cap.into(), decision.into(), n)),
+            "{tool} {cap} {decision} x{n} not in {groups:?}"
+        );
+    };
+    has("current_time", "tool:current_time", "allowed", 1);
+    has("current_time", "tool:current_time", "denied", 1);
+    has("save_file", "tool:save_file", "denied", 1);
+    has("admin.approval.pending", "scope:admin", "denied", 1);
+    has("no_such_tool", "none", "denied", 1);
+    assert_eq!(groups.iter().map(|g| g.3).sum::<i64>(), 8, "{groups:?}");
+    assert_eq!(o["resultRefs"]["count"], 2, "current_time and system.ping");
+    assert!(o["resultRefs"]["bytes"].as_i64().unwrap() > 10, "{o}");
+    let gate = &report["cronWakeGate"];
+    assert_eq!(
+        (&gate["wake"], &gate["toolCalls"]),
+        (&json!(false), &json!(8)),
+        "{report}"
+    );
+    // A gate whose every fire skipped has no turn: its session resolves to its gate runs.
+    assert_eq!(report["timing"]["turnCount"], 0);
+    assert!(
+        activity(&gw).await.contains(&session),
+        "the session key of the fires"
+    );
 
     // With adminTrust the control method passes the denylist (and is then refused by the
     // capability check: the gate's caller holds rpc only); tool.invoke stays denied.
@@ -186,6 +244,19 @@ scheduler:
     let out: Value = serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
     assert_eq!(out["answers"][0]["result"]["routedTo"], "builtin");
     assert_eq!(fire["toolCalls"], 1, "{fire}");
+    // Across the three gates 8 of 11 socket calls were refused: a fleet finding.
+    let fleet = ok(&gw, ADMIN, "obs.fleet.health", json!({})).await;
+    let finding = fleet["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["code"] == "orchestrate_efficiency")
+        .unwrap_or_else(|| panic!("no orchestrate_efficiency finding: {fleet}"));
+    assert_eq!(finding["count"], 8, "{finding}");
+    assert!(
+        finding["hint"].as_str().unwrap().contains("8 of 11"),
+        "{finding}"
+    );
 
     // The gate's run ended with the gate: its lease is refused now.
     let lease = out["lease"].as_str().unwrap();

@@ -77,7 +77,7 @@ async fn fire(scheduler: &Arc<Scheduler>, job: &JobRow, claimed: Claimed, trigge
                "owner": job.owner, "trigger": trigger, "status": outcome.status,
                "durationMs": outcome.duration_ms, "dueAtMs": claimed.due_at,
                "rootRunId": outcome.root_run_id, "error": outcome.error,
-               "gate": outcome.gate.as_deref().and_then(|g| serde_json::from_str::<serde_json::Value>(g).ok())}),
+               "gate": outcome.gate.as_deref().and_then(super::jobs::gate_of)}),
     );
     // Releasing the slot (when the task ends) re-arms this node's timer for the job's next
     // due time; other nodes need not hear of it.
@@ -113,9 +113,12 @@ async fn run(
             agent_id: &job.agent_id,
             due_at_ms: claimed.due_at,
             capability: Some((&socket, gate_run.lease.token())),
+            cancel: Some(&gate_run.kill),
         };
         let home = crate::runtime::scheduler::gate::home_dir(&scheduler.data_dir, &job.agent_id);
         let g = run_gate(&workspace, &home, &spec, &env).await;
+        // Read before the end revokes it: a lease revoked while the gate ran is its failure.
+        let lease_held = gate_run.lease.valid();
         scheduler.runs.tree().finish(&gate_run, None);
         // What the gate really called through its lease; a self-reported `toolCalls` is not
         // recorded.
@@ -125,9 +128,7 @@ async fn run(
         if g.decision == Decision::FailedOpen {
             tracing::warn!(job = %job.job_id, reason = ?g.reason, "wake gate failed open; the turn runs");
         }
-        let record = json!({"decision": g.decision.as_str(), "durationMs": g.duration_ms,
-                            "reason": g.reason})
-        .to_string();
+        let record = record_of(&g, &gate_run, lease_held);
         if g.decision == Decision::Skip {
             return FireOutcome {
                 status: "skipped",
@@ -146,6 +147,50 @@ async fn run(
         outcome.tool_calls = Some(outcome.tool_calls.unwrap_or(0) + i64::from(gate_calls));
     }
     outcome
+}
+
+/// What the fire records of its gate: the decision, and the gate's run (`obs.explain`'s
+/// `orchestrate` entries). A gate whose run was killed, or whose lease was revoked while it
+/// ran, is classed `lease_absent`; the skip code is a decision, not a failure.
+fn record_of(
+    g: &crate::runtime::scheduler::gate::GateOutcome,
+    run: &crate::runtime::tree::LiveRun,
+    lease_held: bool,
+) -> String {
+    use crate::runtime::scheduler::gate::Failure;
+    use crate::store::records::{GateCall, GateRecord};
+    let failure_class = match (g.failure, lease_held) {
+        (Some(Failure::Killed), _) | (_, false) => Some("lease_absent"),
+        (Some(Failure::SpawnFail), _) => Some("spawn_fail"),
+        (Some(Failure::Timeout), _) => Some("timeout"),
+        (Some(Failure::StdoutCap), _) => Some("stdout_cap"),
+        (Some(Failure::NonzeroExit), _) => Some("nonzero_exit"),
+        (None, true) => None,
+    };
+    let calls = run.socket.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let record = GateRecord {
+        decision: g.decision.as_str().to_owned(),
+        duration_ms: i64::try_from(g.duration_ms).unwrap_or(i64::MAX),
+        reason: g.reason.clone(),
+        run_id: Some(run.run_id.clone()),
+        lease_id: Some(run.lease.id.clone()),
+        exit_code: g.exit_code,
+        failure_class: failure_class.map(str::to_owned),
+        tool_calls: calls
+            .groups
+            .iter()
+            .map(|c| GateCall {
+                tool: c.tool.clone(),
+                capability: c.capability.clone(),
+                decision: if c.allowed { "allowed" } else { "denied" }.to_owned(),
+                count: i64::try_from(c.count).unwrap_or(i64::MAX),
+            })
+            .collect(),
+        calls_dropped: i64::try_from(calls.dropped).unwrap_or(i64::MAX),
+        result_count: i64::try_from(calls.results).unwrap_or(i64::MAX),
+        result_bytes: i64::try_from(calls.result_bytes).unwrap_or(i64::MAX),
+    };
+    serde_json::to_string(&record).unwrap_or_default()
 }
 
 fn failed(error: String) -> FireOutcome {

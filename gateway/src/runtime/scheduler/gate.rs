@@ -69,6 +69,25 @@ pub struct GateEnv<'a> {
     /// The capability socket and the lease of the run registered for the gate's duration
     /// (`AGENT_GATEWAY_CAPABILITY_SOCKET`, `AGENT_GATEWAY_LEASE`); None: neither is set.
     pub capability: Option<(&'a Path, &'a str)>,
+    /// Cancelled by a kill of the gate's run (`run.kill`): the gate's process group is killed
+    /// at once and the gate fails open.
+    pub cancel: Option<&'a tokio_util::sync::CancellationToken>,
+}
+
+/// Why a gate's process did not run to a decision (the `failureClass` of `obs.explain`'s
+/// `orchestrate` entries, with [`Failure::Killed`] reported as `lease_absent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The script could not be started (path rules, not found, not executable, spawn error).
+    SpawnFail,
+    /// It ran past `timeout_seconds`; its group was killed.
+    Timeout,
+    /// It exited 0 with more than [`MAX_OUTPUT`] bytes of stdout (its reply was not read).
+    StdoutCap,
+    /// It exited with a code other than 0 and [`SKIP_EXIT_CODE`], or by a signal.
+    NonzeroExit,
+    /// Its run was killed (`run.kill`), which killed its group.
+    Killed,
 }
 
 /// What to do with this fire.
@@ -104,6 +123,11 @@ pub struct GateOutcome {
     /// Tool calls the gate reports having made (`toolCalls`), 0 when absent: a self-report,
     /// logged but not recorded (the fire records the calls made with its lease).
     pub tool_calls: u32,
+    /// The process's exit code; None when it never started, was killed or ended by a signal.
+    pub exit_code: Option<i32>,
+    /// Why it did not run to a decision; None when it did (exit 0 with a readable reply, or
+    /// the skip code).
+    pub failure: Option<Failure>,
 }
 
 /// Configuration-time check of the script path alone.
@@ -232,16 +256,21 @@ pub async fn run_gate(
     env: &GateEnv<'_>,
 ) -> GateOutcome {
     let started = Instant::now();
-    let (decision, reason, tool_calls, stderr) = match run_checked(workspace, home, spec, env).await
-    {
-        Ok(Verdict {
-            decision,
-            tool_calls,
-            reason,
-            stderr,
-        }) => (decision, reason, tool_calls, stderr),
-        Err(reason) => (Decision::FailedOpen, Some(reason), 0, String::new()),
+    let verdict = match run_checked(workspace, home, spec, env).await {
+        Ok(v) => v,
+        Err(reason) => Verdict {
+            failure: Some(Failure::SpawnFail),
+            ..Verdict::failed(reason, String::new())
+        },
     };
+    let Verdict {
+        decision,
+        tool_calls,
+        reason,
+        stderr,
+        exit_code,
+        failure,
+    } = verdict;
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::debug!(
         job_id = env.job_id,
@@ -258,6 +287,8 @@ pub async fn run_gate(
         duration_ms,
         reason,
         tool_calls,
+        exit_code,
+        failure,
     }
 }
 
@@ -266,6 +297,8 @@ struct Verdict {
     tool_calls: u32,
     reason: Option<String>,
     stderr: String,
+    exit_code: Option<i32>,
+    failure: Option<Failure>,
 }
 
 impl Verdict {
@@ -275,6 +308,8 @@ impl Verdict {
             tool_calls: 0,
             reason: Some(reason),
             stderr,
+            exit_code: None,
+            failure: Some(Failure::NonzeroExit),
         }
     }
 }
@@ -303,6 +338,9 @@ async fn run_checked(
     let stderr_pipe = child.stderr.take();
 
     let mut status: Option<std::io::Result<ExitStatus>> = None;
+    let never = tokio_util::sync::CancellationToken::new();
+    let cancel = env.cancel.unwrap_or(&never);
+    let mut killed = false;
     {
         // Readers run alongside the wait so a chatty gate never blocks on a full pipe. They stop at EOF, which
         // only comes once every holder of the pipe (including descendants) has closed it.
@@ -328,6 +366,10 @@ async fn run_checked(
                 }
                 _ = &mut reads, if !reads_done => reads_done = true,
                 _ = tokio::time::sleep_until(until) => break,
+                _ = cancel.cancelled(), if status.is_none() => {
+                    killed = true;
+                    break;
+                }
             }
             if status.is_some() && reads_done {
                 break;
@@ -352,10 +394,19 @@ async fn run_checked(
             let _ = child.start_kill();
             // kill_on_drop covers a child that is still not reapable after the grace.
             let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
-            return Ok(Verdict::failed(
-                format!("timed out after {} s", spec.timeout_seconds),
-                stderr_text,
-            ));
+            if killed {
+                return Ok(Verdict {
+                    failure: Some(Failure::Killed),
+                    ..Verdict::failed("killed with its run".to_owned(), stderr_text)
+                });
+            }
+            return Ok(Verdict {
+                failure: Some(Failure::Timeout),
+                ..Verdict::failed(
+                    format!("timed out after {} s", spec.timeout_seconds),
+                    stderr_text,
+                )
+            });
         }
     };
 
@@ -367,6 +418,8 @@ async fn run_checked(
                 tool_calls,
                 reason: None,
                 stderr: stderr_text,
+                exit_code: Some(0),
+                failure: stdout.truncated().then_some(Failure::StdoutCap),
             }
         }
         Some(SKIP_EXIT_CODE) => Verdict {
@@ -374,8 +427,13 @@ async fn run_checked(
             tool_calls: 0,
             reason: None,
             stderr: stderr_text,
+            exit_code: Some(SKIP_EXIT_CODE),
+            failure: None,
         },
-        Some(code) => Verdict::failed(format!("exit status {code}"), stderr_text),
+        Some(code) => Verdict {
+            exit_code: Some(code),
+            ..Verdict::failed(format!("exit status {code}"), stderr_text)
+        },
         None => match status.signal() {
             Some(sig) => Verdict::failed(format!("killed by signal {sig}"), stderr_text),
             None => Verdict::failed(format!("abnormal exit ({status})"), stderr_text),
@@ -564,6 +622,7 @@ mod tests {
         agent_id: "agent-7",
         due_at_ms: 1_700_000_000_123,
         capability: None,
+        cancel: None,
     };
 
     fn spec(script: &str, timeout_seconds: u32) -> GateSpec {
@@ -658,6 +717,7 @@ mod tests {
         let (out, _ws) = run_body("echo whatever; exit 10", 10).await;
         assert_eq!(out.decision, Decision::Skip);
         assert_eq!(out.tool_calls, 0);
+        assert_eq!((out.exit_code, out.failure), (Some(SKIP_EXIT_CODE), None));
     }
 
     #[tokio::test]
@@ -665,6 +725,7 @@ mod tests {
         let (out, _ws) = run_body("exit 0", 10).await;
         assert_eq!(out.decision, Decision::Wake);
         assert_eq!(out.reason, None);
+        assert_eq!((out.exit_code, out.failure), (Some(0), None));
     }
 
     #[tokio::test]
@@ -681,6 +742,10 @@ mod tests {
         let (out, _ws) = run_body("echo oops >&2; exit 1", 10).await;
         assert_failed(&out, "exit status 1");
         assert_eq!(out.reason.as_deref(), Some("exit status 1"));
+        assert_eq!(
+            (out.exit_code, out.failure),
+            (Some(1), Some(Failure::NonzeroExit))
+        );
     }
 
     #[tokio::test]
@@ -688,6 +753,10 @@ mod tests {
         let (out, _ws) = run_body("kill -9 $$", 10).await;
         assert_eq!(out.reason.as_deref(), Some("killed by signal 9"));
         assert_eq!(out.decision, Decision::FailedOpen);
+        assert_eq!(
+            (out.exit_code, out.failure),
+            (None, Some(Failure::NonzeroExit))
+        );
     }
 
     #[tokio::test]
@@ -695,6 +764,55 @@ mod tests {
         let (out, _ws) = run_body("sleep 30", 1).await;
         assert_eq!(out.decision, Decision::FailedOpen);
         assert_eq!(out.reason.as_deref(), Some("timed out after 1 s"));
+        assert_eq!((out.exit_code, out.failure), (None, Some(Failure::Timeout)));
+    }
+
+    #[tokio::test]
+    async fn a_kill_of_the_gates_run_kills_its_group_at_once() {
+        let ws = tempfile::tempdir().unwrap();
+        write_script(
+            ws.path(),
+            "gate.sh",
+            "sleep 30 &\necho $! > child.pid\nsleep 30",
+            0o755,
+        );
+        let home = tempfile::tempdir().unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let env = GateEnv {
+            cancel: Some(&cancel),
+            ..ENV
+        };
+        let killer = cancel.clone();
+        let pid_file = ws.path().join("child.pid");
+        let watch = pid_file.clone();
+        #[allow(clippy::disallowed_methods, reason = "test")]
+        tokio::spawn(async move {
+            while !watch.exists() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            killer.cancel();
+        });
+        let started = Instant::now();
+        let out = run_gate(
+            ws.path(),
+            &home.path().join("home"),
+            &spec("gate.sh", 60),
+            &env,
+        )
+        .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_failed(&out, "killed with its run");
+        assert_eq!((out.exit_code, out.failure), (None, Some(Failure::Killed)));
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(wait_gone(pid).await, "grandchild {pid} survived the kill");
     }
 
     #[tokio::test]
@@ -753,6 +871,16 @@ mod tests {
             total: MAX_OUTPUT + 1,
         };
         assert_eq!(parse_reply(&cut), (Decision::Wake, 0));
+    }
+
+    #[tokio::test]
+    async fn a_reply_past_the_cap_wakes_and_is_classed_stdout_cap() {
+        let (out, _ws) = run_body("head -c 5000 /dev/zero | tr '\\0' x; exit 0", 10).await;
+        assert_eq!(out.decision, Decision::Wake);
+        assert_eq!(
+            (out.exit_code, out.failure),
+            (Some(0), Some(Failure::StdoutCap))
+        );
     }
 
     #[tokio::test]
@@ -894,6 +1022,10 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         let out = gate(ws.path(), &spec("nope.sh", 5)).await;
         assert_failed(&out, "not found");
+        assert_eq!(
+            (out.exit_code, out.failure),
+            (None, Some(Failure::SpawnFail))
+        );
         std::fs::create_dir(ws.path().join("dir")).unwrap();
         let out = gate(ws.path(), &spec("dir", 5)).await;
         assert_failed(&out, "not a regular file");

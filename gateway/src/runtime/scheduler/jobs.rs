@@ -147,8 +147,19 @@ pub fn fire_to_wire(f: &FireRow) -> wire::CronRun {
         root_run_id: f.root_run_id.clone(),
         due_at_ms: f.due_at,
         trigger,
-        gate: f.gate.as_deref().and_then(|g| serde_json::from_str(g).ok()),
+        gate: f.gate.as_deref().and_then(gate_of),
     }
+}
+
+/// The wire form of a fire's stored gate record (its decision, and the gate's run id).
+pub fn gate_of(stored: &str) -> Option<wire::CronRunGate> {
+    let r: crate::store::records::GateRecord = serde_json::from_str(stored).ok()?;
+    Some(wire::CronRunGate {
+        decision: wire::CronRunGateDecision::from_wire(&r.decision)?,
+        duration_ms: r.duration_ms.max(0),
+        reason: r.reason,
+        run_id: r.run_id,
+    })
 }
 
 /// The first due time of a schedule starting now (an interval job is anchored at `now`).

@@ -1024,6 +1024,7 @@ CronRunGate = TypedDict("CronRunGate", {
     "decision": "Required[CronRunGateDecision]",
     "durationMs": "Required[int]",
     "reason": "NotRequired[str]",
+    "runId": "NotRequired[str]",
 }, total=False)
 
 # Parameters of `cron.run`.
@@ -3187,7 +3188,7 @@ ObsOkFailed = TypedDict("ObsOkFailed", {
     "failed": "Required[int]",
 }, total=False)
 
-# One orchestrated script run of the session.
+# One orchestrated script run of the session. The gateway's script runs are wake gates: each gated fire of a cron job is an entry of that job's session (`gate_...` run ids), newest first. Deliberate departures: a gate that exits with its skip code (10) made a decision, so its outcome is success like exit 0; exit 0 with a reply past the 4 KiB cap is a failure (stdout_cap: the reply was not read); a gate whose run was killed (run.kill) or whose lease was revoked while it ran is lease_absent. resultRefs counts the results the capability socket returned to the script (it stores nothing by reference), and savings is never estimated.
 ObsOrchestrateRun = TypedDict("ObsOrchestrateRun", {
     "runId": "Required[str]",
     "leaseId": "NotRequired[str]",
@@ -3200,7 +3201,7 @@ ObsOrchestrateRun = TypedDict("ObsOrchestrateRun", {
     "savings": "NotRequired[ObsOrchestrateRunSavings]",
 }, total=False)
 
-# Results the run stored by reference instead of inlining.
+# Results the capability socket returned to the run's process.
 ObsOrchestrateRunResultRefs = TypedDict("ObsOrchestrateRunResultRefs", {
     "count": "Required[int]",
     "bytes": "Required[int]",
