@@ -233,6 +233,11 @@ impl Engine {
             control.clone(),
             runs.clone(),
             data_dir.clone(),
+            file.agents
+                .iter()
+                .filter(|(_, a)| a.admin_trust == Some(true))
+                .map(|(id, _)| id.clone())
+                .collect(),
         ));
         let graphs = Arc::new(crate::runtime::graph::Graphs::new(
             store.clone(),

@@ -99,12 +99,13 @@ async fn run(
     {
         let workspace = crate::runtime::agents::workspace_dir(&scheduler.data_dir, &job.agent_id);
         // A root run for the gate's duration: its lease is what the gate presents on the
-        // capability socket (its agent's tools, the job owner as caller, rpc scopes).
+        // capability socket (its agent's tools, the job owner as caller, scope rpc; admin for
+        // a file job of an agent the file gives adminTrust).
         let gate_run = scheduler.runs.register_root(
             &format!("gate_{}", uuid::Uuid::new_v4().simple()),
             &job.agent_id,
             &job.owner,
-            crate::api::scopes::Scopes::only(crate::api::generated::methods::Scope::Rpc),
+            scheduler.gate_scopes(&job.owner, &job.agent_id),
         );
         let socket = crate::runtime::capability::socket_path(&scheduler.data_dir);
         let env = GateEnv {

@@ -41,9 +41,13 @@ pub struct Scheduler {
     runs: Arc<Runs>,
     /// Where agents' workspaces and wake gates' homes are.
     data_dir: PathBuf,
+    /// Agents with `adminTrust` in this node's configuration file: the wake gates of the
+    /// file's jobs for them hold scope admin on the capability socket.
+    trusted: std::collections::BTreeSet<String>,
 }
 
 impl Scheduler {
+    #[allow(clippy::too_many_arguments, reason = "the services of one generation")]
     pub fn new(
         config: SchedulerConfig,
         store: Store,
@@ -52,6 +56,7 @@ impl Scheduler {
         control: Arc<Control>,
         runs: Arc<Runs>,
         data_dir: PathBuf,
+        trusted: std::collections::BTreeSet<String>,
     ) -> Self {
         Self {
             config,
@@ -61,6 +66,19 @@ impl Scheduler {
             control,
             runs,
             data_dir,
+            trusted,
+        }
+    }
+
+    /// The scopes a job's wake gate holds on the capability socket: `rpc`, or `admin` for a
+    /// job of the configuration file whose agent has `adminTrust` there (both file-only: the
+    /// operator's own decision, never an API token's).
+    pub fn gate_scopes(&self, job_owner: &str, agent_id: &str) -> crate::api::scopes::Scopes {
+        use crate::api::generated::methods::Scope;
+        if job_owner == crate::store::scheduler::CONFIG_OWNER && self.trusted.contains(agent_id) {
+            crate::api::scopes::Scopes::from([Scope::Admin, Scope::Rpc])
+        } else {
+            crate::api::scopes::Scopes::only(Scope::Rpc)
         }
     }
 }
