@@ -301,24 +301,57 @@ pub async fn database(gw: &Gateway) -> sqlx::SqlitePool {
 /// The gateway binary the suite was built with.
 pub const GATEWAY_BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
 
+/// A spawned gateway process, killed (SIGKILL) and reaped when dropped: a test that panics
+/// before its own kill never leaves a gateway running. Derefs to the `std::process::Child`.
+pub struct GatewayChild(std::process::Child);
+
+impl std::ops::Deref for GatewayChild {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for GatewayChild {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl From<std::process::Child> for GatewayChild {
+    fn from(c: std::process::Child) -> Self {
+        Self(c)
+    }
+}
+
+impl Drop for GatewayChild {
+    fn drop(&mut self) {
+        // Both fail harmlessly when the test already killed and reaped it.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The real binary serving `config` on `port` (logs in `dir/<log>.out` and `.err`).
 pub fn spawn_child(
     dir: &std::path::Path,
     config: &std::path::Path,
     log: &str,
     port: u16,
-) -> std::process::Child {
-    std::process::Command::new(GATEWAY_BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .env_remove("AGENT_GATEWAY_CONFIG")
-        .env("AGENT_GATEWAY_PORT", port.to_string())
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .stdout(std::fs::File::create(dir.join(format!("{log}.out"))).unwrap())
-        .stderr(std::fs::File::create(dir.join(format!("{log}.err"))).unwrap())
-        .spawn()
-        .unwrap()
+) -> GatewayChild {
+    GatewayChild(
+        std::process::Command::new(GATEWAY_BIN)
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env_remove("AGENT_GATEWAY_CONFIG")
+            .env("AGENT_GATEWAY_PORT", port.to_string())
+            .env("AGENT_GATEWAY_NO_FETCH", "1")
+            .stdout(std::fs::File::create(dir.join(format!("{log}.out"))).unwrap())
+            .stderr(std::fs::File::create(dir.join(format!("{log}.err"))).unwrap())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// The real binary on `config`, healthy, and its port.
@@ -326,7 +359,7 @@ pub async fn spawn_binary(
     dir: &std::path::Path,
     config: &std::path::Path,
     log: &str,
-) -> (std::process::Child, u16) {
+) -> (GatewayChild, u16) {
     let port = free_port();
     let mut child = spawn_child(dir, config, log, port);
     let deadline = std::time::Instant::now() + STEP;

@@ -765,7 +765,7 @@ fn one_slot_config(dir: &std::path::Path) -> std::path::PathBuf {
 async fn start_with_the_slot_held(
     dir: &std::path::Path,
     config: &std::path::Path,
-) -> (std::process::Child, u16, sqlx::SqlitePool) {
+) -> (GatewayChild, u16, sqlx::SqlitePool) {
     let (first, port) = spawn_binary(dir, config, "first").await;
     let db = dir.join("data").join("gateway.db");
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
@@ -780,12 +780,12 @@ async fn start_with_the_slot_held(
 /// Kills `first` (kill -9), starts the gateway again and waits until its queued `kind` job
 /// has completed with `done`; answers the new process and the rows then.
 async fn restart_until_done(
-    mut first: std::process::Child,
+    mut first: GatewayChild,
     dir: &std::path::Path,
     config: &std::path::Path,
     pool: &sqlx::SqlitePool,
     kind: &str,
-) -> (std::process::Child, Vec<(String, String, Option<String>)>) {
+) -> (GatewayChild, Vec<(String, String, Option<String>)>) {
     first.kill().unwrap();
     first.wait().unwrap();
     let (second, _) = spawn_binary(dir, config, "second").await;

@@ -6,7 +6,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -22,7 +22,7 @@ const MASTER_KEY: &str = "aDVoNWg1aDVoNWg1aDVoNWg1aDVoNWg1aDVoNWg1aDU=";
 /// A gateway process started through `sh` with umask 022, its log (stdout and stderr) in
 /// files of `dir`, its data in `data`.
 struct Process {
-    child: Child,
+    child: GatewayChild,
     port: u16,
     dir: PathBuf,
 }
@@ -54,7 +54,7 @@ impl Process {
             .spawn()
             .unwrap();
         let p = Self {
-            child,
+            child: GatewayChild::from(child),
             port,
             dir: dir.to_path_buf(),
         };

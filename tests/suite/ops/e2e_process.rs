@@ -12,7 +12,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
 
 /// The test configuration on a fixed free port, spawned and healthy.
-async fn spawn_configured(dir: &Path, extra: &str) -> (Child, u16) {
+async fn spawn_configured(dir: &Path, extra: &str) -> (GatewayChild, u16) {
     let port = free_port();
     let config = dir.join("gateway.yaml");
     std::fs::write(
@@ -25,7 +25,7 @@ async fn spawn_configured(dir: &Path, extra: &str) -> (Child, u16) {
     (child, port)
 }
 
-fn spawn(dir: &Path, config: Option<&Path>, port: u16) -> Child {
+fn spawn(dir: &Path, config: Option<&Path>, port: u16) -> GatewayChild {
     let mut cmd = Command::new(BIN);
     cmd.arg("serve")
         .env_remove("AGENT_GATEWAY_CONFIG")
@@ -38,7 +38,7 @@ fn spawn(dir: &Path, config: Option<&Path>, port: u16) -> Child {
     if let Some(c) = config {
         cmd.arg("--config").arg(c);
     }
-    cmd.spawn().unwrap()
+    GatewayChild::from(cmd.spawn().unwrap())
 }
 
 async fn wait_healthy(port: u16) {

@@ -3,7 +3,7 @@
 //! message past the byte cap, never read its replies, or POST a huge body without a token.
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -195,7 +195,7 @@ async fn the_ws_byte_cap_is_four_bytes_per_character_then_1009() {
 }
 
 /// The gateway binary as a child on a free port, healthy.
-async fn spawn_gateway(dir: &Path, extra: &str) -> (Child, u16) {
+async fn spawn_gateway(dir: &Path, extra: &str) -> (GatewayChild, u16) {
     let port = free_port();
     let config = dir.join("gateway.yaml");
     std::fs::write(
@@ -203,17 +203,19 @@ async fn spawn_gateway(dir: &Path, extra: &str) -> (Child, u16) {
         config_yaml(dir, extra).replace("port: 0", &format!("port: {port}")),
     )
     .unwrap();
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .env_remove("AGENT_GATEWAY_CONFIG")
-        .env_remove("AGENT_GATEWAY_PORT")
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .stdout(std::fs::File::create(dir.join("out.log")).unwrap())
-        .stderr(std::fs::File::create(dir.join("err.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = GatewayChild::from(
+        Command::new(BIN)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env_remove("AGENT_GATEWAY_CONFIG")
+            .env_remove("AGENT_GATEWAY_PORT")
+            .env("AGENT_GATEWAY_NO_FETCH", "1")
+            .stdout(std::fs::File::create(dir.join("out.log")).unwrap())
+            .stderr(std::fs::File::create(dir.join("err.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     if !healthy(port).await {
         let _ = child.kill();
         let _ = child.wait();
