@@ -15,6 +15,9 @@ impl RunApi for Rpc {
         _ctx: &CallContext,
         p: RunKillParams,
     ) -> Result<RunKillResult, GatewayError> {
+        // A graph's root held by another node has no runs row: its executor learns of the
+        // kill from a stored cancel request, written before the kill of its node runs.
+        self.engine().graphs.kill_requested(&p.root_run_id).await?;
         let (killed, revoked) = self
             .engine()
             .runs

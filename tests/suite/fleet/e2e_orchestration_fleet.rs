@@ -255,3 +255,56 @@ async fn a_graph_cancel_on_one_node_reaches_the_run_on_another() {
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(runs[0]["status"], "killed", "{}", runs[0]);
 }
+
+/// `run.kill` of a graph's root on node A while node B runs it: the graph ends `cancelled`
+/// (as with graph.cancel), not failed over its killed node, and its node's run is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_kill_on_one_node_cancels_a_graph_running_on_another() {
+    let url = crate::pg::database().await;
+    let a = start_on(&url, TREE).await;
+    let b = start_on(&url, TREE).await;
+    let started = ok(
+        &b,
+        RPC,
+        "graph.execute",
+        json!({
+            "settings": {"maxRetries": 2},
+            "nodes": [
+                {"id": "slow", "type": "agent", "agentId": "leaf", "config": {"prompt": "level three"}},
+                {"id": "after", "type": "transform", "config": {"template": "{{slow.output}}"}}
+            ],
+            "edges": [{"from": "slow", "to": "after"}]
+        }),
+    )
+    .await;
+    let run_id = started["runId"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let st = ok(&a, RPC, "graph.status", json!({"runId": run_id})).await;
+        if st["runs"][0]["nodes"][0]["status"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not running: {st}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let t = Instant::now();
+    let k = ok(&a, ADMIN, "run.kill", json!({"rootRunId": run_id})).await;
+    assert_eq!(k["killed"], 1, "the node's run, on B: {k}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let detail = loop {
+        let d = ok(&a, RPC, "graph.runDetail", json!({"runId": run_id})).await;
+        if d["run"]["status"] != "running" && d["run"]["status"] != "pending" {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "never ended: {d}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(detail["run"]["status"], "cancelled", "{detail}");
+    assert_eq!(detail["nodes"][0]["status"], "cancelled", "{detail}");
+    assert_eq!(detail["nodes"][1]["status"], "cancelled", "{detail}");
+    // Killed, and not retried (maxRetries 2): one run below the graph's root.
+    let runs = tree_of(&a, &run_id).await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["status"], "killed", "{}", runs[0]);
+}

@@ -21,6 +21,9 @@ use crate::runtime::sessions::{CallerKey, SessionIdent};
 /// How often the executor checks the budget, stores progress and (on a shared database)
 /// looks for a cancel request another node stored.
 const TICK: Duration = Duration::from_millis(250);
+/// The error of an agent node whose run was killed from outside (`run.kill`,
+/// `subagent.kill`).
+const NODE_RUN_KILLED: &str = "its run was killed";
 /// The wait before retry n is n times this.
 const RETRY_BACKOFF: Duration = Duration::from_millis(250);
 
@@ -166,6 +169,15 @@ impl Run<'_> {
                 }
                 Some(joined) = self.tasks.join_next() => {
                     let Ok((i, result)) = joined else { continue };
+                    // A node run killed from outside: the whole tree's kill (run.kill on
+                    // another node stored a cancel request first) cancels the graph; a kill
+                    // of the node's run alone (subagent.kill) fails the node.
+                    if shared
+                        && result.as_ref().err().is_some_and(|e| e == NODE_RUN_KILLED)
+                        && self.graphs.store.graph_run_cancel_requested(&self.ex.root.run_id).await.unwrap_or(false)
+                    {
+                        return Some(Stopped { status: "cancelled", error: "its run tree was killed".to_owned() });
+                    }
                     if let Some(stop) = self.finish_node(i, result) {
                         return Some(stop);
                     }
@@ -580,7 +592,8 @@ impl TaskCtx {
             };
             match result {
                 Ok(done) => return Ok(done),
-                Err(why) if attempt > self.retries => return Err(why),
+                // A killed run is an operator's decision: never retried.
+                Err(why) if attempt > self.retries || why == NODE_RUN_KILLED => return Err(why),
                 Err(_) => {
                     tokio::time::sleep(RETRY_BACKOFF * attempt).await;
                     attempt += 1;
@@ -639,6 +652,8 @@ impl TaskCtx {
             })
         } else if row.status == "timeout" {
             Err(format!("timed out after {} ms", self.timeout.as_millis()))
+        } else if row.status == "killed" {
+            Err(NODE_RUN_KILLED.to_owned())
         } else {
             Err(row
                 .error

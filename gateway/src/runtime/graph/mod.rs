@@ -262,6 +262,16 @@ impl Graphs {
     }
 
     /// The run `run_id` when this node executes it.
+    /// `run.kill` of a root that is a graph run held by another node: stores a cancel request
+    /// before the kill of its node runs goes out, so the node running it ends the graph
+    /// `cancelled` (as `graph.cancel` would) rather than failing it over a killed node.
+    pub async fn kill_requested(&self, root: &str) -> Result<(), GatewayError> {
+        if self.live(root).is_none() && self.store.is_shared() {
+            self.store.graph_run_request_cancel(root).await?;
+        }
+        Ok(())
+    }
+
     pub fn live(&self, run_id: &str) -> Option<Arc<Execution>> {
         self.lock().get(run_id).cloned()
     }
