@@ -29,7 +29,14 @@ pub struct GraphsConfig {
     /// it is -32002).
     #[schemars(range(min = 1))]
     pub max_live_runs_per_owner: u32,
+    /// Ended runs kept per owner (1 to 100,000): when a run ends, the owner's older ended
+    /// runs past this many are deleted.
+    #[schemars(range(min = 1, max = MAX_KEEP_RUNS))]
+    pub keep_runs_per_owner: u32,
 }
+
+/// Most `graphs.keepRunsPerOwner`.
+pub const MAX_KEEP_RUNS: u32 = 100_000;
 
 impl Default for GraphsConfig {
     fn default() -> Self {
@@ -38,6 +45,7 @@ impl Default for GraphsConfig {
             node_timeout_ms: 600_000,
             max_saved_per_owner: 1000,
             max_live_runs_per_owner: 16,
+            keep_runs_per_owner: 1000,
         }
     }
 }
@@ -62,6 +70,11 @@ pub fn validate(c: &GraphsConfig) -> Result<(), ConfigError> {
         return Err(ConfigError(
             "graphs.maxSavedPerOwner and graphs.maxLiveRunsPerOwner must be at least 1".to_owned(),
         ));
+    }
+    if !(1..=MAX_KEEP_RUNS).contains(&c.keep_runs_per_owner) {
+        return Err(ConfigError(format!(
+            "graphs.keepRunsPerOwner must be between 1 and {MAX_KEEP_RUNS}"
+        )));
     }
     Ok(())
 }
@@ -96,6 +109,18 @@ mod tests {
                 ..ok.clone()
             };
             assert!(validate(&c).is_err());
+        }
+        for (keep, fine) in [
+            (1, true),
+            (MAX_KEEP_RUNS, true),
+            (0, false),
+            (MAX_KEEP_RUNS + 1, false),
+        ] {
+            let c = GraphsConfig {
+                keep_runs_per_owner: keep,
+                ..ok.clone()
+            };
+            assert_eq!(validate(&c).is_ok(), fine, "keep {keep}");
         }
     }
 }

@@ -394,6 +394,24 @@ impl Store {
         })
     }
 
+    /// Deletes the ended runs of `owner` past its newest `keep` (by creation, then id); live
+    /// runs are never touched. Answers how many went.
+    pub async fn graph_runs_trim(&self, owner: &str, keep: i64) -> Result<u64, GatewayError> {
+        Ok(on_pool!(self.pool(), |p| {
+            sqlx::query(
+                "DELETE FROM graph_runs WHERE owner = $1 AND status NOT IN ('pending', 'running') \
+                 AND run_id NOT IN (SELECT run_id FROM graph_runs WHERE owner = $1 \
+                 AND status NOT IN ('pending', 'running') \
+                 ORDER BY created_at DESC, run_id DESC LIMIT $2)",
+            )
+            .bind(owner)
+            .bind(keep)
+            .execute(p)
+            .await?
+            .rows_affected()
+        }))
+    }
+
     /// Marks a live run's cancel request (cancel_requested = true); answers its holder
     /// (claimed_by) when it is live, None otherwise.
     pub async fn graph_run_request_cancel(

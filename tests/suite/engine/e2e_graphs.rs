@@ -1349,7 +1349,9 @@ async fn saved_graphs_are_created_updated_listed_loaded_run_and_deleted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_owner_limits_on_saved_graphs_and_live_runs() {
-    let extra = format!("{CONFIG}graphs:\n  maxSavedPerOwner: 2\n  maxLiveRunsPerOwner: 1\n");
+    let extra = format!(
+        "{CONFIG}graphs:\n  maxSavedPerOwner: 2\n  maxLiveRunsPerOwner: 1\n  keepRunsPerOwner: 2\n"
+    );
     let gw = start(&extra).await;
     let def = |id: &str| json!({"id": id, "label": id, "nodes": [{"id": "t", "type": "transform", "config": {"template": "x"}}]});
     ok(&gw, RPC, "graph.save", def("one")).await;
@@ -1380,6 +1382,31 @@ async fn per_owner_limits_on_saved_graphs_and_live_runs() {
         wait_final(&gw, RPC, &again, RUN).await["run"]["status"],
         "completed"
     );
+    // keepRunsPerOwner 2: at the limit both ended runs stay; one more ends and the oldest
+    // goes (the other tenant's run is its own).
+    let ids = |v: Value| -> Vec<String> {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["runId"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut kept = ids(ok(&gw, RPC, "graph.runs", json!({})).await);
+    kept.sort();
+    let mut want = vec![run.clone(), again.clone()];
+    want.sort();
+    assert_eq!(kept, want);
+    let third = execute(&gw, RPC, one_transform("third")).await;
+    wait_final(&gw, RPC, &third, RUN).await;
+    let mut kept = ids(ok(&gw, RPC, "graph.runs", json!({})).await);
+    kept.sort();
+    let mut want = vec![again.clone(), third.clone()];
+    want.sort();
+    assert_eq!(kept, want, "the oldest ended run went");
+    let (c, _) = refused(&gw, RPC, "graph.status", json!({"runId": run})).await;
+    assert_eq!(c, -32001);
+    assert_eq!(ids(ok(&gw, BOB, "graph.runs", json!({})).await), [theirs]);
     gw.stop().await;
 }
 

@@ -482,6 +482,11 @@ impl Run<'_> {
         if let Err(e) = self.graphs.store.graph_run_update(&row).await {
             tracing::error!(run = %row.run_id, error = %e, "graph run outcome not stored");
         }
+        // Retention: the owner's newest `graphs.keepRunsPerOwner` ended runs stay.
+        let keep = i64::from(self.graphs.config().keep_runs_per_owner);
+        if let Err(e) = self.graphs.store.graph_runs_trim(&row.owner, keep).await {
+            tracing::warn!(owner = %row.owner, error = %e, "old graph runs not trimmed");
+        }
         self.graphs.runs.tree().finish(&self.ex.root, None);
         self.graphs.control.events.publish_owned(
             Some(Arc::from(row.owner.as_str())),
