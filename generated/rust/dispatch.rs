@@ -2131,8 +2131,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::WorkspaceDeleteFileParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::WorkspaceApi>::delete_file(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::WorkspaceGitCommit => {
             let params = invoke::parse_params::<
@@ -2180,15 +2185,25 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::WorkspaceListDirParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::WorkspaceApi>::list_dir(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::WorkspaceReadFile => {
             let params = invoke::parse_params::<
                 super::types::WorkspaceReadFileParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::WorkspaceApi>::read_file(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
         MethodId::WorkspaceResetFile => {
             let params = invoke::parse_params::<
@@ -2208,8 +2223,13 @@ pub async fn dispatch<H: super::handlers::Handlers>(
             let params = invoke::parse_params::<
                 super::types::WorkspaceWriteFileParams,
             >(info, params)?;
-            let _ = params;
-            Err(RpcError::not_implemented(info.name))
+            let result = <H as super::handlers::WorkspaceApi>::write_file(
+                    handlers,
+                    ctx,
+                    params,
+                )
+                .await?;
+            invoke::encode_result(&result)
         }
     }
 }

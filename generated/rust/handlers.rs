@@ -1811,9 +1811,64 @@ pub trait TokensApi: Send + Sync {
         >,
     > + Send;
 }
+/// Handlers of the `workspace` namespace: Each agent's workspace directory on the gateway host: its files (list, read, write, delete, reset a template file) and its git history (status, diff, log, commit, restore). Every path is relative to the workspace root; the server refuses absolute paths, '..' segments and any path (symbolic links included) that resolves outside the root, with -32602. The .git directory is never listed, read or written through these methods. An unknown agentId is -32001. Shapes come from the reference (the spec names no workspace method), with real members where it was vague.
+pub trait WorkspaceApi: Send + Sync {
+    /// `workspace.deleteFile` (scope `admin`): Deletes one workspace file.
+    ///
+    /// Directories are refused with -32602; a missing file is -32001. filePath added to the reference result.
+    fn delete_file(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::WorkspaceDeleteFileParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::WorkspaceDeleteFileResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `workspace.listDir` (scope `rpc`): The entries of one workspace directory (not recursive).
+    ///
+    /// Reference shape plus path. Symbolic links are listed as symlink and never followed. A missing directory is -32001.
+    fn list_dir(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::WorkspaceListDirParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::WorkspaceListDirResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `workspace.readFile` (scope `rpc`): One workspace file's content, as text when it is UTF-8 and as base64 otherwise.
+    ///
+    /// encoding was added to the reference result so binary files are readable without corruption. Files over 10 MiB are refused with -32602; a missing file is -32001.
+    fn read_file(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::WorkspaceReadFileParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::WorkspaceReadFileResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+    /// `workspace.writeFile` (scope `admin`): Creates or replaces one workspace file, creating missing parent directories.
+    ///
+    /// encoding was added to the reference params so binary files can be written (base64 content is decoded before writing; invalid base64 is -32602). The write is atomic (temporary file then rename).
+    fn write_file(
+        &self,
+        ctx: &crate::api::CallContext,
+        params: super::types::WorkspaceWriteFileParams,
+    ) -> impl ::core::future::Future<
+        Output = Result<
+            super::types::WorkspaceWriteFileResult,
+            crate::api::error::GatewayError,
+        >,
+    > + Send;
+}
 /// Everything the dispatch needs: one implementation of every namespace trait, and who
 /// owns the records the ownership rules name.
-pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + AutonomyApi + CapabilitiesApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + GraphApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + Send + Sync {
+pub trait Handlers: AdminApi + AgentApi + AgentsApi + AuthApi + AutonomyApi + CapabilitiesApi + ConfigApi + ContextApi + CronApi + DaemonApi + EnvApi + GatewayApi + GraphApi + HeartbeatApi + LeaseApi + MemoryApi + ModelsApi + ObsApi + ProvidersApi + RunApi + SchedulerApi + SecretsApi + SessionApi + SubagentApi + SystemApi + TokensApi + WorkspaceApi + Send + Sync {
     /// The owners of records (the store).
     type Owners: crate::api::tenancy::Owners;
     /// Where the ownership rules look owners up.
@@ -2989,6 +3044,42 @@ impl<O: crate::api::tenancy::Owners> TokensApi for Fake<O> {
         _params: super::types::TokensRotateParams,
     ) -> Result<super::types::TokensRotateResult, crate::api::error::GatewayError> {
         self.ran("tokens.rotate")
+    }
+}
+impl<O: crate::api::tenancy::Owners> WorkspaceApi for Fake<O> {
+    async fn delete_file(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::WorkspaceDeleteFileParams,
+    ) -> Result<
+        super::types::WorkspaceDeleteFileResult,
+        crate::api::error::GatewayError,
+    > {
+        self.ran("workspace.deleteFile")
+    }
+    async fn list_dir(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::WorkspaceListDirParams,
+    ) -> Result<super::types::WorkspaceListDirResult, crate::api::error::GatewayError> {
+        self.ran("workspace.listDir")
+    }
+    async fn read_file(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::WorkspaceReadFileParams,
+    ) -> Result<super::types::WorkspaceReadFileResult, crate::api::error::GatewayError> {
+        self.ran("workspace.readFile")
+    }
+    async fn write_file(
+        &self,
+        _ctx: &crate::api::CallContext,
+        _params: super::types::WorkspaceWriteFileParams,
+    ) -> Result<
+        super::types::WorkspaceWriteFileResult,
+        crate::api::error::GatewayError,
+    > {
+        self.ran("workspace.writeFile")
     }
 }
 impl<O: crate::api::tenancy::Owners> Handlers for Fake<O> {

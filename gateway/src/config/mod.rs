@@ -15,6 +15,7 @@ pub mod secrets;
 pub mod store;
 pub mod trust;
 pub mod webhooks;
+pub mod workspaces;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -196,6 +197,9 @@ pub struct Config {
     /// Graph workflows: default timeouts and per-owner limits (`docs/graphs.md`).
     #[serde(default)]
     pub graphs: graphs::GraphsConfig,
+    /// What the workspace methods never reach (`docs/workspaces.md`).
+    #[serde(default)]
+    pub workspaces: workspaces::WorkspacesConfig,
 }
 
 /// `observability`.
@@ -675,6 +679,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     scheduler::validate(&config.scheduler)?;
     autonomy::validate(&config.autonomy)?;
     graphs::validate(&config.graphs)?;
+    workspaces::validate(&config.workspaces)?;
     context::validate(&config.agent_defaults.context)?;
     secrets::master_key(&config.secrets)?;
     let o = &config.observability;

@@ -76,6 +76,10 @@ pub const FILE_ONLY: &[FileOnly] = &[
         path: "agents.*.adminTrust",
         why: "lets an agent's runs call admin and autonomy control methods through tool.invoke",
     },
+    FileOnly {
+        path: "workspaces.privatePaths",
+        why: "workspace files (credentials, gate scripts) no API caller may read",
+    },
 ];
 
 fn segments(pattern: &str) -> Vec<&str> {

@@ -28,6 +28,7 @@ mod session;
 mod subagent;
 mod system;
 mod tokens;
+mod workspace;
 
 use std::sync::Arc;
 

@@ -73,6 +73,8 @@ pub struct Engine {
     pub scheduler: Arc<Scheduler>,
     /// Graph workflows (`graph.*`).
     pub graphs: Arc<crate::runtime::graph::Graphs>,
+    /// Agents' workspace files (`workspace.*`).
+    pub workspaces: Arc<crate::runtime::workspace::Workspaces>,
 }
 
 /// The media store's directory under the data directory.
@@ -247,6 +249,11 @@ impl Engine {
             control.clone(),
             config.graphs.clone(),
         ));
+        let workspaces = Arc::new(crate::runtime::workspace::Workspaces::new(
+            data_dir.clone(),
+            agents.clone(),
+            config.workspaces.private_paths.clone(),
+        ));
         let engine = Self {
             store,
             providers,
@@ -264,6 +271,7 @@ impl Engine {
             approvals,
             scheduler,
             graphs,
+            workspaces,
         };
         engine
             .providers

@@ -21,3 +21,4 @@ pub mod tools;
 pub mod tree;
 pub mod turn;
 pub mod untrusted;
+pub mod workspace;

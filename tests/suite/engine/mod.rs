@@ -14,4 +14,5 @@ mod e2e_owners;
 mod e2e_scheduler;
 mod e2e_tenancy;
 mod e2e_workspace;
+mod e2e_workspace_files;
 mod local_model;
