@@ -26,6 +26,9 @@ use crate::runtime::tree::LiveRun;
 
 /// Connections served at once; more wait for a slot.
 const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may stay without a new request line (or take to read an answer)
+/// before it is closed.
+const IDLE: Duration = Duration::from_secs(60);
 /// How long the stop waits for calls in flight before the file goes.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -135,17 +138,43 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
 
 async fn connection(state: Arc<AppState>, stream: UnixStream, stop: CancellationToken) {
     let peer = stream.peer_cred().ok().map(|c| c.uid());
-    let (rd, mut wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
+    let state = &state;
+    serve_lines(rd, wr, &stop, IDLE, |line| async move {
+        request(state, peer, &line).await
+    })
+    .await;
+}
+
+/// Serves newline-delimited requests of one connection: each line's answer (`answer`) in
+/// order; a line over [`MAX_LINE`] is answered -32600 and closes; a connection with no new
+/// line for `idle` (or whose answer cannot be written within `idle`) is closed, so a process
+/// that connects and goes quiet never holds one of the [`MAX_CONNECTIONS`] slots for long.
+async fn serve_lines<R, W, F, Fut>(
+    rd: R,
+    mut wr: W,
+    stop: &CancellationToken,
+    idle: Duration,
+    answer: F,
+) where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+    F: Fn(Vec<u8>) -> Fut,
+    Fut: std::future::Future<Output = Value>,
+{
     let mut reader = BufReader::new(rd);
     let mut line = Vec::new();
     loop {
         let read = tokio::select! {
             _ = stop.cancelled() => break,
-            r = read_line(&mut reader, &mut line) => r,
+            r = tokio::time::timeout(idle, read_line(&mut reader, &mut line)) => match r {
+                Ok(r) => r,
+                Err(_) => break,
+            },
         };
         let (answer, last) = match read {
             Ok(Line::Full) if line.iter().all(u8::is_ascii_whitespace) => continue,
-            Ok(Line::Full) => (request(&state, peer, &line).await, false),
+            Ok(Line::Full) => (answer(std::mem::take(&mut line)).await, false),
             Ok(Line::TooLong) => (
                 RpcError::invalid_request(&format!("a request line exceeds {MAX_LINE} bytes"))
                     .response(Value::Null),
@@ -155,7 +184,8 @@ async fn connection(state: Arc<AppState>, stream: UnixStream, stop: Cancellation
         };
         let mut bytes = answer.to_string().into_bytes();
         bytes.push(b'\n');
-        if wr.write_all(&bytes).await.is_err() || last {
+        let written = tokio::time::timeout(idle, wr.write_all(&bytes)).await;
+        if !matches!(written, Ok(Ok(()))) || last {
             break;
         }
     }
@@ -430,4 +460,66 @@ fn audit(
         .control
         .events
         .publish_owned(Some(owner), "capability:audited", data);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    async fn echo(line: Vec<u8>) -> Value {
+        json!({"echo": String::from_utf8_lossy(&line)})
+    }
+
+    /// Reads what the server side wrote until it closes.
+    async fn drain(mut r: tokio::io::ReadHalf<tokio::io::DuplexStream>) -> String {
+        let mut out = String::new();
+        r.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    /// The idle rule at a test's scale (the daemon's is [`IDLE`]).
+    #[tokio::test]
+    async fn a_quiet_connection_is_closed_after_the_idle_time_and_not_before() {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (srd, swr) = tokio::io::split(server);
+        let (crd, mut cwr) = tokio::io::split(client);
+        let stop = CancellationToken::new();
+        let idle = Duration::from_millis(400);
+        let serve = tokio::spawn(async move { serve_lines(srd, swr, &stop, idle, echo).await });
+        // A line inside the idle time is answered, and restarts it.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        cwr.write_all(b"one\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(!serve.is_finished(), "closed before the idle time");
+        cwr.write_all(b"two\n").await.unwrap();
+        // Then nothing: closed at the idle time.
+        tokio::time::timeout(Duration::from_secs(5), serve)
+            .await
+            .expect("closed after the idle time")
+            .unwrap();
+        let got = drain(crd).await;
+        assert_eq!(got, "{\"echo\":\"one\"}\n{\"echo\":\"two\"}\n");
+    }
+
+    #[tokio::test]
+    async fn a_line_over_the_limit_is_answered_and_closes() {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (srd, swr) = tokio::io::split(server);
+        let (crd, mut cwr) = tokio::io::split(client);
+        let stop = CancellationToken::new();
+        let serve = tokio::spawn(async move {
+            serve_lines(srd, swr, &stop, Duration::from_secs(60), echo).await
+        });
+        let writer = tokio::spawn(async move {
+            let _ = cwr.write_all(&vec![b'x'; MAX_LINE + 1]).await;
+            let _ = cwr.write_all(b"\n").await;
+        });
+        serve.await.unwrap();
+        let got = drain(crd).await;
+        assert!(got.contains("-32600") && got.ends_with('\n'), "{got}");
+        writer.abort();
+    }
 }
