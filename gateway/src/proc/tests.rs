@@ -364,12 +364,17 @@ async fn cpu_limit_kills_a_busy_loop() {
 async fn open_files_limit() {
     let d = Dir::new();
     let open = |limit: Option<u64>| {
-        let mut spec = d.sh("exec 7</dev/null && echo opened");
+        let mut spec = d.sh("exec 3</dev/null; exec 4</dev/null && echo opened");
         spec.limits.open_files = limit;
         spec
     };
-    let out = run(open(Some(5))).await;
+    // Descriptors 0-3 fit under 4; the fifth does not.
+    let out = run(open(Some(4))).await;
     assert_ne!(out.exit, Exit::Code(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr.kept).contains("Too many open files"),
+        "{out:?}"
+    );
     let out = run(open(None)).await;
     assert_eq!(
         (out.exit, out.stdout.kept),
