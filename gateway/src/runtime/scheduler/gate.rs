@@ -837,6 +837,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_gate_runs_under_its_default_limits() {
+        let (out, ws) = run_body(
+            "ulimit -n > nofile.txt; ulimit -t > cpu.txt; ulimit -v > as.txt; exit 10",
+            7,
+        )
+        .await;
+        assert_eq!(out.decision, Decision::Skip, "{out:?}");
+        let read = |name: &str| {
+            std::fs::read_to_string(ws.path().join(name))
+                .unwrap()
+                .trim()
+                .to_owned()
+        };
+        let hard_nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .maximum
+            .unwrap_or(u64::MAX);
+        assert_eq!(
+            read("nofile.txt"),
+            GATE_OPEN_FILES.min(hard_nofile).to_string()
+        );
+        assert_eq!(read("cpu.txt"), "7");
+        // `ulimit -v` counts KiB.
+        assert_eq!(
+            read("as.txt"),
+            (GATE_ADDRESS_SPACE_BYTES / 1024).to_string()
+        );
+    }
+
+    #[tokio::test]
     async fn args_passed_without_shell() {
         let ws = tempfile::tempdir().unwrap();
         write_script(
