@@ -12,7 +12,7 @@
 //! missing, the spawn fails. `prlimit` execs with `execvp`, which runs a file the kernel refuses
 //! with ENOEXEC through `/bin/sh`; so a limited program must start with `#!` or an ELF header
 //! ([`check_exec_format`]), and `prlimit`'s own "failed to execute" exit is reported as
-//! [`Exit::SpawnFailed`]. See docs/decisions.md (area "Processes").
+//! [`Exit::SpawnFailed`]. See docs/decisions.md (area "Structure", the "child ..." rows).
 //!
 //! [`run`] is a one-shot run to an [`Outcome`]; [`spawn_stream`] starts a long-lived child with
 //! stdin and stdout handles and a bounded ring of its last stderr bytes.
