@@ -10,7 +10,7 @@
 //! (`prlimit --cpu=N ... -- program args`), which sets them on itself and then execs the program
 //! in the same process: the program never runs unlimited. When limits are asked and `prlimit` is
 //! missing, the spawn fails. `prlimit` execs with `execvp`, which runs a file the kernel refuses
-//! with ENOEXEC through `/bin/sh`; so a limited program must start with `#!` or an ELF header
+//! with ENOEXEC through `/bin/sh`; so a program must start with `#!` or an ELF header
 //! ([`check_exec_format`]), and `prlimit`'s own "failed to execute" exit is reported as
 //! [`Exit::SpawnFailed`]. See docs/decisions.md (area "Structure", the "child ..." rows).
 //!
@@ -342,11 +342,11 @@ pub(crate) async fn spawn_once(
     stdin_piped: bool,
 ) -> Result<tokio::process::Child, SpawnError> {
     let mut cmd = command(spec, stdin_piped).map_err(SpawnError::Failed)?;
-    if !spec.limits.is_empty() {
-        check_exec_format(&spec.program)
-            .await
-            .map_err(SpawnError::Failed)?;
-    }
+    // Needed only behind `prlimit`, but checked always: the rule does not depend on the limits,
+    // nor on whether std spawns with posix_spawn (no fallback) or fork and execvp (the fallback).
+    check_exec_format(&spec.program)
+        .await
+        .map_err(SpawnError::Failed)?;
     match cmd.spawn() {
         Ok(child) => Ok(child),
         Err(e) if is_text_busy(&e) => Err(SpawnError::Busy(e.to_string())),
