@@ -1,9 +1,11 @@
 //! Wake gates: a workspace script a cron job runs before each fire to decide whether the model turn is worth a call.
 //!
 //! The script lives in the agent's workspace (operator content: no turn, tool or API method writes there, but
-//! whatever else runs on the host may), so it is treated as untrusted: path rules are re-checked at every run, it runs without a shell in a scrubbed environment and
-//! its own process group, its output is bounded, and the whole group is killed on timeout. Every failure
-//! *fails open* (the fire goes ahead): a broken gate must never silently stop a job.
+//! whatever else runs on the host may), so it is treated as untrusted: path rules are re-checked at every run, and
+//! it runs on the process runner ([`crate::proc`]: no shell, a scrubbed environment, its own process group killed
+//! whole on timeout, on a kill of its run and once it exits, bounded output) under [`gate_limits`]. This file keeps
+//! only the gate's own rules: the script checks, the private home, its variables and the reply protocol. Every
+//! failure *fails open* (the fire goes ahead): a broken gate must never silently stop a job.
 //!
 //! A gate's `HOME` is a private directory of its agent outside every workspace
 //! (`<dataDir>/gates/<agent>/home`, mode 0700, checked and repaired at every run): credentials the tools
