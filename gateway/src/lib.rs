@@ -18,6 +18,7 @@ pub mod logging;
 pub mod media;
 pub mod metrics;
 pub mod obs;
+pub mod proc;
 pub mod providers;
 pub mod rpc;
 pub mod runtime;

@@ -19,8 +19,8 @@ const FLOORS: &[(u8, &[&str], &str)] = &[
     ),
     (
         2,
-        &["config", "metrics", "events", "hub", "logging", "transport"],
-        "settings, metrics, events, the push hub, logging and HTTP limits know no storage and no engine",
+        &["config", "proc", "metrics", "events", "hub", "logging", "transport"],
+        "settings, the process runner, metrics, events, the push hub, logging and HTTP limits know no storage and no engine",
     ),
     (3, &["store"], "the store is a leaf over sqlx: it knows no service above it"),
     (
@@ -367,6 +367,48 @@ fn the_domain_error_is_mapped_to_the_wire_in_two_files() {
     assert!(
         found[1].starts_with("transport/problem.rs:") && found[1].ends_with("Problem"),
         "{found:?}"
+    );
+}
+
+/// Files outside `proc/` that start a child process in production code, each with why it is
+/// not on the runner yet. A new spawn goes through `crate::proc`.
+const SPAWNS_OUTSIDE_PROC: &[(&str, &str)] = &[(
+    "providers/local/fetch.rs",
+    "`pip download` for `fetch-models` inherits the operator's environment (proxies, pip's index and certificates), which the runner's fixed environment would drop",
+)];
+
+/// The daemon's own child processes are started in one place, `proc/` (its process group,
+/// fixed environment, limits and reaping); test modules may use `std::process` freely.
+#[test]
+fn child_processes_are_started_by_the_runner_only() {
+    let (_, files) = source_files();
+    let mut found = Vec::new();
+    for (rel, text) in &files {
+        if rel.starts_with("proc/") || SPAWNS_OUTSIDE_PROC.iter().any(|(f, _)| f == rel) {
+            continue;
+        }
+        for (no, line) in without_tests(text) {
+            let l = line.trim_start();
+            if l.starts_with("//") {
+                continue;
+            }
+            if [
+                "Command::new",
+                "tokio::process",
+                "process::Command",
+                "CommandExt",
+            ]
+            .iter()
+            .any(|p| l.contains(p))
+            {
+                found.push(format!("{rel}:{no}: {l}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "start child processes through crate::proc:\n{}",
+        found.join("\n")
     );
 }
 

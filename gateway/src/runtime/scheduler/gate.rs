@@ -1,9 +1,11 @@
 //! Wake gates: a workspace script a cron job runs before each fire to decide whether the model turn is worth a call.
 //!
 //! The script lives in the agent's workspace (operator content: no turn, tool or API method writes there, but
-//! whatever else runs on the host may), so it is treated as untrusted: path rules are re-checked at every run, it runs without a shell in a scrubbed environment and
-//! its own process group, its output is bounded, and the whole group is killed on timeout. Every failure
-//! *fails open* (the fire goes ahead): a broken gate must never silently stop a job.
+//! whatever else runs on the host may), so it is treated as untrusted: path rules are re-checked at every run, and
+//! it runs on the process runner ([`crate::proc`]: no shell, a scrubbed environment, its own process group killed
+//! whole on timeout, on a kill of its run and once it exits, bounded output) under [`gate_limits`]. This file keeps
+//! only the gate's own rules: the script checks, the private home, its variables and the reply protocol. Every
+//! failure *fails open* (the fire goes ahead): a broken gate must never silently stop a job.
 //!
 //! A gate's `HOME` is a private directory of its agent outside every workspace
 //! (`<dataDir>/gates/<agent>/home`, mode 0700, checked and repaired at every run): credentials the tools
@@ -18,14 +20,12 @@
 //! `AGENT_GATEWAY_CAPABILITY_SOCKET`; `fire.rs`).
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Component, Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::{Child, Command};
+
+use crate::proc::{self, Captured, Exit};
 
 /// Most arguments a gate may be given.
 pub const MAX_ARGS: usize = 16;
@@ -41,19 +41,11 @@ pub const MIN_TIMEOUT_SECONDS: u32 = 1;
 pub const MAX_TIMEOUT_SECONDS: u32 = 300;
 /// Exit code by which a gate says "skip" without printing anything.
 pub const SKIP_EXIT_CODE: i32 = 10;
+/// RLIMIT_AS of each process of a gate: 1 GiB of address space.
+pub const GATE_ADDRESS_SPACE_BYTES: u64 = 1 << 30;
+/// RLIMIT_NOFILE of each process of a gate.
+pub const GATE_OPEN_FILES: u64 = 256;
 
-/// A fixed PATH so a gate cannot be steered by the gateway's own environment.
-const GATE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-/// After SIGKILL the child should be reapable at once; this only bounds a child stuck in the kernel.
-const REAP_GRACE: Duration = Duration::from_secs(1);
-/// Once the gate has exited, how long its pipes may stay open: only a descendant that left the group (setsid)
-/// can still hold them, and the fire should not wait on it.
-const EXIT_READ_GRACE: Duration = Duration::from_secs(1);
-/// ETXTBSY happens when another thread of this process forked while the script was open for writing (the
-/// fork holds the write descriptor until it execs); it clears within milliseconds, so a few retries suffice.
-const BUSY_RETRY_DELAYS_MS: [u64; 4] = [10, 25, 50, 100];
-/// Read chunk for draining pipes.
-const READ_CHUNK: usize = 8192;
 /// Mode of a gate's home and of the directories above it that the gateway creates.
 const HOME_MODE: u32 = 0o700;
 
@@ -324,94 +316,25 @@ async fn run_checked(
     check_spec(spec)?;
     let (workspace, script) = resolve_script(workspace, &spec.script).await?;
     let home = private_home(home, &workspace).await?;
-    let mut child = spawn(&workspace, &home, &script, spec, env).await?;
-    let pgid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .and_then(rustix::process::Pid::from_raw);
+    let outcome = proc::run(process_spec(&workspace, &home, &script, spec, env)).await;
+    let stdout = outcome.stdout;
+    let stderr_text = sanitize_stderr(&outcome.stderr.kept);
 
-    let timeout = Duration::from_secs(u64::from(spec.timeout_seconds));
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut stdout = Captured::default();
-    let mut stderr = Captured::default();
-    let stdout_pipe = child.stdout.take();
-    let stderr_pipe = child.stderr.take();
-
-    let mut status: Option<std::io::Result<ExitStatus>> = None;
-    let never = tokio_util::sync::CancellationToken::new();
-    let cancel = env.cancel.unwrap_or(&never);
-    let mut killed = false;
-    {
-        // Readers run alongside the wait so a chatty gate never blocks on a full pipe. They stop at EOF, which
-        // only comes once every holder of the pipe (including descendants) has closed it.
-        let reads = async {
-            tokio::join!(
-                drain(stdout_pipe, &mut stdout),
-                drain(stderr_pipe, &mut stderr)
-            )
-        };
-        tokio::pin!(reads);
-        let mut reads_done = false;
-        let mut until = deadline;
-        loop {
-            tokio::select! {
-                res = child.wait(), if status.is_none() => {
-                    // The leader is gone; anything it left behind in its group goes too, so a gate cannot park
-                    // a daemon. The pid was reaped an instant ago, far too soon to have been reused.
-                    if let Some(pgid) = pgid {
-                        kill_group(pgid);
-                    }
-                    status = Some(res);
-                    until = until.min(tokio::time::Instant::now() + EXIT_READ_GRACE);
-                }
-                _ = &mut reads, if !reads_done => reads_done = true,
-                _ = tokio::time::sleep_until(until) => break,
-                _ = cancel.cancelled(), if status.is_none() => {
-                    killed = true;
-                    break;
-                }
-            }
-            if status.is_some() && reads_done {
-                break;
-            }
-        }
-    }
-    let stderr_text = sanitize_stderr(&stderr.kept);
-
-    let status = match status {
-        Some(Ok(status)) => status,
-        Some(Err(e)) => {
-            return Ok(Verdict::failed(
-                format!("waiting for the gate: {e}"),
+    Ok(match outcome.exit {
+        Exit::SpawnFailed(e) => return Err(format!("spawn failed: {e}")),
+        Exit::WaitFailed(e) => Verdict::failed(format!("waiting for the gate: {e}"), stderr_text),
+        Exit::Cancelled => Verdict {
+            failure: Some(Failure::Killed),
+            ..Verdict::failed("killed with its run".to_owned(), stderr_text)
+        },
+        Exit::Timeout => Verdict {
+            failure: Some(Failure::Timeout),
+            ..Verdict::failed(
+                format!("timed out after {} s", spec.timeout_seconds),
                 stderr_text,
-            ))
-        }
-        None => {
-            // Killed before reaping: the unreaped leader keeps its pid, so the group id cannot be reused yet.
-            if let Some(pgid) = pgid {
-                kill_group(pgid);
-            }
-            let _ = child.start_kill();
-            // kill_on_drop covers a child that is still not reapable after the grace.
-            let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
-            if killed {
-                return Ok(Verdict {
-                    failure: Some(Failure::Killed),
-                    ..Verdict::failed("killed with its run".to_owned(), stderr_text)
-                });
-            }
-            return Ok(Verdict {
-                failure: Some(Failure::Timeout),
-                ..Verdict::failed(
-                    format!("timed out after {} s", spec.timeout_seconds),
-                    stderr_text,
-                )
-            });
-        }
-    };
-
-    Ok(match status.code() {
-        Some(0) => {
+            )
+        },
+        Exit::Code(0) => {
             let (decision, tool_calls) = parse_reply(&stdout);
             Verdict {
                 decision,
@@ -419,10 +342,10 @@ async fn run_checked(
                 reason: None,
                 stderr: stderr_text,
                 exit_code: Some(0),
-                failure: stdout.truncated().then_some(Failure::StdoutCap),
+                failure: stdout.truncated.then_some(Failure::StdoutCap),
             }
         }
-        Some(SKIP_EXIT_CODE) => Verdict {
+        Exit::Code(SKIP_EXIT_CODE) => Verdict {
             decision: Decision::Skip,
             tool_calls: 0,
             reason: None,
@@ -430,14 +353,11 @@ async fn run_checked(
             exit_code: Some(SKIP_EXIT_CODE),
             failure: None,
         },
-        Some(code) => Verdict {
+        Exit::Code(code) => Verdict {
             exit_code: Some(code),
             ..Verdict::failed(format!("exit status {code}"), stderr_text)
         },
-        None => match status.signal() {
-            Some(sig) => Verdict::failed(format!("killed by signal {sig}"), stderr_text),
-            None => Verdict::failed(format!("abnormal exit ({status})"), stderr_text),
-        },
+        Exit::Signal(sig) => Verdict::failed(format!("killed by signal {sig}"), stderr_text),
     })
 }
 
@@ -472,86 +392,45 @@ async fn resolve_script(workspace: &Path, script: &str) -> Result<(PathBuf, Path
     Ok((workspace, script))
 }
 
-async fn spawn(
+/// The gate's process: the script without a shell, in the workspace, with its private `HOME`, the
+/// `GATEWAY_*` variables and the capability socket and lease, [`MAX_OUTPUT`] bytes of each pipe,
+/// its timeout, its run's kill token and the [`gate_limits`].
+fn process_spec(
     workspace: &Path,
     home: &Path,
     script: &Path,
     spec: &GateSpec,
     env: &GateEnv<'_>,
-) -> Result<Child, String> {
-    let mut cmd = Command::new(script);
-    cmd.args(&spec.args)
-        .env_clear()
-        .env("PATH", GATE_PATH)
-        .env("HOME", home)
-        .env("LANG", "C.UTF-8")
+) -> proc::Spec {
+    let mut p = proc::Spec::new(script, workspace, home)
         .env("GATEWAY_JOB_ID", env.job_id)
         .env("GATEWAY_JOB_NAME", env.job_name)
         .env("GATEWAY_AGENT_ID", env.agent_id)
         .env("GATEWAY_DUE_AT_MS", env.due_at_ms.to_string());
     if let Some((socket, lease)) = env.capability {
-        cmd.env(crate::runtime::capability::ENV_SOCKET, socket)
+        p = p
+            .env(crate::runtime::capability::ENV_SOCKET, socket)
             .env(crate::runtime::capability::ENV_LEASE, lease);
     }
-    cmd.current_dir(workspace)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own group, so the timeout can kill everything the gate started, not just the gate.
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut delays = BUSY_RETRY_DELAYS_MS.iter();
-    loop {
-        match cmd.spawn() {
-            Ok(child) => return Ok(child),
-            Err(e) if is_text_busy(&e) => match delays.next() {
-                Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
-                None => return Err(format!("spawn failed: {e}")),
-            },
-            Err(e) => return Err(format!("spawn failed: {e}")),
-        }
-    }
+    p.args = spec.args.iter().map(Into::into).collect();
+    p.stdout_cap = MAX_OUTPUT;
+    p.stderr_cap = MAX_OUTPUT;
+    p.timeout = Some(Duration::from_secs(u64::from(spec.timeout_seconds)));
+    p.cancel = env.cancel.cloned();
+    p.limits = gate_limits(spec.timeout_seconds);
+    p
 }
 
-fn is_text_busy(e: &std::io::Error) -> bool {
-    e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error())
-}
-
-fn kill_group(pgid: rustix::process::Pid) {
-    // kill(-1) would signal every process we may signal; a child can never be pid 1, but be certain.
-    if pgid.as_raw_nonzero().get() <= 1 {
-        return;
-    }
-    // ESRCH (group already empty) is the normal case after a clean exit.
-    let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
-}
-
-#[derive(Default)]
-struct Captured {
-    kept: Vec<u8>,
-    total: usize,
-}
-
-impl Captured {
-    fn truncated(&self) -> bool {
-        self.total > self.kept.len()
-    }
-}
-
-/// Reads to EOF, keeping the first [`MAX_OUTPUT`] bytes. Writes into `into` as it goes so a caller that
-/// abandons the read at the deadline still has what arrived.
-async fn drain<R: AsyncRead + Unpin>(pipe: Option<R>, into: &mut Captured) {
-    let Some(mut pipe) = pipe else { return };
-    let mut buf = vec![0u8; READ_CHUNK];
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                let room = MAX_OUTPUT.saturating_sub(into.kept.len());
-                into.kept.extend_from_slice(&buf[..n.min(room)]);
-                into.total = into.total.saturating_add(n);
-            }
-        }
+/// A gate's resource limits (per process of its group): CPU seconds = its timeout (a gate that
+/// only computes cannot outlast it), [`GATE_ADDRESS_SPACE_BYTES`] of address space and
+/// [`GATE_OPEN_FILES`] descriptors. No process limit: RLIMIT_NPROC counts every process of
+/// the gateway's user (its own threads included), so no small number is safe to set.
+pub fn gate_limits(timeout_seconds: u32) -> proc::Limits {
+    proc::Limits {
+        cpu_seconds: Some(u64::from(timeout_seconds)),
+        address_space_bytes: Some(GATE_ADDRESS_SPACE_BYTES),
+        open_files: Some(GATE_OPEN_FILES),
+        processes: None,
     }
 }
 
@@ -565,7 +444,7 @@ struct Reply {
 /// Decision for an exit-0 gate. Output cut at [`MAX_OUTPUT`] is not parsed at all (wake): a reply is the
 /// whole of stdout, and a cut one is not known to be whole.
 fn parse_reply(stdout: &Captured) -> (Decision, u32) {
-    if stdout.truncated() {
+    if stdout.truncated {
         return (Decision::Wake, 0);
     }
     let Ok(text) = std::str::from_utf8(&stdout.kept) else {
@@ -864,11 +743,13 @@ mod tests {
         let full = Captured {
             kept: kept.clone(),
             total: MAX_OUTPUT,
+            truncated: false,
         };
         assert_eq!(parse_reply(&full), (Decision::Skip, 0));
         let cut = Captured {
             kept,
             total: MAX_OUTPUT + 1,
+            truncated: true,
         };
         assert_eq!(parse_reply(&cut), (Decision::Wake, 0));
     }
@@ -954,6 +835,35 @@ mod tests {
                 .unwrap()
                 .trim(),
             canon
+        );
+    }
+
+    #[tokio::test]
+    async fn a_gate_runs_under_its_default_limits() {
+        let (out, ws) = run_body(
+            "ulimit -n > nofile.txt; ulimit -t > cpu.txt; ulimit -v > as.txt; exit 10",
+            7,
+        )
+        .await;
+        assert_eq!(out.decision, Decision::Skip, "{out:?}");
+        let read = |name: &str| {
+            std::fs::read_to_string(ws.path().join(name))
+                .unwrap()
+                .trim()
+                .to_owned()
+        };
+        let hard_nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .maximum
+            .unwrap_or(u64::MAX);
+        assert_eq!(
+            read("nofile.txt"),
+            GATE_OPEN_FILES.min(hard_nofile).to_string()
+        );
+        assert_eq!(read("cpu.txt"), "7");
+        // `ulimit -v` counts KiB.
+        assert_eq!(
+            read("as.txt"),
+            (GATE_ADDRESS_SPACE_BYTES / 1024).to_string()
         );
     }
 
