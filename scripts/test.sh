@@ -61,6 +61,17 @@ if ! command -v openssl >/dev/null 2>&1; then
   fi
 fi
 
+# prlimit (util-linux) applies the process runner's resource limits (gateway/src/proc).
+if ! command -v prlimit >/dev/null 2>&1 && [ ! -x /usr/bin/prlimit ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    step "installing util-linux (prlimit, apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux >/dev/null
+  else
+    echo "prlimit (util-linux) is required (the process runner's limits)" >&2
+    exit 1
+  fi
+fi
+
 # valgrind (callgrind) counts the instructions of a /v1 request for the budget check.
 for tool in valgrind curl; do
   if ! command -v "$tool" >/dev/null 2>&1; then
