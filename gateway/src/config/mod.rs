@@ -9,6 +9,7 @@ pub mod document;
 pub mod engine;
 pub mod graphs;
 pub mod memory;
+pub mod net;
 pub mod provider_policy;
 pub mod scheduler;
 pub mod secrets;
@@ -196,6 +197,9 @@ pub struct Config {
     /// Graph workflows: default timeouts and per-owner limits (`docs/graphs.md`).
     #[serde(default)]
     pub graphs: graphs::GraphsConfig,
+    /// What the gateway's own outbound fetches may reach, and their limits (`docs/net.md`).
+    #[serde(default)]
+    pub net: net::NetConfig,
 }
 
 /// `observability`.
@@ -675,6 +679,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     scheduler::validate(&config.scheduler)?;
     autonomy::validate(&config.autonomy)?;
     graphs::validate(&config.graphs)?;
+    net::validate(&config.net)?;
     context::validate(&config.agent_defaults.context)?;
     secrets::master_key(&config.secrets)?;
     let o = &config.observability;

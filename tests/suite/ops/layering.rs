@@ -19,8 +19,8 @@ const FLOORS: &[(u8, &[&str], &str)] = &[
     ),
     (
         2,
-        &["config", "metrics", "events", "hub", "logging", "transport"],
-        "settings, metrics, events, the push hub, logging and HTTP limits know no storage and no engine",
+        &["config", "metrics", "events", "hub", "logging", "transport", "net"],
+        "settings, metrics, events, the push hub, logging, HTTP limits and the URL guard know no storage and no engine",
     ),
     (3, &["store"], "the store is a leaf over sqlx: it knows no service above it"),
     (
