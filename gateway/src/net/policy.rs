@@ -207,3 +207,159 @@ pub fn is_localhost(name: &str) -> bool {
             .and_then(|cut| name.get(cut..))
             .is_some_and(|tail| tail.eq_ignore_ascii_case(".localhost"))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn policy(c: NetConfig) -> NetPolicy {
+        NetPolicy::new(&c)
+    }
+
+    /// The `url` crate does the normalising: these are all 127.0.0.1 by the time the policy
+    /// looks, and a bad spelling is not a URL at all (nothing is parsed by hand here).
+    #[test]
+    fn the_url_crate_normalises_ipv4_spellings() {
+        let open = policy(NetConfig {
+            allow_loopback: true,
+            ..NetConfig::default()
+        });
+        for host in [
+            "2130706433",
+            "0x7f000001",
+            "017700000001",
+            "127.1",
+            "127.0.1",
+            "0x7f.0.0.1",
+            "0177.0.0.01",
+            "127.0.0.1.",
+        ] {
+            let t = open.check_url(&format!("http://{host}/")).unwrap();
+            assert_eq!(t.literal, Some(IpAddr::from([127, 0, 0, 1])), "{host}");
+            assert_eq!(t.url.host_str(), Some("127.0.0.1"), "{host}");
+        }
+        for bad in [
+            "http://4294967296/",
+            "http://127.0.0.256/",
+            "http://1.2.3.4.5/",
+        ] {
+            assert!(
+                matches!(open.check_url(bad), Err(NetError::InvalidUrl { .. })),
+                "{bad}"
+            );
+        }
+        let t = open.check_url("http://[::ffff:127.0.0.1]/").unwrap();
+        assert_eq!(t.url.host_str(), Some("[::ffff:7f00:1]"));
+    }
+
+    #[test]
+    fn literal_hosts_and_localhost_names_are_judged_before_any_lookup() {
+        let closed = NetPolicy::default();
+        for url in [
+            "http://127.0.0.1/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::127.0.0.1]/",
+            "http://[64:ff9b::7f00:1]/",
+            "http://[2002:7f00:1::]/",
+            "http://localhost/",
+            "http://localhost./",
+            "http://LocalHost:8080/",
+            "http://x.y.localhost/",
+        ] {
+            match closed.check_url(url) {
+                Err(NetError::Refused { class, .. }) => assert_eq!(class, Class::Loopback, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        for url in ["http://0.0.0.0/", "http://[::]/", "http://0/"] {
+            assert!(matches!(
+                closed.check_url(url),
+                Err(NetError::Refused {
+                    class: Class::Unspecified,
+                    ..
+                })
+            ));
+        }
+        assert!(closed.check_url("http://localhost.example.com/").is_ok());
+        assert!(closed.check_url("https://8.8.8.8/").is_ok());
+        let err = closed.check_url("http://10.0.0.1/").unwrap_err();
+        assert!(err.to_string().contains("net.allowPrivate"), "{err}");
+        let err = closed.check_url("http://169.254.169.254/").unwrap_err();
+        assert!(err.to_string().contains("cloud metadata"), "{err}");
+    }
+
+    #[test]
+    fn allowances_and_ranges() {
+        let private = policy(NetConfig {
+            allow_private: true,
+            ..NetConfig::default()
+        });
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for open in [
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.0.1",
+            "100.64.1.1",
+            "169.254.1.1",
+            "fd12::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert_eq!(private.refused(ip(open)), None, "{open}");
+        }
+        for shut in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "169.254.170.2",
+            "fd00:ec2::254",
+            "224.0.0.1",
+            "192.0.2.1",
+        ] {
+            assert!(private.refused(ip(shut)).is_some(), "{shut}");
+        }
+        let ranges = policy(NetConfig {
+            allow_cidrs: vec![
+                "127.0.0.0/8".parse().unwrap(),
+                "10.9.0.0/16".parse().unwrap(),
+                "169.254.0.0/16".parse().unwrap(),
+            ],
+            ..NetConfig::default()
+        });
+        assert_eq!(ranges.refused(ip("127.9.9.9")), None);
+        assert_eq!(ranges.refused(ip("::ffff:127.0.0.1")), None);
+        assert_eq!(ranges.refused(ip("10.9.1.1")), None);
+        assert_eq!(ranges.refused(ip("10.8.1.1")), Some(Class::Private));
+        assert_eq!(ranges.refused(ip("::1")), Some(Class::Loopback));
+        assert_eq!(ranges.refused(ip("169.254.1.1")), None);
+        assert_eq!(ranges.refused(ip("169.254.169.254")), Some(Class::Metadata));
+        assert_eq!(
+            ranges.refused(ip("::ffff:169.254.169.254")),
+            Some(Class::Metadata)
+        );
+    }
+
+    #[test]
+    fn localhost_names() {
+        for yes in [
+            "localhost",
+            "localhost.",
+            "LOCALHOST",
+            "a.localhost",
+            "a.b.localhost.",
+        ] {
+            assert!(is_localhost(yes), "{yes}");
+        }
+        for no in [
+            "localhost.com",
+            "mylocalhost",
+            "localhost..",
+            "",
+            "xlocalhost",
+            "localhost.example",
+        ] {
+            assert!(!is_localhost(no), "{no}");
+        }
+    }
+}
