@@ -725,7 +725,7 @@ mod tests {
     #[tokio::test]
     async fn post_redirects_and_statuses() {
         let (port, seen) = serve("127.0.0.1:0", |r, port| match path(r) {
-            "/307" => format!("HTTP/1.1 307 Temporary Redirect\r\nlocation: /echo\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"),
+            "/307" => "HTTP/1.1 307 Temporary Redirect\r\nlocation: /echo\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
             "/303" => format!("HTTP/1.1 303 See Other\r\nlocation: http://localhost:{port}/echo\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"),
             "/echo" => ok("echoed"),
             _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned(),
