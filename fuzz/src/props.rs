@@ -715,7 +715,11 @@ fn net_policies() -> Vec<agent_gateway::net::NetPolicy> {
 }
 
 /// The metadata endpoints as IPv4 addresses.
-const METADATA_V4: [[u8; 4]; 3] = [[169, 254, 169, 254], [169, 254, 170, 2], [100, 100, 100, 200]];
+const METADATA_V4: [[u8; 4]; 3] = [
+    [169, 254, 169, 254],
+    [169, 254, 170, 2],
+    [100, 100, 100, 200],
+];
 
 /// Input: any bytes, read as an IPv4 address (first 4 bytes), an IPv6 address (first 16), and
 /// a URL (lossy UTF-8, as it is and as the host of `http://<text>/`).
@@ -753,7 +757,11 @@ pub fn check_addr_classifier(data: &[u8]) {
         addresses.push(IpAddr::V6(s));
     }
     if METADATA_V4.contains(&v4.octets()) {
-        assert_eq!(v4_class, Class::Metadata, "addr: {v4} is a metadata address");
+        assert_eq!(
+            v4_class,
+            Class::Metadata,
+            "addr: {v4} is a metadata address"
+        );
     }
     if let Some(inner) = embedded_v4(v6) {
         let inner_class = classify_v4(inner);
@@ -792,7 +800,11 @@ pub fn check_addr_classifier(data: &[u8]) {
                 "url: {url:?} accepted with user information"
             );
             if let Some(ip) = target.literal {
-                assert_ne!(classify(ip), Class::Metadata, "url: {url:?} reaches metadata");
+                assert_ne!(
+                    classify(ip),
+                    Class::Metadata,
+                    "url: {url:?} reaches metadata"
+                );
                 assert_eq!(p.refused(ip), None, "url: {url:?} reaches a refused {ip}");
             }
         }
