@@ -676,6 +676,9 @@ mod tests {
         assert!(is_loopback("http://[::1]:8080"));
         assert!(!is_loopback("https://api.openai.com/v1"));
         assert!(!is_loopback("http://10.0.0.1"));
+        assert!(is_loopback("http://localhost.:8080"));
+        assert!(is_loopback("http://[::ffff:127.0.0.1]:8080"));
+        assert!(is_loopback("http://2130706433:8080"));
     }
 
     #[test]

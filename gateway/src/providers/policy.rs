@@ -1,9 +1,12 @@
 //! What `providers.create` / `providers.update` may set, as opposed to the configuration
 //! file (which may name anything): `apiKeyEnv` only from an allow-list (the variables the
 //! file's providers name plus `providerPolicy.apiKeyEnvAllowlist`), and a `baseUrl` that
-//! follows the URL policy of the design (http/https; loopback, private, link-local, metadata
-//! and IPv4-mapped addresses refused unless the configuration allows them; the literal host
-//! and every address it resolves to are checked).
+//! follows the URL policy of the design (http/https, no user information; loopback, private,
+//! link-local addresses refused unless the configuration allows them, metadata and unspecified
+//! ones always; IPv6 spellings of IPv4 addresses judged by the IPv4 address; the literal host
+//! and every address it resolves to are checked). The classifier, the URL check and the
+//! resolver are `net`'s (`docs/net.md`): this module only adds the key allow-list and the
+//! messages naming `providerPolicy`.
 //!
 //! Why: an admin token is not the machine's owner. Without the allow-list, a provider created
 //! through the API could name any secret in the gateway's environment as its key and send it
