@@ -690,3 +690,123 @@ pub fn check_guard(data: &[u8]) {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Address classifier and URL check (net)
+
+/// The policies every input is judged under: closed, each allowance, and everything opened
+/// (`allowCidrs` of the whole address space).
+fn net_policies() -> Vec<agent_gateway::net::NetPolicy> {
+    use agent_gateway::config::net::NetConfig;
+    let configs = [
+        serde_json::json!({}),
+        serde_json::json!({"allowLoopback": true}),
+        serde_json::json!({"allowPrivate": true}),
+        serde_json::json!({"allowLoopback": true, "allowPrivate": true,
+                           "allowCidrs": ["0.0.0.0/0", "::/0"]}),
+    ];
+    configs
+        .into_iter()
+        .map(|c| {
+            let c: NetConfig = serde_json::from_value(c).unwrap();
+            agent_gateway::net::NetPolicy::new(&c)
+        })
+        .collect()
+}
+
+/// The metadata endpoints as IPv4 addresses.
+const METADATA_V4: [[u8; 4]; 3] = [
+    [169, 254, 169, 254],
+    [169, 254, 170, 2],
+    [100, 100, 100, 200],
+];
+
+/// Input: any bytes, read as an IPv4 address (first 4 bytes), an IPv6 address (first 16), and
+/// a URL (lossy UTF-8, as it is and as the host of `http://<text>/`).
+///
+/// Never panics; a metadata address (in any IPv6 spelling that carries it: mapped, compatible,
+/// NAT64, 6to4) is classed metadata and refused by every policy, however open; an IPv6 address
+/// carrying an IPv4 address is classed as that address (or stricter, for local-use NAT64); a
+/// URL the check accepts names a literal address no policy-refused class, never metadata.
+pub fn check_addr_classifier(data: &[u8]) {
+    use agent_gateway::net::addr::{classify, classify_v4, classify_v6, embedded_v4, Class};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let policies = net_policies();
+    let mut b16 = [0u8; 16];
+    for (d, s) in b16.iter_mut().zip(data) {
+        *d = *s;
+    }
+    let v4 = Ipv4Addr::new(b16[0], b16[1], b16[2], b16[3]);
+    let v6 = Ipv6Addr::from(b16);
+    let mut addresses = vec![IpAddr::V4(v4), IpAddr::V6(v6)];
+    let [a, b, c, d] = v4.octets();
+    let (hi, lo) = (u16::from_be_bytes([a, b]), u16::from_be_bytes([c, d]));
+    let spellings = [
+        v4.to_ipv6_mapped(),
+        v4.to_ipv6_compatible(),
+        Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
+        Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, hi, lo),
+        Ipv6Addr::new(0x2002, hi, lo, 0, 0, 0, 0, 1),
+    ];
+    let v4_class = classify_v4(v4);
+    for s in spellings {
+        let class = classify_v6(s);
+        if v4_class == Class::Metadata {
+            assert_eq!(class, Class::Metadata, "addr: {s} carries metadata {v4}");
+        }
+        addresses.push(IpAddr::V6(s));
+    }
+    if METADATA_V4.contains(&v4.octets()) {
+        assert_eq!(
+            v4_class,
+            Class::Metadata,
+            "addr: {v4} is a metadata address"
+        );
+    }
+    if let Some(inner) = embedded_v4(v6) {
+        let inner_class = classify_v4(inner);
+        let class = classify_v6(v6);
+        let nat64_local = v6.segments()[..3] == [0x64, 0xff9b, 1];
+        assert!(
+            class == inner_class || (nat64_local && inner_class == Class::Public),
+            "addr: {v6} carries {inner} ({inner_class:?}) but is classed {class:?}"
+        );
+    }
+    for ip in addresses {
+        let class = classify(ip);
+        for p in &policies {
+            let refused = p.refused(ip);
+            if class == Class::Metadata || class == Class::Unspecified {
+                assert_eq!(refused, Some(class), "addr: {ip} ({class:?}) allowed");
+            }
+            if class == Class::Public {
+                assert_eq!(refused, None, "addr: public {ip} refused");
+            }
+        }
+    }
+    let raw = text(data);
+    for url in [raw.clone(), format!("http://{raw}/")] {
+        for p in &policies {
+            let Ok(target) = p.check_url(&url) else {
+                continue;
+            };
+            assert!(
+                matches!(target.url.scheme(), "http" | "https"),
+                "url: {url:?} accepted with scheme {}",
+                target.url.scheme()
+            );
+            assert!(
+                target.url.username().is_empty() && target.url.password().is_none(),
+                "url: {url:?} accepted with user information"
+            );
+            if let Some(ip) = target.literal {
+                assert_ne!(
+                    classify(ip),
+                    Class::Metadata,
+                    "url: {url:?} reaches metadata"
+                );
+                assert_eq!(p.refused(ip), None, "url: {url:?} reaches a refused {ip}");
+            }
+        }
+    }
+}

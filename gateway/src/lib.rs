@@ -17,6 +17,7 @@ pub mod hub;
 pub mod logging;
 pub mod media;
 pub mod metrics;
+pub mod net;
 pub mod obs;
 pub mod proc;
 pub mod providers;

@@ -9,6 +9,7 @@ pub mod document;
 pub mod engine;
 pub mod graphs;
 pub mod memory;
+pub mod net;
 pub mod provider_policy;
 pub mod scheduler;
 pub mod secrets;
@@ -200,6 +201,9 @@ pub struct Config {
     /// What the workspace methods never reach (`docs/workspaces.md`).
     #[serde(default)]
     pub workspaces: workspaces::WorkspacesConfig,
+    /// What the gateway's own outbound fetches may reach, and their limits (`docs/net.md`).
+    #[serde(default)]
+    pub net: net::NetConfig,
 }
 
 /// `observability`.
@@ -680,6 +684,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     autonomy::validate(&config.autonomy)?;
     graphs::validate(&config.graphs)?;
     workspaces::validate(&config.workspaces)?;
+    net::validate(&config.net)?;
     context::validate(&config.agent_defaults.context)?;
     secrets::master_key(&config.secrets)?;
     let o = &config.observability;

@@ -61,6 +61,10 @@ pub const FILE_ONLY: &[FileOnly] = &[
         why: "what the API may set for providers",
     },
     FileOnly {
+        path: "net",
+        why: "which addresses the gateway's own fetches may reach (loopback, private networks)",
+    },
+    FileOnly {
         path: "secrets",
         why: "the secret store's master key file",
     },

@@ -7,10 +7,9 @@
 //! error message.
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -20,22 +19,19 @@ use http::Uri;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::policy::ApiPolicy;
 use super::retry::MAX_RETRY_WAIT;
 use super::{ErrorKind, ProviderConnection, ProviderError};
+use crate::net::{NetPolicy, Resolve};
 
 /// Longest wait for a TCP/TLS connection (capped by the call timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,7 +58,7 @@ struct Connect {
     to_proxy: HttpConnector,
     proxies: Option<Arc<Matcher>>,
     /// Checks a literal IP host too (the resolver never sees those).
-    guard: Option<Arc<ApiPolicy>>,
+    guard: Option<Arc<NetPolicy>>,
 }
 
 impl tower_service::Service<Uri> for Connect {
@@ -107,56 +103,6 @@ impl tower_service::Service<Uri> for Connect {
     }
 }
 
-/// Resolves host names for the direct connector; with a guard, addresses the URL policy
-/// refuses are dropped (none left: the connection fails, naming the refused address).
-#[derive(Clone)]
-struct Resolve {
-    guard: Option<Arc<ApiPolicy>>,
-}
-
-impl tower_service::Service<Name> for Resolve {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = std::io::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, std::io::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: Name) -> Self::Future {
-        let guard = self.guard.clone();
-        Box::pin(async move {
-            let found: Vec<SocketAddr> =
-                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
-            let Some(guard) = guard else {
-                return Ok(found.into_iter());
-            };
-            let mut refused = None;
-            let allowed: Vec<SocketAddr> = found
-                .into_iter()
-                .filter(|a| match guard.refused(a.ip()) {
-                    Some(class) => {
-                        refused = Some(format!(
-                            "{} resolves to {}, a {class} address the provider policy refuses",
-                            name.as_str(),
-                            a.ip()
-                        ));
-                        false
-                    }
-                    None => true,
-                })
-                .collect();
-            match (allowed.is_empty(), refused) {
-                (true, Some(why)) => Err(std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    why,
-                )),
-                _ => Ok(allowed.into_iter()),
-            }
-        })
-    }
-}
-
 /// The client, credentials and deadline of one provider instance.
 pub(crate) struct Http {
     client: Client<HttpsConnector<Connect>, Full<Bytes>>,
@@ -182,57 +128,10 @@ impl Answer {
     }
 }
 
-/// Names a PEM file of certificates trusted besides the built-in webpki roots (an internal
-/// CA, a TLS-inspecting proxy's CA): the variable OpenSSL, curl and Python read.
-pub const EXTRA_ROOTS_VAR: &str = "SSL_CERT_FILE";
-
-fn extra_roots_from_env() -> Option<PathBuf> {
-    std::env::var_os(EXTRA_ROOTS_VAR)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-}
-
-/// The TLS settings every provider shares, built once per process from the environment (the
-/// file `SSL_CERT_FILE` names is read once; a changed file takes a restart).
-fn shared_tls_config() -> Result<rustls::ClientConfig, String> {
-    static SHARED: OnceLock<Result<rustls::ClientConfig, String>> = OnceLock::new();
-    SHARED
-        .get_or_init(|| tls_config(extra_roots_from_env().as_deref()))
-        .clone()
-}
-
-/// What is wrong with the file of extra trusted roots the environment names, if it names
-/// one: until it is fixed, no HTTP provider can be built (each call says why).
-pub fn extra_roots_problem() -> Option<String> {
-    shared_tls_config().err()
-}
-
-/// The TLS settings: the webpki roots plus every certificate in `extra_roots`, HTTP/2 or
-/// HTTP/1.1 by ALPN. A named file that cannot be read or holds no certificate is an error
-/// (a trust setting is never ignored silently).
-fn tls_config(extra_roots: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = extra_roots {
-        let named = || format!("{EXTRA_ROOTS_VAR}={}", path.display());
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("{}: {e}", named()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("{}: {e}", named()))?;
-        if certs.is_empty() {
-            return Err(format!("{}: no PEM certificate in the file", named()));
-        }
-        for cert in certs {
-            roots.add(cert).map_err(|e| format!("{}: {e}", named()))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
-}
+pub use crate::net::tls::extra_roots_problem;
+use crate::net::tls::shared_tls_config;
+#[cfg(test)]
+use crate::net::tls::tls_config;
 
 impl Http {
     /// Builds the pooled client for `base_url` (already validated by [`base_url`]), through the
@@ -259,9 +158,8 @@ impl Http {
         } else {
             CONNECT_TIMEOUT.min(timeout)
         };
-        let mut direct = HttpConnector::new_with_resolver(Resolve {
-            guard: settings.address_guard.clone(),
-        });
+        let mut direct =
+            HttpConnector::new_with_resolver(Resolve::system(settings.address_guard.clone()));
         direct.enforce_http(false);
         direct.set_nodelay(true);
         direct.set_keepalive(Some(Duration::from_secs(60)));
@@ -516,12 +414,11 @@ fn is_loopback(base_url: &str) -> bool {
     let Ok(parsed) = url::Url::parse(base_url) else {
         return false;
     };
+    let loopback = |ip: IpAddr| crate::net::classify(ip) == crate::net::Class::Loopback;
     match parsed.host() {
-        Some(url::Host::Domain(domain)) => {
-            domain.eq_ignore_ascii_case("localhost") || domain.ends_with(".localhost")
-        }
-        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
-        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
+        Some(url::Host::Domain(domain)) => crate::net::policy::is_localhost(domain),
+        Some(url::Host::Ipv4(ip)) => loopback(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => loopback(IpAddr::V6(ip)),
         None => false,
     }
 }
@@ -779,6 +676,9 @@ mod tests {
         assert!(is_loopback("http://[::1]:8080"));
         assert!(!is_loopback("https://api.openai.com/v1"));
         assert!(!is_loopback("http://10.0.0.1"));
+        assert!(is_loopback("http://localhost.:8080"));
+        assert!(is_loopback("http://[::ffff:127.0.0.1]:8080"));
+        assert!(is_loopback("http://2130706433:8080"));
     }
 
     #[test]
@@ -973,7 +873,9 @@ mod proxy_tests {
 #[cfg(test)]
 mod tls_tests {
     use super::*;
-    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::path::Path;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 

@@ -388,7 +388,7 @@ pub struct ProviderConnection {
     /// For a base URL set through the API: every address its host resolves to when
     /// connecting is checked again (a name that resolved to a public address when the provider
     /// was created may point elsewhere later). None for the configuration file's URLs.
-    pub address_guard: Option<std::sync::Arc<policy::ApiPolicy>>,
+    pub address_guard: Option<std::sync::Arc<crate::net::NetPolicy>>,
 }
 
 impl std::fmt::Debug for ProviderConnection {

@@ -1,9 +1,12 @@
 //! What `providers.create` / `providers.update` may set, as opposed to the configuration
 //! file (which may name anything): `apiKeyEnv` only from an allow-list (the variables the
 //! file's providers name plus `providerPolicy.apiKeyEnvAllowlist`), and a `baseUrl` that
-//! follows the URL policy of the design (http/https; loopback, private, link-local, metadata
-//! and IPv4-mapped addresses refused unless the configuration allows them; the literal host
-//! and every address it resolves to are checked).
+//! follows the URL policy of the design (http/https, no user information; loopback, private,
+//! link-local addresses refused unless the configuration allows them, metadata and unspecified
+//! ones always; IPv6 spellings of IPv4 addresses judged by the IPv4 address; the literal host
+//! and every address it resolves to are checked). The classifier, the URL check and the
+//! resolver are `net`'s (`docs/net.md`): this module only adds the key allow-list and the
+//! messages naming `providerPolicy`.
 //!
 //! Why: an admin token is not the machine's owner. Without the allow-list, a provider created
 //! through the API could name any secret in the gateway's environment as its key and send it
@@ -11,13 +14,10 @@
 //! (cloud metadata, internal services) would be reachable through `models.test` and turns.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::Duration;
+use std::net::IpAddr;
 
 use crate::config::provider_policy::ProviderPolicyConfig;
-
-/// How long resolving a `baseUrl`'s host may take.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::net::{Class, NetError, NetPolicy, SystemLookup};
 
 /// The policy in force for one engine: the configured allowances and the allow-list.
 #[derive(Debug, Clone, Default)]
@@ -27,8 +27,9 @@ pub struct ApiPolicy {
     /// Variables the configuration file's providers name, each bound to the base URLs the
     /// file sends it to (None: the type's own endpoint): a key stays with its endpoint.
     bound_env: BTreeMap<String, BTreeSet<Option<String>>>,
-    allow_loopback: bool,
-    allow_private: bool,
+    /// The address rules (`allowLoopbackBaseUrl`, `allowPrivateBaseUrl`) on the gateway's
+    /// one classifier.
+    net: NetPolicy,
 }
 
 impl ApiPolicy {
@@ -36,8 +37,7 @@ impl ApiPolicy {
         Self {
             allowed_env: c.api_key_env_allowlist.iter().cloned().collect(),
             bound_env: BTreeMap::new(),
-            allow_loopback: c.allow_loopback_base_url,
-            allow_private: c.allow_private_base_url,
+            net: NetPolicy::addresses(c.allow_loopback_base_url, c.allow_private_base_url),
         }
     }
 
@@ -72,153 +72,52 @@ impl ApiPolicy {
         }
     }
 
-    /// Refuses a `baseUrl` outside the URL policy: its scheme, its literal host, and every
-    /// address the host resolves to.
+    /// Refuses a `baseUrl` outside the URL policy: its scheme, user information, its literal
+    /// host (or a `localhost` name), and every address the host resolves to.
     pub async fn check_base_url(&self, raw: &str) -> Result<(), String> {
         let refuse = |why: String| format!("'config.baseUrl' is refused: {why}");
-        let url = url::Url::parse(raw.trim()).map_err(|e| refuse(format!("not a URL ({e})")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(refuse(format!(
-                "the scheme must be http or https, got {}",
-                url.scheme()
-            )));
-        }
-        let port = url.port_or_known_default().unwrap_or(443);
-        let addresses: Vec<IpAddr> = match url.host() {
-            None => return Err(refuse("it has no host".to_owned())),
-            Some(url::Host::Ipv4(ip)) => vec![IpAddr::V4(ip)],
-            Some(url::Host::Ipv6(ip)) => vec![IpAddr::V6(ip)],
-            Some(url::Host::Domain(name)) => {
-                let lookup = tokio::net::lookup_host((name, port));
-                let found = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
-                    .await
-                    .map_err(|_| refuse(format!("{name} did not resolve in time")))?
-                    .map_err(|e| refuse(format!("{name} does not resolve ({e})")))?;
-                let found: Vec<IpAddr> = found.map(|a| a.ip()).collect();
-                if found.is_empty() {
-                    return Err(refuse(format!("{name} resolves to no address")));
-                }
-                found
-            }
-        };
-        for ip in addresses {
-            if let Some(class) = self.refused(ip) {
-                return Err(refuse(format!(
-                    "{} reaches {ip}, a {class} address{}",
-                    url.host_str().unwrap_or_default(),
+        match self.net.check(raw, &SystemLookup).await {
+            Ok(_) => Ok(()),
+            Err(NetError::Refused {
+                url,
+                address,
+                class,
+            }) => {
+                let host = url::Url::parse(&url)
+                    .ok()
+                    .and_then(|u| u.host_str().map(str::to_owned))
+                    .unwrap_or(url);
+                Err(refuse(format!(
+                    "{host} reaches {address}, a {class} address{}",
                     allowance(class)
-                )));
+                )))
             }
+            Err(NetError::InvalidUrl { reason, .. }) => {
+                Err(refuse(format!("not a URL ({reason})")))
+            }
+            Err(e) => Err(refuse(e.to_string())),
         }
-        Ok(())
     }
 
-    /// Why `ip` is refused, or None when it may be reached.
-    pub fn refused(&self, ip: IpAddr) -> Option<&'static str> {
-        let class = classify(ip)?;
-        let allowed = match class {
-            Class::Loopback => self.allow_loopback,
-            Class::Private | Class::LinkLocal => self.allow_private,
-            Class::Mapped(inner) => match classify_v4(inner) {
-                Some(Class::Loopback) => self.allow_loopback,
-                Some(Class::Private | Class::LinkLocal) => self.allow_private,
-                _ => false,
-            },
-            Class::Metadata | Class::Unspecified | Class::Multicast => false,
-        };
-        (!allowed).then(|| class.name())
+    /// The address rules, for the connection-time guard of providers set through the API.
+    pub fn net(&self) -> &NetPolicy {
+        &self.net
+    }
+
+    /// Why `ip` is refused (its class), or None when it may be reached.
+    pub fn refused(&self, ip: IpAddr) -> Option<Class> {
+        self.net.refused(ip)
     }
 }
 
 /// The configuration key that would allow an address class, for the refusal message.
-fn allowance(class: &str) -> &'static str {
+fn allowance(class: Class) -> &'static str {
     match class {
-        "loopback" => " (providerPolicy.allowLoopbackBaseUrl allows it)",
-        "private" | "link-local" => " (providerPolicy.allowPrivateBaseUrl allows it)",
-        _ => "",
-    }
-}
-
-/// Address classes the policy cares about; public addresses have none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Loopback,
-    /// RFC 1918, shared address space (100.64/10), IPv6 unique local (fc00::/7).
-    Private,
-    LinkLocal,
-    /// Cloud instance metadata endpoints: never allowed.
-    Metadata,
-    Unspecified,
-    Multicast,
-    /// An IPv4 address inside IPv6 (`::ffff:a.b.c.d`, NAT64 `64:ff9b::/96`): allowed only
-    /// when the address it carries is of an allowed class.
-    Mapped(Ipv4Addr),
-}
-
-impl Class {
-    fn name(self) -> &'static str {
-        match self {
-            Class::Loopback => "loopback",
-            Class::Private => "private",
-            Class::LinkLocal => "link-local",
-            Class::Metadata => "metadata",
-            Class::Unspecified => "unspecified",
-            Class::Multicast => "multicast or broadcast",
-            Class::Mapped(_) => "IPv4-mapped",
+        Class::Loopback => " (providerPolicy.allowLoopbackBaseUrl allows it)",
+        Class::Private | Class::Cgnat | Class::LinkLocal => {
+            " (providerPolicy.allowPrivateBaseUrl allows it)"
         }
-    }
-}
-
-fn classify(ip: IpAddr) -> Option<Class> {
-    match ip {
-        IpAddr::V4(v4) => classify_v4(v4),
-        IpAddr::V6(v6) => classify_v6(v6),
-    }
-}
-
-fn classify_v4(ip: Ipv4Addr) -> Option<Class> {
-    let [a, b, ..] = ip.octets();
-    if ip == Ipv4Addr::new(169, 254, 169, 254) || ip == Ipv4Addr::new(100, 100, 100, 200) {
-        Some(Class::Metadata)
-    } else if ip.is_loopback() {
-        Some(Class::Loopback)
-    } else if ip.is_private() || (a == 100 && (64..128).contains(&b)) {
-        Some(Class::Private)
-    } else if ip.is_link_local() {
-        Some(Class::LinkLocal)
-    } else if a == 0 {
-        Some(Class::Unspecified)
-    } else if ip.is_multicast() || ip.is_broadcast() || a >= 240 {
-        Some(Class::Multicast)
-    } else {
-        None
-    }
-}
-
-fn classify_v6(ip: Ipv6Addr) -> Option<Class> {
-    let seg = ip.segments();
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return Some(Class::Mapped(v4));
-    }
-    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        let [a, b] = seg[6].to_be_bytes();
-        let [c, d] = seg[7].to_be_bytes();
-        return Some(Class::Mapped(Ipv4Addr::new(a, b, c, d)));
-    }
-    if ip == Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254) {
-        Some(Class::Metadata)
-    } else if ip.is_loopback() {
-        Some(Class::Loopback)
-    } else if ip.is_unspecified() {
-        Some(Class::Unspecified)
-    } else if (seg[0] & 0xfe00) == 0xfc00 {
-        Some(Class::Private)
-    } else if (seg[0] & 0xffc0) == 0xfe80 {
-        Some(Class::LinkLocal)
-    } else if ip.is_multicast() {
-        Some(Class::Multicast)
-    } else {
-        None
+        _ => "",
     }
 }
 
@@ -237,67 +136,30 @@ mod tests {
     }
 
     #[test]
-    fn address_classes_at_their_edges() {
-        let cases: &[(&str, Option<&str>)] = &[
-            ("127.0.0.1", Some("loopback")),
-            ("127.255.255.255", Some("loopback")),
-            ("128.0.0.1", None),
-            ("10.0.0.0", Some("private")),
-            ("9.255.255.255", None),
-            ("11.0.0.0", None),
-            ("172.16.0.0", Some("private")),
-            ("172.31.255.255", Some("private")),
-            ("172.15.255.255", None),
-            ("172.32.0.0", None),
-            ("192.168.1.1", Some("private")),
-            ("100.64.0.0", Some("private")),
-            ("100.127.255.255", Some("private")),
-            ("100.63.255.255", None),
-            ("100.128.0.0", None),
-            ("169.254.0.1", Some("link-local")),
-            ("169.254.169.254", Some("metadata")),
-            ("100.100.100.200", Some("metadata")),
-            ("0.0.0.0", Some("unspecified")),
-            ("255.255.255.255", Some("multicast or broadcast")),
-            ("224.0.0.1", Some("multicast or broadcast")),
-            ("8.8.8.8", None),
-            ("::1", Some("loopback")),
-            ("::", Some("unspecified")),
-            ("fc00::1", Some("private")),
-            ("fdff:ffff::1", Some("private")),
-            ("fe80::1", Some("link-local")),
-            ("febf::1", Some("link-local")),
-            ("fec0::1", None),
-            ("fd00:ec2::254", Some("metadata")),
-            ("::ffff:127.0.0.1", Some("IPv4-mapped")),
-            ("::ffff:8.8.8.8", Some("IPv4-mapped")),
-            ("64:ff9b::a9fe:a9fe", Some("IPv4-mapped")),
-            ("2606:4700::1111", None),
-        ];
-        for (text, expected) in cases {
-            let ip: IpAddr = text.parse().unwrap();
-            assert_eq!(classify(ip).map(Class::name), *expected, "{text}");
-        }
-    }
-
-    #[test]
     fn allowances_open_only_their_classes() {
         let closed = policy(false, false);
         let loopback = policy(true, false);
         let private = policy(false, true);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(closed.refused(ip("127.0.0.1")), Some("loopback"));
+        assert_eq!(closed.refused(ip("127.0.0.1")), Some(Class::Loopback));
         assert_eq!(loopback.refused(ip("127.0.0.1")), None);
         assert_eq!(loopback.refused(ip("::ffff:127.0.0.1")), None);
-        assert_eq!(loopback.refused(ip("10.0.0.1")), Some("private"));
+        assert_eq!(loopback.refused(ip("10.0.0.1")), Some(Class::Private));
         assert_eq!(private.refused(ip("10.0.0.1")), None);
+        assert_eq!(private.refused(ip("100.64.0.1")), None);
         assert_eq!(private.refused(ip("fe80::1")), None);
-        assert_eq!(private.refused(ip("127.0.0.1")), Some("loopback"));
+        assert_eq!(private.refused(ip("127.0.0.1")), Some(Class::Loopback));
+        assert_eq!(closed.refused(ip("::ffff:10.0.0.1")), Some(Class::Private));
         for p in [&closed, &loopback, &private, &policy(true, true)] {
-            assert_eq!(p.refused(ip("169.254.169.254")), Some("metadata"));
-            assert_eq!(p.refused(ip("::ffff:169.254.169.254")), Some("IPv4-mapped"));
-            assert_eq!(p.refused(ip("::ffff:8.8.8.8")), Some("IPv4-mapped"));
-            assert_eq!(p.refused(ip("0.0.0.0")), Some("unspecified"));
+            assert_eq!(p.refused(ip("169.254.169.254")), Some(Class::Metadata));
+            assert_eq!(
+                p.refused(ip("::ffff:169.254.169.254")),
+                Some(Class::Metadata)
+            );
+            assert_eq!(p.refused(ip("64:ff9b::a9fe:a9fe")), Some(Class::Metadata));
+            // An IPv6 spelling of a public IPv4 address is judged by that address.
+            assert_eq!(p.refused(ip("::ffff:8.8.8.8")), None);
+            assert_eq!(p.refused(ip("0.0.0.0")), Some(Class::Unspecified));
             assert_eq!(p.refused(ip("8.8.8.8")), None);
         }
     }
@@ -315,6 +177,9 @@ mod tests {
             "http://169.254.169.254/latest",
             "http://[::ffff:7f00:1]/",
             "http://0.0.0.0/",
+            "http://user@8.8.8.8/",
+            "http://2130706433/",
+            "http://localhost./",
         ] {
             let err = closed.check_base_url(bad).await.unwrap_err();
             assert!(

@@ -130,7 +130,7 @@ fn build_entry(
     id: &str,
     config: ProviderSettings,
     local: &Arc<LocalProvider>,
-    address_guard: Option<Arc<ApiPolicy>>,
+    address_guard: Option<Arc<crate::net::NetPolicy>>,
     secrets: Option<&crate::secrets::Secrets>,
 ) -> ProviderEntry {
     let kind = ProviderKind::from(config.type_.unwrap_or(ProviderType::Openai));
@@ -219,13 +219,17 @@ impl Providers {
     }
 
     /// The connection-time address check of a provider whose base URL is not the file's.
-    fn address_guard(&self, id: &str, config: &ProviderSettings) -> Option<Arc<ApiPolicy>> {
+    fn address_guard(
+        &self,
+        id: &str,
+        config: &ProviderSettings,
+    ) -> Option<Arc<crate::net::NetPolicy>> {
         let from_file = self
             .file_urls
             .read()
             .map(|f| f.get(id) == Some(&config.base_url))
             .unwrap_or(false);
-        (!from_file).then(|| Arc::new(self.policy()))
+        (!from_file).then(|| Arc::new(self.policy().net().clone()))
     }
 
     fn policy(&self) -> ApiPolicy {

@@ -79,6 +79,8 @@ const FILE_ONLY: &[(&str, &str)] = &[
         "providerPolicy.apiKeyEnvAllowlist",
         "[\"AGENT_GATEWAY_MASTER_KEY\"]",
     ),
+    ("net.allowLoopback", "true"),
+    ("net.allowCidrs", "[\"169.254.0.0/16\"]"),
     ("secrets.masterKeyFile", "\"/etc/passwd\""),
     ("store.url", "\"sqlite:///tmp/other.db\""),
 ];

@@ -259,6 +259,14 @@ fn trace_where_sql_oracle_refuses_foreign_text() {
     }
 }
 
+#[tokio::test]
+async fn addr_classifier_corpus_and_mutations() {
+    run("addr_classifier", ITERATIONS, |input| async move {
+        props::check_addr_classifier(&input)
+    })
+    .await;
+}
+
 /// The envelope's oracle flags wrong replies (so the properties above can fail).
 #[test]
 fn envelope_oracle_refuses_wrong_replies() {

@@ -19,8 +19,8 @@ const FLOORS: &[(u8, &[&str], &str)] = &[
     ),
     (
         2,
-        &["config", "proc", "metrics", "events", "hub", "logging", "transport"],
-        "settings, the process runner, metrics, events, the push hub, logging and HTTP limits know no storage and no engine",
+        &["config", "proc", "metrics", "events", "hub", "logging", "transport", "net"],
+        "settings, the process runner, metrics, events, the push hub, logging, HTTP limits and the URL guard know no storage and no engine",
     ),
     (3, &["store"], "the store is a leaf over sqlx: it knows no service above it"),
     (

@@ -1,5 +1,5 @@
 //! What an operator relies on: the admin boundary, admission and limits, failures, hardening,
-//! metrics and observability, the real binary as a process, the fuzz harness, and the floor plan
+//! metrics and observability, the real binary as a process, the fuzz harness, the outbound URL guard (`net`), and the floor plan
 //! of the sources (layering).
 
 mod e2e_admin_boundary;
@@ -13,3 +13,4 @@ mod e2e_obs;
 mod e2e_process;
 mod fuzz_harness;
 mod layering;
+mod net_guard;
