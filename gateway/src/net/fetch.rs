@@ -291,7 +291,7 @@ fn redirect(request: &mut Request, status: StatusCode, from: &url::Url, to: &url
 }
 
 /// An error and its sources, joined (the outer texts often omit the cause).
-fn error_chain(err: &dyn std::error::Error) -> String {
+pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

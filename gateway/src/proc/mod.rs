@@ -413,4 +413,4 @@ pub(crate) fn exit_of(status: std::io::Result<std::process::ExitStatus>) -> Exit
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

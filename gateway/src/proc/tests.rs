@@ -48,7 +48,7 @@ impl Dir {
     }
 }
 
-fn process_gone(pid: u32) -> bool {
+pub(crate) fn process_gone(pid: u32) -> bool {
     // A killed grandchild is reparented; an init that does not reap leaves a zombie, dead too.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
@@ -59,7 +59,7 @@ fn process_gone(pid: u32) -> bool {
     }
 }
 
-async fn wait_gone(pid: u32) -> bool {
+pub(crate) async fn wait_gone(pid: u32) -> bool {
     for _ in 0..60 {
         if process_gone(pid) {
             return true;

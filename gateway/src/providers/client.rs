@@ -259,7 +259,7 @@ impl Http {
 
     /// A connection that failed (connecting, sending, reading the answer).
     pub(crate) fn transport_error(&self, err: &dyn std::error::Error) -> ProviderError {
-        self.error(ErrorKind::Network, &error_chain(err))
+        self.error(ErrorKind::Network, &crate::net::fetch::error_chain(err))
     }
 
     /// Runs one call under the provider's timeout (the whole call, answer body included) and
@@ -421,21 +421,6 @@ fn is_loopback(base_url: &str) -> bool {
         Some(url::Host::Ipv6(ip)) => loopback(IpAddr::V6(ip)),
         None => false,
     }
-}
-
-/// An error and its sources, joined (the outer texts often omit the cause).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let part = cause.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// The server's wait hint: `retry-after-ms`, else `Retry-After` in seconds or as an HTTP date,

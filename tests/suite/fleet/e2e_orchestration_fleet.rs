@@ -212,30 +212,8 @@ async fn a_graph_cancel_on_one_node_reaches_the_run_on_another() {
     let url = crate::pg::database().await;
     let a = start_on(&url, TREE).await;
     let b = start_on(&url, TREE).await;
-    let started = ok(
-        &b,
-        RPC,
-        "graph.execute",
-        json!({
-            "nodes": [
-                {"id": "slow", "type": "agent", "agentId": "leaf", "config": {"prompt": "level three"}},
-                {"id": "after", "type": "transform", "config": {"template": "{{slow.output}}"}}
-            ],
-            "edges": [{"from": "slow", "to": "after"}]
-        }),
-    )
-    .await;
-    let run_id = started["runId"].as_str().unwrap().to_owned();
     // A sees the node running through the stored record.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let st = ok(&a, RPC, "graph.status", json!({"runId": run_id})).await;
-        if st["runs"][0]["nodes"][0]["status"] == "running" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not running: {st}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let run_id = slow_graph_on(&b, &a, json!({})).await;
     let t = Instant::now();
     let cancelled = ok(&a, RPC, "graph.cancel", json!({"runId": run_id})).await;
     assert_eq!(
@@ -256,19 +234,16 @@ async fn a_graph_cancel_on_one_node_reaches_the_run_on_another() {
     assert_eq!(runs[0]["status"], "killed", "{}", runs[0]);
 }
 
-/// `run.kill` of a graph's root on node A while node B runs it: the graph ends `cancelled`
-/// (as with graph.cancel), not failed over its killed node, and its node's run is killed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_kill_on_one_node_cancels_a_graph_running_on_another() {
-    let url = crate::pg::database().await;
-    let a = start_on(&url, TREE).await;
-    let b = start_on(&url, TREE).await;
+/// Executes on `runner` a graph whose slow agent node feeds a transform (with `settings`), and
+/// waits until `watcher` sees that node running (from the stored record when it is another
+/// node); answers the run id.
+async fn slow_graph_on(runner: &Gateway, watcher: &Gateway, settings: serde_json::Value) -> String {
     let started = ok(
-        &b,
+        runner,
         RPC,
         "graph.execute",
         json!({
-            "settings": {"maxRetries": 2},
+            "settings": settings,
             "nodes": [
                 {"id": "slow", "type": "agent", "agentId": "leaf", "config": {"prompt": "level three"}},
                 {"id": "after", "type": "transform", "config": {"template": "{{slow.output}}"}}
@@ -280,13 +255,23 @@ async fn a_run_kill_on_one_node_cancels_a_graph_running_on_another() {
     let run_id = started["runId"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let st = ok(&a, RPC, "graph.status", json!({"runId": run_id})).await;
+        let st = ok(watcher, RPC, "graph.status", json!({"runId": run_id})).await;
         if st["runs"][0]["nodes"][0]["status"] == "running" {
-            break;
+            return run_id;
         }
         assert!(Instant::now() < deadline, "not running: {st}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `run.kill` of a graph's root on node A while node B runs it: the graph ends `cancelled`
+/// (as with graph.cancel), not failed over its killed node, and its node's run is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_kill_on_one_node_cancels_a_graph_running_on_another() {
+    let url = crate::pg::database().await;
+    let a = start_on(&url, TREE).await;
+    let b = start_on(&url, TREE).await;
+    let run_id = slow_graph_on(&b, &a, json!({"maxRetries": 2})).await;
     let t = Instant::now();
     let k = ok(&a, ADMIN, "run.kill", json!({"rootRunId": run_id})).await;
     assert_eq!(k["killed"], 1, "the node's run, on B: {k}");

@@ -493,6 +493,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+    use crate::proc::tests::wait_gone;
     use std::collections::HashSet;
 
     const ENV: GateEnv<'static> = GateEnv {
@@ -545,27 +546,6 @@ mod tests {
             reason.contains(reason_part),
             "reason {reason:?} lacks {reason_part:?}"
         );
-    }
-
-    fn process_gone(pid: u32) -> bool {
-        // The killed grandchild is reparented; an init that does not reap leaves a zombie, which is dead too.
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => true,
-            Ok(stat) => stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .is_some_and(|state| state == "Z" || state == "X"),
-        }
-    }
-
-    async fn wait_gone(pid: u32) -> bool {
-        for _ in 0..40 {
-            if process_gone(pid) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        process_gone(pid)
     }
 
     #[tokio::test]
