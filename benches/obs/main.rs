@@ -5,8 +5,7 @@
 //! gateway), then the gateway is started on it. See README.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agent_gateway::store::obs::TraceRow;
 use agent_gateway::store::sessions::{MessageRow, NewSession, TurnTotals};
@@ -14,65 +13,12 @@ use agent_gateway::store::usage::UsageRow;
 use agent_gateway::store::Store;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
-const TOKEN: &str = "bench-secret-0123456789abcdefghijklmnopqrstuv";
+#[path = "../common/mod.rs"]
+mod common;
+use common::{free_port, rpc, spawn, wait_healthy};
+
 const DAY: i64 = 86_400_000;
 const SESSION: &str = "agent:a0:api:bench:long";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn(dir: &std::path::Path, port: u16) -> Child {
-    let config = format!(
-        "gateway:\n  port: {port}\n  dataDir: {data}\n  tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  \
-         rateLimit: {{windowMs: 1000, maxRequests: 100000000}}\n\
-         local: {{autoFetch: false}}\nproviders:\n  s: {{type: scripted, models: [m]}}\nagents:\n  a0: {{model: s/m}}\n",
-        data = dir.join("data").display()
-    );
-    let path = dir.join("bench.yaml");
-    std::fs::write(&path, config).unwrap();
-    Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("AGENT_GATEWAY_LOG", "warn")
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .spawn()
-        .unwrap()
-}
-
-async fn wait_healthy(port: u16) {
-    for _ in 0..400 {
-        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("gateway did not start");
-}
-
-async fn rpc(client: &reqwest::Client, port: u16, method: &str, params: Value) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let r: Value = client
-        .post(format!("http://127.0.0.1:{port}/rpc"))
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r.get("result")
-        .cloned()
-        .unwrap_or_else(|| panic!("{method}: {r}"))
-}
 
 /// One million usage rows over the last 30 days, written through the store's writer.
 async fn usage(store: &Store, rows: i64, now: i64) {
@@ -206,11 +152,11 @@ fn percentiles(mut ms: Vec<f64>) -> (f64, f64) {
 }
 
 async fn time(client: &reqwest::Client, port: u16, method: &str, params: Value, n: usize) {
-    rpc(client, port, method, params.clone()).await;
+    rpc(client, port, method, &params).await;
     let mut ms = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        rpc(client, port, method, params.clone()).await;
+        rpc(client, port, method, &params).await;
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let (p50, p99) = percentiles(ms);
@@ -240,10 +186,10 @@ fn main() {
             long_session(&store, 1000, now).await;
         }
         let port = free_port();
-        let mut child = spawn(dir.path(), port);
+        let mut child = spawn(dir.path(), port, "");
         wait_healthy(port).await;
         let client = reqwest::Client::new();
-        let total = rpc(&client, port, "obs.billing.total", json!({})).await;
+        let total = rpc(&client, port, "obs.billing.total", &json!({})).await;
         println!("obs.billing.total = {total}");
         let mid = now - 7 * DAY - 1_234_567;
         time(&client, port, "obs.billing.total", json!({}), calls).await;
@@ -282,7 +228,13 @@ fn main() {
             calls,
         )
         .await;
-        let report = rpc(&client, port, "obs.explain", json!({"sessionKey": SESSION})).await;
+        let report = rpc(
+            &client,
+            port,
+            "obs.explain",
+            &json!({"sessionKey": SESSION}),
+        )
+        .await;
         println!(
             "obs.explain: {} bytes, endReason {}, {} tools, truncations {}",
             report.to_string().len(),

@@ -4,70 +4,15 @@
 //! README.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agent-gateway");
-const TOKEN: &str = "bench-secret-0123456789abcdefghijklmnopqrstuv";
+#[path = "../common/mod.rs"]
+mod common;
+use common::{free_port, rpc, spawn, wait_healthy};
+
 const ROUNDS: usize = 200;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn(dir: &std::path::Path, port: u16) -> Child {
-    let config = format!(
-        "gateway:\n  port: {port}\n  dataDir: {data}\n  httpBodyLimitBytes: 4194304\n  \
-         tokens: [{{id: bench, secret: {TOKEN}, scopes: ['*']}}]\n  \
-         rateLimit: {{windowMs: 1000, maxRequests: 100000000}}\n\
-         local: {{autoFetch: false}}\nproviders:\n  s: {{type: scripted, models: [m]}}\nagents:\n  a0: {{model: s/m}}\n",
-        data = dir.join("data").display()
-    );
-    let path = dir.join("bench.yaml");
-    std::fs::write(&path, config).unwrap();
-    Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env("AGENT_GATEWAY_LOG", "warn")
-        .env("AGENT_GATEWAY_NO_FETCH", "1")
-        .spawn()
-        .unwrap()
-}
-
-async fn wait_healthy(port: u16) {
-    for _ in 0..400 {
-        if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/health")).await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("gateway did not start");
-}
-
-async fn rpc(client: &reqwest::Client, port: u16, method: &str, params: &Value) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let r: Value = client
-        .post(format!("http://127.0.0.1:{port}/rpc"))
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r.get("result")
-        .cloned()
-        .unwrap_or_else(|| panic!("{method}: {r}"))
-}
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -92,7 +37,7 @@ async fn timed(client: &reqwest::Client, port: u16, method: &str, params: &Value
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut child = spawn(dir.path(), port);
+    let mut child = spawn(dir.path(), port, "  httpBodyLimitBytes: 4194304\n");
     wait_healthy(port).await;
     let client = reqwest::Client::new();
     let content = "a".repeat(1 << 20);
