@@ -260,8 +260,6 @@ async fn tool_invoke(
             "no live run holds this lease (unknown, revoked or ended)",
         ));
     };
-    run.invocations
-        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     let target = match MethodId::from_name(&p.tool) {
         Some(id) => Some(Target::Method(id)),
         None => engine.turns.tools().scope_of(&p.tool).map(Target::Builtin),

@@ -86,6 +86,11 @@ impl SocketCalls {
             .sum()
     }
 
+    /// Every call its lease authenticated (allowed, denied, and those of dropped groups).
+    pub fn total(&self) -> u64 {
+        self.allowed() + self.denied() + self.dropped
+    }
+
     /// Calls past every check.
     pub fn allowed(&self) -> u64 {
         self.groups
@@ -219,12 +224,18 @@ mod tests {
         c.add("tokens.create", "scope:admin", false);
         assert_eq!(c.groups.len(), 3);
         assert_eq!((c.allowed(), c.denied()), (2, 2));
+        assert_eq!(c.total(), 4);
         assert_eq!(c.groups[0].count, 2);
         for i in 0..(MAX_CALL_GROUPS + 5) {
             c.add(&format!("t{i}"), "none", false);
         }
         assert_eq!(c.groups.len(), MAX_CALL_GROUPS, "at the bound");
         assert_eq!(c.dropped, 8, "past it: counted only");
+        assert_eq!(
+            c.total(),
+            4 + MAX_CALL_GROUPS as u64 + 5,
+            "dropped calls still count"
+        );
         let long = "x".repeat(300);
         let mut d = SocketCalls::default();
         d.add(&long, &long, true);

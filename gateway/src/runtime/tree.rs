@@ -155,9 +155,8 @@ pub struct LiveRun {
     /// The scopes of the caller the run works for: what a gateway method called through
     /// `tool.invoke` with its lease may require.
     pub scopes: crate::api::scopes::Scopes,
-    /// `tool.invoke` calls made with its lease (past the lease check).
-    pub invocations: AtomicU32,
-    /// Those calls grouped by tool, capability and decision, and the results returned.
+    /// `tool.invoke` calls made with its lease (past the lease check), grouped by tool,
+    /// capability and decision, and the results returned.
     pub socket: Mutex<crate::runtime::capability::SocketCalls>,
     /// Cancelled by a kill of this run or of any ancestor: the run's task drops its turn.
     pub kill: CancellationToken,
@@ -469,7 +468,6 @@ impl RunTree {
             agent_id: p.agent_id.to_owned(),
             client_id: p.client_id.to_owned(),
             scopes: p.scopes,
-            invocations: AtomicU32::new(0),
             socket: Mutex::new(crate::runtime::capability::SocketCalls::default()),
             kill,
             stop: Mutex::new(None),

@@ -124,8 +124,12 @@ async fn run(
         // What the gate really called through its lease; a self-reported `toolCalls` is not
         // recorded.
         gate_calls = gate_run
-            .invocations
-            .load(std::sync::atomic::Ordering::Acquire);
+            .socket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .total()
+            .try_into()
+            .unwrap_or(u32::MAX);
         if g.decision == Decision::FailedOpen {
             tracing::warn!(job = %job.job_id, reason = ?g.reason, "wake gate failed open; the turn runs");
         }
